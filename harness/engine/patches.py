@@ -1,0 +1,132 @@
+"""Named patches to vLLM's offloading scheduler, applied inside vLLM's processes.
+
+The function under study maps a KV-cache spec to the tail (in offload chunks) the
+scheduler may store and load. Stock vLLM < 0.28 asserts that every spec other than
+sliding-window and Mamba is full attention, which kills Llama 4 (chunked local
+attention) at start: vLLM issue #51150. PR #51161 adds a chunked-local branch.
+
+- ``chunked-local-fix``: PR #51161's branch, for builds that lack it. On builds that
+  already have it the patch changes nothing and says so, so that ``stock+fix`` and
+  ``current`` can share one scenario.
+- ``chunked-local-floor``: a mutant that rounds the window DOWN. It starts fine and
+  silently loses the chunk that straddles the window edge whenever the offload chunk
+  does not divide ``attention_chunk_size``: the round trip must catch it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# Where the function has lived: 0.33 moved it to offloading/config.py and imports it
+# into the scheduler; 0.26-0.32 define it in offloading/scheduler.py; up to 0.25 it was
+# called ..._in_blocks in the single-file connector. Both the defining module and
+# every importer must be patched, since ``from x import f`` binds a second name.
+TARGET_MODULES = (
+    "vllm.distributed.kv_transfer.kv_connector.v1.offloading.config",
+    "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler",
+    "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector",
+)
+FUNCTION_NAMES = ("get_sliding_window_size_in_chunks", "get_sliding_window_size_in_blocks")
+MARK = "__offload_check_patch__"
+# A stable prefix the harness greps server logs for.
+LOG_PREFIX = "offload-check patch:"
+
+logger = logging.getLogger("vllm.offload_check.patches")
+
+
+@dataclass
+class PatchReport:
+    patch: str
+    status: str  # "applied" | "no-op" | "not-found"
+    targets: list[str]
+    detail: str = ""
+
+    def line(self) -> str:
+        where = ", ".join(self.targets) or "-"
+        return f"{LOG_PREFIX} {self.patch} {self.status} [{where}] {self.detail}".rstrip()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(a // -b)
+
+
+def _has_chunked_branch(fn: Callable[..., Any]) -> bool:
+    """Whether a build already handles chunked local attention (PR #51161 or later)."""
+    try:
+        return "ChunkedLocalAttentionSpec" in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+
+
+def _wrap(orig: Callable[..., Any], patch: str, chunked_cls: type) -> Callable[..., Any]:
+    if patch == "chunked-local-fix":
+
+        def window(kv_cache_spec: Any, tokens_per_chunk: int, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(kv_cache_spec, chunked_cls):
+                # Chunked local attention never looks back past one attention chunk,
+                # so its reachable tail is a window of attention_chunk_size tokens,
+                # rounded UP so that a straddling chunk is still stored and loaded.
+                assert kv_cache_spec.attention_chunk_size > 0
+                return _cdiv(kv_cache_spec.attention_chunk_size, tokens_per_chunk)
+            return orig(kv_cache_spec, tokens_per_chunk, *args, **kwargs)
+
+    elif patch == "chunked-local-floor":
+
+        def window(kv_cache_spec: Any, tokens_per_chunk: int, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(kv_cache_spec, chunked_cls):
+                # The seeded fault: rounding down drops the straddling chunk.
+                return kv_cache_spec.attention_chunk_size // tokens_per_chunk
+            return orig(kv_cache_spec, tokens_per_chunk, *args, **kwargs)
+
+    else:
+        raise ValueError(f"unknown patch {patch!r}")
+    window.__name__ = orig.__name__
+    window.__qualname__ = orig.__qualname__
+    window.__doc__ = orig.__doc__
+    setattr(window, MARK, patch)
+    return window
+
+
+def apply(patch: str) -> PatchReport:
+    """Apply ``patch`` in this process; idempotent (vLLM may load plugins twice)."""
+    if patch not in ("chunked-local-fix", "chunked-local-floor"):
+        raise ValueError(f"unknown patch {patch!r}")
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
+
+    found: list[tuple[Any, str, Callable[..., Any]]] = []
+    for mod_name in TARGET_MODULES:
+        try:
+            module = importlib.import_module(mod_name)
+        except ImportError:
+            continue
+        for fn_name in FUNCTION_NAMES:
+            fn = getattr(module, fn_name, None)
+            if callable(fn):
+                found.append((module, fn_name, fn))
+    if not found:
+        return PatchReport(patch, "not-found", [], "no offloading window function in this build")
+
+    targets = [f"{m.__name__}.{n}" for m, n, _ in found]
+    if patch == "chunked-local-fix":
+        originals = [getattr(fn, "__wrapped_original__", fn) for _, _, fn in found]
+        if all(_has_chunked_branch(fn) for fn in originals):
+            # Undo an earlier mutant in this process, so "fix" always means the fixed code.
+            for (module, fn_name, _), orig in zip(found, originals, strict=True):
+                setattr(module, fn_name, orig)
+            return PatchReport(patch, "no-op", targets, "this build already has PR #51161")
+
+    # Wrap one original and bind the same wrapper everywhere it is visible.
+    fn0 = found[0][2]
+    if getattr(fn0, MARK, None) == patch:
+        return PatchReport(patch, "applied", targets, "(already)")
+    orig = getattr(fn0, "__wrapped_original__", fn0)
+    wrapper = _wrap(orig, patch, ChunkedLocalAttentionSpec)
+    wrapper.__wrapped_original__ = orig  # type: ignore[attr-defined]
+    for module, fn_name, _ in found:
+        setattr(module, fn_name, wrapper)
+    return PatchReport(patch, "applied", targets)

@@ -1,0 +1,34 @@
+"""vLLM ``general_plugins`` entry point: applies the patch named by the launcher.
+
+vLLM loads this in every process it starts (API server, EngineCore, workers), which
+is the only place a patch can reach all of them. Without ``OFFLOAD_CHECK_PATCH`` it
+does nothing, so having the harness installed never changes a user's vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+ENV_PATCH = "OFFLOAD_CHECK_PATCH"
+
+logger = logging.getLogger("vllm.offload_check.plugin")
+
+
+def register() -> None:
+    patch = os.environ.get(ENV_PATCH, "").strip()
+    if not patch or patch == "none":
+        return
+    from harness.engine.patches import LOG_PREFIX, apply
+
+    try:
+        report = apply(patch)
+    except Exception as err:  # a patch that cannot apply must not look like a pass
+        print(f"{LOG_PREFIX} {patch} failed: {type(err).__name__}: {err}", file=sys.stderr)
+        raise
+    # stderr directly, not only the logger: the harness greps the server log for it,
+    # and logging may not be configured yet in every process.
+    print(f"{report.line()} pid={os.getpid()}", file=sys.stderr, flush=True)
+    if report.status == "not-found":
+        raise RuntimeError(report.line())

@@ -1,0 +1,256 @@
+"""Launching ``vllm serve`` as a subprocess, waiting for it, and tearing it down.
+
+Modelled on vLLM's own ``tests/utils.py`` ``RemoteOpenAIServer``, with what a
+harness that launches many servers back to back needs on top: an early verdict
+the moment the process dies (a crash is known in seconds, not at the timeout),
+logs captured per launch, and teardown of the whole process tree whatever
+happens, so that no EngineCore or worker ever outlives the harness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import BadInput, HarnessError
+
+HOST = "127.0.0.1"
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# Every server the harness started and has not torn down yet; the signal and exit
+# hooks below use it so that even an unexpected exit leaves no vLLM behind.
+_LIVE: set[VllmServer] = set()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def check_port_free(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            raise BadInput(f"port {port} on {HOST} is busy; pick another or omit --port") from None
+
+
+@dataclass
+class ReadyResult:
+    """How a wait for readiness ended."""
+
+    state: str  # "started" | "exited" | "timeout"
+    seconds: float
+    returncode: int | None = None
+
+
+@dataclass
+class VllmServer:
+    """One ``vllm.entrypoints.openai.api_server`` process and everything it spawns."""
+
+    python: str
+    model: str
+    log_path: Path
+    args: Sequence[str] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    port: int | None = None
+    served_model_name: str | None = None
+
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    started_at: float = field(default=0.0, init=False)
+    _log: Any = field(default=None, init=False, repr=False)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def command(self) -> list[str]:
+        """The exact argv, as a list: nothing ever goes through a shell."""
+        cmd = [
+            self.python, "-m", API_SERVER_MODULE,
+            "--model", self.model,
+            "--host", HOST,
+            "--port", str(self.port if self.port is not None else 0),
+        ]
+        if self.served_model_name:
+            cmd += ["--served-model-name", self.served_model_name]
+        return cmd + list(self.args)
+
+    def start(self) -> None:
+        if self.port is None:
+            self.port = free_port()
+        else:
+            check_port_free(self.port)
+        if not (os.path.isfile(self.python) or os.sep not in self.python):
+            raise BadInput(f"interpreter not found: {self.python}")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("wb")
+        env = {**os.environ, **self.env}
+        self.started_at = time.monotonic()
+        try:
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                # Own process group: Ctrl-C in the terminal reaches only the harness,
+                # which then tears the whole group down in order.
+                start_new_session=True,
+            )
+        except OSError as err:
+            self._log.close()
+            raise BadInput(f"cannot launch {self.python}: {err.strerror}") from None
+        _LIVE.add(self)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(
+        self,
+        timeout_s: float,
+        poll_s: float = 0.2,
+        on_tick: Callable[[float], None] | None = None,
+    ) -> ReadyResult:
+        """Poll ``/health`` until 200, the process exits, or the timeout passes."""
+        assert self.proc is not None, "start() first"
+        deadline = self.started_at + timeout_s
+        while True:
+            elapsed = time.monotonic() - self.started_at
+            code = self.proc.poll()
+            if code is not None:
+                return ReadyResult("exited", elapsed, code)
+            if self._health_ok():
+                return ReadyResult("started", time.monotonic() - self.started_at)
+            if time.monotonic() >= deadline:
+                return ReadyResult("timeout", elapsed)
+            if on_tick is not None:
+                on_tick(elapsed)
+            time.sleep(poll_s)
+
+    def _health_ok(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    def request(self, path: str, payload: dict[str, Any] | None = None,
+                timeout_s: float = 120.0) -> Any:
+        """POST (or GET without payload) JSON to the server; raises HarnessError on failure."""
+        return http_json(f"{self.url}{path}", payload, timeout_s)
+
+    def stop(self, grace_s: float = 15.0) -> int | None:
+        """Terminate the process group, then kill whatever is left, then reap."""
+        proc = self.proc
+        if proc is None:
+            return None
+        try:
+            descendants = _descendants(proc.pid)
+            if proc.poll() is None:
+                _signal_group(proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=grace_s)
+            # Children may linger after the API server exits (or may have left the
+            # group); kill the group and every process we saw under it.
+            _signal_group(proc.pid, signal.SIGKILL)
+            for child in descendants:
+                with contextlib.suppress(Exception):
+                    child.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=grace_s)
+            _wait_gone(descendants, grace_s)
+        finally:
+            _LIVE.discard(self)
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+        return proc.returncode
+
+    def __enter__(self) -> VllmServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def http_json(url: str, payload: dict[str, Any] | None = None, timeout_s: float = 120.0) -> Any:
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json"},
+        method="GET" if payload is None else "POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as err:
+        detail = err.read()[:300].decode(errors="replace")
+        raise HarnessError(f"{url}: HTTP {err.code}: {detail}") from None
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise HarnessError(f"{url}: no answer ({reason})") from None
+    ctype = resp.headers.get("Content-Type", "")
+    if "json" in ctype:
+        return json.loads(body)
+    return body.decode(errors="replace")
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _descendants(pid: int) -> list[Any]:
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil ships with vLLM's environments
+        return []
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _wait_gone(procs: list[Any], timeout_s: float) -> None:
+    if not procs:
+        return
+    import psutil
+
+    psutil.wait_procs(procs, timeout=timeout_s)
+
+
+def stop_all() -> None:
+    """Tear down every live server; used on SIGTERM/SIGHUP and at interpreter exit."""
+    for server in list(_LIVE):
+        server.stop(grace_s=5.0)
+
+
+def install_signal_handlers() -> None:
+    """Turn SIGTERM/SIGHUP into KeyboardInterrupt so ``with`` blocks tear servers down."""
+
+    def _raise(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, _raise)
+
+
+import atexit  # noqa: E402  (registered last, after stop_all exists)
+
+atexit.register(stop_all)

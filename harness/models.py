@@ -1,0 +1,182 @@
+"""Weight-free Llama 4 models, made locally and deterministically.
+
+There is no hub access on CPU machines or CI, so every model the harness serves
+on CPU is written here from a geometry file: a ``config.json`` produced through
+transformers' own config classes (so vLLM sees exactly what a real checkpoint
+would give it) and a tokenizer built with the ``tokenizers`` library whose
+vocabulary matches ``vocab_size`` exactly. Directories are content-addressed, so
+an unchanged geometry is reused and a changed one can never be confused with a
+stale build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from harness.errors import BadInput
+
+# Bump when the files written for a given geometry change, to invalidate caches.
+BUILDER_VERSION = 1
+LLAMA4_TYPES = ("llama4_text", "llama4")
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("OFFLOAD_CHECK_CACHE")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "offload-check"
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language-model part of a config (multimodal Llama 4 nests it)."""
+    if config.get("model_type") == "llama4" and isinstance(config.get("text_config"), dict):
+        return config["text_config"]
+    return config
+
+
+def check_llama4_like(config: dict[str, Any], where: str) -> None:
+    model_type = config.get("model_type")
+    if model_type not in LLAMA4_TYPES:
+        raise BadInput(
+            f"{where}: model_type {model_type!r} is not Llama 4-like "
+            f"(expected one of {', '.join(LLAMA4_TYPES)})"
+        )
+    text = text_config(config)
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+        if not isinstance(text.get(key), int) or text[key] <= 0:
+            raise BadInput(f"{where}: {key} must be a positive integer")
+
+
+def chunked_local_layers(config: dict[str, Any]) -> list[int]:
+    """Layers vLLM builds with chunked local attention.
+
+    vLLM's Llama 4 uses chunked attention on the RoPE layers
+    (``no_rope_layers[i] == 1``) when ``attention_chunk_size`` is set; the NoPE
+    layers are global. Without ``attention_chunk_size`` no layer is chunked.
+    """
+    text = text_config(config)
+    if not text.get("attention_chunk_size"):
+        return []
+    n = int(text["num_hidden_layers"])
+    no_rope = text.get("no_rope_layers")
+    if not no_rope:
+        # transformers' default: every ``no_rope_layer_interval``-th layer is NoPE.
+        interval = int(text.get("no_rope_layer_interval", 4))
+        no_rope = [int((i + 1) % interval != 0) for i in range(n)]
+    return [i for i in range(n) if no_rope[i]]
+
+
+def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int | None = None) -> int:
+    """KV bytes one token occupies across all layers: layers x 2 x kv_heads x head_dim x dtype."""
+    text = text_config(config)
+    heads = int(text["num_attention_heads"])
+    kv_heads = int(text.get("num_key_value_heads") or heads)
+    head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+    if dtype_bytes is None:
+        dtype = str(text.get("torch_dtype") or config.get("torch_dtype") or "bfloat16")
+        dtype_bytes = 4 if "32" in dtype else 2
+    return int(text["num_hidden_layers"]) * 2 * kv_heads * head_dim * dtype_bytes
+
+
+def geometry_key(config: dict[str, Any], weights: str, seed: int) -> str:
+    blob = json.dumps(
+        {"config": config, "weights": weights, "seed": seed, "builder": BUILDER_VERSION},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def build_tokenizer(vocab_size: int, out_dir: Path, model_max_length: int) -> None:
+    """A word-level tokenizer over tokens ``t<i>``: one word is exactly one token.
+
+    That makes prompt lengths exact and deterministic, which the round trip's
+    block arithmetic depends on, and needs no training data.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise BadInput(f"vocab_size {vocab_size} leaves no room for ordinary tokens")
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for i in range(len(SPECIAL_TOKENS), vocab_size):
+        vocab[f"t{i}"] = i
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=model_max_length,
+    )
+    fast.save_pretrained(str(out_dir))
+
+
+def _write_config(config: dict[str, Any], out_dir: Path) -> None:
+    from transformers import AutoConfig
+
+    fields = dict(config)
+    model_type = fields.pop("model_type")
+    hf_config = AutoConfig.for_model(model_type, **fields)
+    hf_config.save_pretrained(str(out_dir))
+
+
+def _write_random_weights(out_dir: Path, seed: int) -> None:
+    """Weights at a real scale, for runs whose output must react to a corrupted KV.
+
+    Dummy weights are near zero, so the output barely depends on the KV cache and a
+    corrupted load can go unnoticed; a seeded random initialisation fixes that.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config = AutoConfig.from_pretrained(str(out_dir))
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.bfloat16)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+
+
+def build_model(
+    config: dict[str, Any],
+    name: str,
+    cache_dir: Path | None = None,
+    weights: str = "dummy",
+    seed: int = 0,
+) -> Path:
+    """Write (or reuse) the model directory for a geometry; returns its path."""
+    check_llama4_like(config, name)
+    cache = (cache_dir or default_cache_dir()) / "models"
+    target = cache / f"{name}-{geometry_key(config, weights, seed)}"
+    if (target / ".complete").is_file():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    # Build next to the target and rename: an interrupted build never looks complete.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache))
+    try:
+        _write_config(config, tmp)
+        text = text_config(config)
+        max_len = int(text.get("max_position_embeddings") or 8192)
+        build_tokenizer(int(text["vocab_size"]), tmp, max_len)
+        if weights == "random":
+            _write_random_weights(tmp, seed)
+        elif weights != "dummy":
+            raise BadInput(f"unknown weights mode {weights!r} (dummy or random)")
+        (tmp / "geometry.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        (tmp / ".complete").write_text("ok\n")
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target

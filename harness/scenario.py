@@ -1,0 +1,192 @@
+"""Scenario files: what to launch, on which vLLM builds, and what to expect.
+
+Scenarios are pydantic models loaded from TOML, so that a typo in a key is an
+error at load time (``extra="forbid"``) rather than a silently ignored setting
+discovered after a 20-minute run. CLI options override fields after loading.
+Expectations live here, as data, so a new vLLM build or a user's own variant
+can be judged without touching code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import tomllib
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from harness.errors import BadInput
+
+Outcome = Literal["started", "crashed", "timeout", "error"]
+ConnectorMode = Literal["on", "off"]
+PATCH_NAMES = ("chunked-local-fix", "chunked-local-floor")
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class Variant(StrictModel):
+    """One vLLM build to launch: an interpreter plus an optional in-engine patch."""
+
+    name: str = ""
+    python: str = Field(description="interpreter of the environment holding this vLLM build")
+    patch: str | None = Field(default=None, description="patch applied inside vLLM")
+    description: str = ""
+
+    @field_validator("patch")
+    @classmethod
+    def _known_patch(cls, value: str | None) -> str | None:
+        if value is not None and value not in PATCH_NAMES:
+            raise ValueError(f"unknown patch {value!r}; known: {', '.join(PATCH_NAMES)}")
+        return value
+
+
+class VariantsFile(StrictModel):
+    variants: dict[str, Variant]
+
+
+class ServerSettings(StrictModel):
+    """How each server is launched; the same for every row of a run."""
+
+    max_model_len: int = Field(2048, gt=0)
+    startup_timeout_s: float = Field(300.0, gt=0)
+    health_poll_s: float = Field(0.2, gt=0)
+    load_format: str = "dummy"
+    # VLLM_CPU_KVCACHE_SPACE on the CPU platform: small pools start faster.
+    cpu_kvcache_space_gib: float = Field(1.0, gt=0)
+    # Only used on GPU platforms.
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    probe_prompt: str = "t10 t11 t12 t13"
+    probe_max_tokens: int = Field(4, gt=0)
+
+
+class OffloadSettings(StrictModel):
+    """The OffloadingConnector's configuration when the connector is on."""
+
+    # auto: the harness's host backend on CPU (vLLM's own spec refuses CPU workers),
+    # vLLM's untouched CPUOffloadingSpec on GPU platforms.
+    backend: Literal["auto", "host", "vllm"] = "auto"
+    # Offload chunk size in tokens; None keeps the connector's default (the KV block size).
+    block_size: int | None = Field(None, gt=0)
+    cpu_bytes_to_use: int = Field(512 * 1024**2, gt=0)
+    extra_config: dict[str, Any] = Field(default_factory=dict)
+
+
+class Expectation(StrictModel):
+    """A rule: rows matching every given field are expected to end as ``outcome``.
+
+    Rules are tried in order and the first match wins, so specific rules go first
+    and a catch-all (no match fields) goes last.
+    """
+
+    variant: str | None = None
+    vllm: str | None = Field(None, description="PEP 440 specifier on the variant's vLLM version")
+    patch: str | None = Field(None, description='effective patch name, or "none"')
+    connector: bool | None = None
+    chunked_local: bool | None = Field(None, description="config has chunked local layers")
+    outcome: Outcome
+    known: int | None = Field(None, description="upstream issue the crash signature must match")
+    why: str = ""
+
+    @field_validator("vllm")
+    @classmethod
+    def _specifier(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                SpecifierSet(value)
+            except InvalidSpecifier as err:
+                raise ValueError(f"not a version specifier: {value!r}") from err
+        return value
+
+
+class KnownCrash(StrictModel):
+    """A crash signature worth a name: the exception and the vLLM function raising it."""
+
+    issue: int
+    title: str = ""
+    exception: str
+    functions: list[str]
+
+
+class CrashReproScenario(StrictModel):
+    name: str
+    description: str = ""
+    variants_file: str = "variants.toml"
+    variants: list[str] = Field(min_length=1)
+    models: list[str] = Field(min_length=1)
+    connector: list[ConnectorMode] = Field(default_factory=lambda: ["on", "off"], min_length=1)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    offload: OffloadSettings = Field(default_factory=OffloadSettings)
+    expectations: list[Expectation] = Field(min_length=1)
+    known_crashes: list[KnownCrash] = Field(default_factory=list)
+
+    # Not part of the file: where it was loaded from, for resolving relative paths.
+    source: Path | None = Field(default=None, exclude=True)
+
+    def resolve(self, relative: str) -> Path:
+        """Paths in a scenario are relative to the scenario file, not to the caller's cwd."""
+        path = Path(os.path.expandvars(os.path.expanduser(relative)))
+        if path.is_absolute() or self.source is None:
+            return path
+        return (self.source.parent / path).resolve()
+
+
+def _one_line(err: ValidationError, path: Path) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{path}: {loc}: {first['msg']}{more}"
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise BadInput(f"scenario file not found: {path}")
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as err:
+        raise BadInput(f"{path}: not valid TOML: {err}") from None
+
+
+def load_crash_repro(path: Path) -> CrashReproScenario:
+    data = read_toml(path)
+    try:
+        scenario = CrashReproScenario.model_validate(data)
+    except ValidationError as err:
+        raise BadInput(_one_line(err, path)) from None
+    scenario.source = path.resolve()
+    return scenario
+
+
+def load_variants(path: Path) -> dict[str, Variant]:
+    data = read_toml(path)
+    try:
+        variants = VariantsFile.model_validate(data).variants
+    except ValidationError as err:
+        raise BadInput(_one_line(err, path)) from None
+    for name, variant in variants.items():
+        variant.name = name
+        # Interpreter paths are relative to the variants file.
+        py = Path(os.path.expandvars(os.path.expanduser(variant.python)))
+        if not py.is_absolute() and os.sep in variant.python:
+            variant.python = os.path.abspath(path.parent / py)
+    return variants
+
+
+def load_model_config(path: Path) -> dict[str, Any]:
+    """A model geometry: a Hugging Face ``config.json`` (possibly partial)."""
+    if not path.is_file():
+        raise BadInput(f"model config not found: {path}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise BadInput(f"{path}: not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise BadInput(f"{path}: a model config must be a JSON object")
+    return data

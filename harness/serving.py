@@ -1,0 +1,106 @@
+"""The server command line for a row: model, variant, connector, patch, device.
+
+Kept apart from the launcher so that planning (``--dry-run``) and the real launch
+build exactly the same argv and environment.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.environments import Environment
+from harness.scenario import OffloadSettings, ServerSettings
+
+HOST_SPEC_NAME = "HostOffloadingSpec"
+HOST_SPEC_MODULE = "harness.engine.host_offload"
+
+
+def offload_backend(settings: OffloadSettings, env: Environment) -> str:
+    """``host`` (the harness's CPU-platform worker) or ``vllm`` (vLLM's own spec, untouched).
+
+    vLLM's CPUOffloadingSpec refuses to build a worker on the CPU platform, so a CPU run
+    needs the harness's backend to get as far as the scheduler; on GPUs nothing of the
+    harness's should stand between vLLM and its own offloading code.
+    """
+    if settings.backend != "auto":
+        return settings.backend
+    return "host" if env.device == "cpu" else "vllm"
+
+
+def kv_transfer_config(
+    settings: OffloadSettings, env: Environment, fault: str | None = None
+) -> dict[str, Any]:
+    extra: dict[str, Any] = {"cpu_bytes_to_use": settings.cpu_bytes_to_use}
+    if settings.block_size is not None:
+        extra["block_size"] = settings.block_size
+    if offload_backend(settings, env) == "host":
+        extra["spec_name"] = HOST_SPEC_NAME
+        extra["spec_module_path"] = HOST_SPEC_MODULE
+        if fault:
+            extra["offload_check_fault"] = fault
+    elif fault:
+        raise ValueError("fault injection needs the harness's host backend")
+    extra.update(settings.extra_config)
+    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": extra}
+
+
+@dataclass
+class ServerPlan:
+    """Everything needed to launch one server, fixed before launch."""
+
+    python: str
+    model: str
+    served_model_name: str
+    args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+    def argv(self, port: int | str = "<port>") -> list[str]:
+        from harness.launcher import API_SERVER_MODULE, HOST
+
+        return [self.python, "-m", API_SERVER_MODULE, "--model", self.model,
+                "--host", HOST, "--port", str(port),
+                "--served-model-name", self.served_model_name, *self.args]
+
+
+def server_plan(
+    *,
+    env: Environment,
+    model_path: str,
+    served_model_name: str,
+    server: ServerSettings,
+    offload: OffloadSettings | None,
+    patch: str | None,
+    tensor_parallel: int = 1,
+    fault: str | None = None,
+    local_model: bool = True,
+    extra_args: list[str] | None = None,
+) -> ServerPlan:
+    args = ["--max-model-len", str(server.max_model_len)]
+    if server.load_format:
+        args += ["--load-format", server.load_format]
+    if tensor_parallel > 1:
+        args += ["--tensor-parallel-size", str(tensor_parallel)]
+    if env.device != "cpu" and server.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(server.gpu_memory_utilization)]
+    if offload is not None:
+        args += ["--kv-transfer-config", json.dumps(kv_transfer_config(offload, env, fault),
+                                                    sort_keys=True)]
+    args += list(server.extra_args) + list(extra_args or [])
+
+    penv: dict[str, str] = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    if local_model:
+        # Models made locally must never trigger a hub lookup (there is no hub here).
+        penv.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    if env.device == "cpu":
+        penv["VLLM_CPU_KVCACHE_SPACE"] = f"{server.cpu_kvcache_space_gib:g}"
+        if tensor_parallel > 1:
+            # One OpenMP core per CPU worker; without it TP>1 refuses to start on
+            # machines with a single NUMA node (see FACTS.md).
+            penv.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(
+                str(i) for i in range(tensor_parallel)))
+    penv["OFFLOAD_CHECK_PATCH"] = patch or "none"
+    penv.update(server.env)
+    return ServerPlan(env.python, model_path, served_model_name, args, penv)

@@ -1,0 +1,172 @@
+"""crash-repro against real vLLM servers (0.27.1 and 0.32.0 on CPU), one at a time.
+
+These launch the real API server through the real OffloadingConnector; nothing is
+faked. Each test asserts the verdicts themselves, not only that rows "matched",
+so a scenario edited to expect the wrong thing cannot make them pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from tests.conftest import CLI, ROOT, vllm_processes
+
+pytestmark = pytest.mark.engine
+MODELS = ROOT / "scenarios" / "models"
+
+
+def crash_repro(results: Path, *args: str, timeout: float = 1800) -> tuple[int, Path, str]:
+    proc = subprocess.run([*CLI, "crash-repro", "--results-dir", str(results), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    runs = sorted(results.iterdir())
+    assert len(runs) == 1, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, runs[0], proc.stdout
+
+
+def outcomes(run: Path) -> pd.DataFrame:
+    return pd.read_csv(run / "outcomes.csv", keep_default_na=False)
+
+
+@pytest.fixture(scope="module")
+def default_matrix(tmp_path_factory):
+    """The whole default matrix, as `make crash-repro` runs it (12 launches)."""
+    results = tmp_path_factory.mktemp("results")
+    return crash_repro(results)
+
+
+def row(df: pd.DataFrame, model: str, variant: str, connector: str) -> pd.Series:
+    hit = df[(df.model == model) & (df.variant == variant) & (df.connector == connector)]
+    assert len(hit) == 1, df[["model", "variant", "connector"]]
+    return hit.iloc[0]
+
+
+@pytest.mark.parametrize("model", ["llama4-issue-51150", "llama4-small-chunk"])
+def test_default_matrix_verdicts(default_matrix, model):
+    code, run, stdout = default_matrix
+    assert code == 0, stdout
+    df = outcomes(run)
+    assert len(df) == 12
+
+    stock = row(df, model, "stock", "on")
+    assert stock.outcome == "crashed"
+    assert stock.exception == "AssertionError"
+    assert stock.frame.endswith("offloading/scheduler.py:get_sliding_window_size_in_chunks")
+    assert int(stock.known_issue) == 51150
+    assert stock.vllm_version == "0.27.1"
+
+    fixed = row(df, model, "stock+fix", "on")
+    assert fixed.outcome == "started" and str(fixed.answered) == "True"
+    assert fixed.patch == "chunked-local-fix" and fixed.patch_status == "applied"
+
+    current = row(df, model, "current", "on")
+    assert current.outcome == "started" and str(current.answered) == "True"
+    assert current.vllm_version == "0.32.0"
+
+    for variant in ("stock", "stock+fix", "current"):
+        control = row(df, model, variant, "off")
+        assert control.outcome == "started" and str(control.answered) == "True", variant
+    assert all(str(m) == "True" for m in df.matched)
+
+
+def test_default_matrix_results_files(default_matrix):
+    _, run, stdout = default_matrix
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "finished" and meta["exit_code"] == 0
+    assert meta["variants"]["stock"]["vllm_version"] == "0.27.1"
+    assert meta["variants"]["current"]["vllm_version"] == "0.32.0"
+    assert meta["variants"]["current"]["torch"] and meta["variants"]["current"]["transformers"]
+    assert meta["scenario"]["name"] == "crash-repro"
+    assert meta["platform"]["cpu"]
+    suite = ET.parse(run / "junit.xml").getroot().find("testsuite")
+    assert suite is not None and suite.get("tests") == "12" and suite.get("failures") == "0"
+    logs = list((run / "logs").glob("*.log"))
+    assert len(logs) == 12
+    assert "all rows as expected" in stdout
+
+
+def test_floor_mutant_starts_on_stock(tmp_path):
+    """The mutant is not a crash: only the round trip can catch it."""
+    code, run, _ = crash_repro(tmp_path, "--variant", "stock", "--patch", "chunked-local-floor",
+                               "--config", str(MODELS / "llama4-small-chunk.json"),
+                               "--connector", "on")
+    df = outcomes(run)
+    assert code == 0
+    assert df.outcome.tolist() == ["started"] and df.patch_status.tolist() == ["applied"]
+
+
+def test_no_chunked_layers_starts_on_stock(tmp_path):
+    """Expectations follow the config: attention_chunk_size null means no #51150."""
+    code, run, _ = crash_repro(tmp_path, "--variant", "stock",
+                               "--config", str(MODELS / "llama4-no-chunk.json"),
+                               "--connector", "on")
+    df = outcomes(run)
+    assert code == 0
+    assert df.outcome.tolist() == ["started"] and str(df.answered[0]) == "True"
+
+
+def test_wrong_expectation_is_reported_as_a_mismatch(tmp_path):
+    """Seeded fault: a stock build where the scenario expects a start must fail the run."""
+    scen_dir = tmp_path / "scen"
+    scen_dir.mkdir()
+    text = (ROOT / "scenarios" / "crash-repro.toml").read_text()
+    head, _, _ = text.partition("# Expectations:")
+    (scen_dir / "s.toml").write_text(
+        head.replace('variants_file = "variants.toml"',
+                     f'variants_file = "{ROOT}/scenarios/variants.toml"')
+        .replace('"models/', f'"{ROOT}/scenarios/models/')
+        + '\n[[expectations]]\noutcome = "started"\n')
+    results = tmp_path / "results"
+    code, run, _ = crash_repro(results, "--scenario", str(scen_dir / "s.toml"),
+                                    "--variant", "stock", "--connector", "on",
+                                    "--config", str(MODELS / "llama4-small-chunk.json"))
+    assert code == 1
+    df = outcomes(run)
+    assert df.outcome.tolist() == ["crashed"] and str(df.matched[0]) == "False"
+    failure = ET.parse(run / "junit.xml").getroot().find(".//failure")
+    assert failure is not None and "expected started, got crashed" in failure.get("message", "")
+
+
+def test_startup_timeout_tears_everything_down(tmp_path):
+    code, run, _ = crash_repro(tmp_path, "--variant", "current", "--connector", "off",
+                               "--config", str(MODELS / "llama4-small-chunk.json"),
+                               "--timeout", "4")
+    df = outcomes(run)
+    assert code == 1
+    assert df.outcome.tolist() == ["timeout"]
+
+
+def test_ctrl_c_stops_servers_and_keeps_results(tmp_path):
+    proc = subprocess.Popen([*CLI, "crash-repro", "--results-dir", str(tmp_path),
+                             "--variant", "current", "--connector", "off",
+                             "--config", str(MODELS / "llama4-small-chunk.json")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    before = {p.pid for p in vllm_processes()}
+    deadline = time.monotonic() + 120
+    # Wait until the engine has spawned children, so there is a tree to tear down.
+    while time.monotonic() < deadline:
+        ours = [p for p in vllm_processes() if p.pid not in before]
+        if any(p.name().startswith("VLLM::") for p in ours):
+            break
+        time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("the server never spawned its engine")
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    psutil.wait_procs([p for p in ours if p.is_running()], timeout=10)
+    run = next(tmp_path.iterdir())
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "interrupted"

@@ -1,0 +1,97 @@
+"""Bad input through the real CLI: one line on stderr, exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI, ROOT
+
+SCENARIO = (ROOT / "scenarios" / "crash-repro.toml").read_text()
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd or ROOT)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("offload-check: error:")
+    assert needle in lines[0], lines[0]
+
+
+def scenario_copy(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "models").symlink_to(ROOT / "scenarios" / "models")
+    (tmp_path / "variants.toml").write_text((ROOT / "scenarios" / "variants.toml").read_text()
+                                            .replace("../", f"{ROOT}/"))
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    return path
+
+
+def test_unknown_key(tmp_path):
+    path = scenario_copy(tmp_path, SCENARIO.replace("[server]", "[server]\nmax_len = 1"))
+    assert_one_line_error(run("crash-repro", "--scenario", str(path), "--dry-run"),
+                          "server.max_len")
+
+
+def test_malformed_scenario(tmp_path):
+    path = scenario_copy(tmp_path, "name = ")
+    assert_one_line_error(run("crash-repro", "--scenario", str(path)), "not valid TOML")
+    assert_one_line_error(run("validate", str(path)), "not valid TOML")
+
+
+def test_missing_interpreter(tmp_path):
+    path = scenario_copy(tmp_path, SCENARIO)
+    (tmp_path / "variants.toml").write_text('[variants.current]\npython = "/nope/bin/python"\n'
+                                            '[variants.stock]\npython = "/nope/bin/python"\n'
+                                            '[variants."stock+fix"]\npython = "/nope/bin/python"\n')
+    assert_one_line_error(run("crash-repro", "--scenario", str(path), "--dry-run"),
+                          "interpreter not found: /nope/bin/python")
+
+
+def test_unknown_variant():
+    assert_one_line_error(run("crash-repro", "--variant", "nightly", "--dry-run"),
+                          "unknown variant 'nightly'")
+
+
+def test_not_llama4_config(tmp_path):
+    cfg = tmp_path / "llama3.json"
+    cfg.write_text('{"model_type": "llama", "hidden_size": 64}')
+    assert_one_line_error(run("crash-repro", "--config", str(cfg), "--variant", "current",
+                              "--dry-run"), "not Llama 4-like")
+
+
+def test_busy_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        assert_one_line_error(run("crash-repro", "--variant", "current", "--port", str(port)),
+                              f"port {port} on 127.0.0.1 is busy")
+
+
+def test_unknown_patch():
+    assert_one_line_error(run("crash-repro", "--patch", "yolo", "--dry-run"), "unknown patch")
+
+
+def test_validate_shipped_scenario():
+    proc = run("validate", "scenarios/crash-repro.toml")
+    assert proc.returncode == 0, proc.stderr
+    assert "ok" in proc.stdout
+
+
+@pytest.mark.parametrize("variant", ["stock", "current"])
+def test_dry_run_shows_exact_commands_without_launching(variant):
+    proc = run("crash-repro", "--variant", variant, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "vllm.entrypoints.openai.api_server" in proc.stdout
+    assert '"--host", "127.0.0.1"' in proc.stdout
+    assert "HostOffloadingSpec" in proc.stdout  # CPU machine: the harness's host backend

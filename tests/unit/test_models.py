@@ -1,0 +1,74 @@
+"""Local weight-free models: deterministic, exact vocabulary, content-addressed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import models
+from harness.errors import BadInput
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def geometry(name: str) -> dict:
+    return json.loads((ROOT / "scenarios" / "models" / f"{name}.json").read_text())
+
+
+def test_chunked_layers_follow_no_rope_layers():
+    assert models.chunked_local_layers(geometry("llama4-issue-51150")) == [0, 1, 2, 4, 5, 6]
+    assert models.chunked_local_layers(geometry("llama4-small-chunk")) == [0, 1, 2]
+    assert models.chunked_local_layers(geometry("llama4-no-chunk")) == []
+
+
+def test_kv_bytes_per_token_matches_the_prs_scout_arithmetic():
+    scout = {"model_type": "llama4_text", "num_hidden_layers": 48, "num_attention_heads": 40,
+             "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 5120,
+             "vocab_size": 202048, "torch_dtype": "bfloat16"}
+    assert models.kv_bytes_per_token(scout) == 196_608
+    assert models.kv_bytes_per_token(scout) * 1248 == 245_366_784
+    assert models.kv_bytes_per_token(geometry("llama4-small-chunk")) == 1024
+
+
+def test_not_llama4_is_refused():
+    with pytest.raises(BadInput, match="not Llama 4-like"):
+        models.check_llama4_like({"model_type": "llama", "hidden_size": 8}, "cfg")
+    with pytest.raises(BadInput, match="hidden_size"):
+        models.check_llama4_like({"model_type": "llama4_text"}, "cfg")
+
+
+def test_build_is_deterministic_and_cached(tmp_path):
+    cfg = geometry("llama4-small-chunk")
+    a = models.build_model(cfg, "small", tmp_path)
+    b = models.build_model(cfg, "small", tmp_path)
+    assert a == b and (a / ".complete").is_file()
+    written = json.loads((a / "config.json").read_text())
+    assert written["model_type"] == "llama4_text"
+    assert written["attention_chunk_size"] == 256
+    assert written["architectures"] == ["Llama4ForCausalLM"]
+    changed = dict(cfg, attention_chunk_size=512)
+    assert models.build_model(changed, "small", tmp_path) != a
+
+
+def test_tokenizer_has_the_exact_vocabulary_and_one_token_per_word(tmp_path):
+    from transformers import AutoTokenizer
+
+    path = models.build_model(geometry("llama4-small-chunk"), "small", tmp_path)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    assert len(tok) == 1024
+    ids = tok("t10 t11 t1023").input_ids
+    assert ids == [10, 11, 1023]
+    assert tok.decode(ids) == "t10 t11 t1023"
+    assert tok.convert_ids_to_tokens([0, 1, 2]) == ["<pad>", "<s>", "</s>"]
+
+
+def test_interrupted_build_leaves_nothing_that_looks_complete(tmp_path, monkeypatch):
+    def boom(*_a, **_k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(models, "build_tokenizer", boom)
+    with pytest.raises(RuntimeError):
+        models.build_model(geometry("llama4-small-chunk"), "small", tmp_path)
+    assert not any((tmp_path / "models").iterdir())

@@ -1,0 +1,102 @@
+"""The in-engine patches, applied to the installed vLLM and called on real specs.
+
+Runs under both environments (``make test`` runs it with 0.27.1 and 0.32.0): on a
+build without PR #51161 the fix must add the branch, on a build with it the fix is
+a no-op, and the floor mutant must round down on both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import pytest
+import torch
+
+patches = pytest.importorskip("harness.engine.patches")
+kv_iface = pytest.importorskip("vllm.v1.kv_cache_interface")
+sched = importlib.import_module(
+    "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler")
+
+
+def make_spec(cls, **overrides):
+    values = {"block_size": 128, "num_kv_heads": 2, "head_size": 32,
+              "dtype": torch.bfloat16, "attention_chunk_size": 384, "sliding_window": 384}
+    values.update(overrides)
+    required = {f.name: values[f.name] for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING}  # type: ignore[misc]
+    return cls(**required)
+
+
+def window_fn():
+    return sched.get_sliding_window_size_in_chunks
+
+
+@pytest.fixture(autouse=True)
+def restore():
+    original = getattr(window_fn(), "__wrapped_original__", window_fn())
+    yield
+    for name in patches.TARGET_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(mod, "get_sliding_window_size_in_chunks"):
+            mod.get_sliding_window_size_in_chunks = original
+
+
+def build_has_fix() -> bool:
+    return patches._has_chunked_branch(window_fn())
+
+
+def test_stock_behaviour_is_what_the_issue_says():
+    chunked = make_spec(kv_iface.ChunkedLocalAttentionSpec)
+    if build_has_fix():
+        assert window_fn()(chunked, 256) == 2
+    else:
+        with pytest.raises(AssertionError):
+            window_fn()(chunked, 256)
+
+
+def test_fix_rounds_up_and_leaves_other_specs_alone():
+    report = patches.apply("chunked-local-fix")
+    assert report.status == ("no-op" if build_has_fix() else "applied")
+    chunked = make_spec(kv_iface.ChunkedLocalAttentionSpec)
+    assert window_fn()(chunked, 256) == 2  # cdiv(384, 256)
+    assert window_fn()(chunked, 128) == 3
+    full = make_spec(kv_iface.FullAttentionSpec)
+    assert window_fn()(full, 256) is None
+    swa = make_spec(kv_iface.SlidingWindowSpec)
+    assert window_fn()(swa, 128) >= 3
+
+
+def test_floor_mutant_rounds_down_on_every_build():
+    report = patches.apply("chunked-local-floor")
+    assert report.status == "applied"
+    chunked = make_spec(kv_iface.ChunkedLocalAttentionSpec)
+    assert window_fn()(chunked, 256) == 1  # floor(384 / 256): the straddling chunk is lost
+    assert window_fn()(chunked, 128) == 3  # dividing sizes are unaffected
+
+
+def test_patches_are_idempotent_and_switchable():
+    patches.apply("chunked-local-floor")
+    again = patches.apply("chunked-local-floor")
+    assert "(already)" in again.line() or again.status == "applied"
+    patches.apply("chunked-local-fix")
+    chunked = make_spec(kv_iface.ChunkedLocalAttentionSpec)
+    assert window_fn()(chunked, 256) == 2
+
+
+def test_unknown_patch_is_refused():
+    with pytest.raises(ValueError):
+        patches.apply("chunked-local-ceil")
+
+
+def test_plugin_is_inert_without_the_variable(monkeypatch):
+    from harness.engine import plugin
+
+    monkeypatch.delenv(plugin.ENV_PATCH, raising=False)
+    before = window_fn()
+    plugin.register()
+    assert window_fn() is before
