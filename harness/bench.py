@@ -25,7 +25,7 @@ from pathlib import Path
 from harness import crash_repro
 from harness.crash_repro import ServerPlan
 from harness.environments import probe
-from harness.launcher import _signal_group, free_port
+from harness.launcher import _signal_group, free_port, server_slot
 from harness.scenario import CrashReproScenario
 
 
@@ -73,7 +73,7 @@ def bare_time(row_plan: ServerPlan, log_path: Path, timeout_s: float) -> float:
     """The same argv launched by hand: time to /health 200, or to exit when it crashes."""
     port = free_port()
     env = {**os.environ, **row_plan.env}
-    with log_path.open("wb") as log:
+    with server_slot(), log_path.open("wb") as log:
         t0 = time.perf_counter()
         proc = subprocess.Popen(row_plan.argv(port), stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)

@@ -199,6 +199,165 @@ def _run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
     return int(code)
 
 
+@app.command("roundtrip")
+def roundtrip_cmd(
+    scenario: Annotated[Path | None, typer.Option(
+        help="roundtrip scenario (TOML)", show_default="scenarios/roundtrip-cpu.toml")] = None,
+    variant: Annotated[str | None, typer.Option(help="vLLM variant (default: scenario's)")
+                       ] = None,
+    patch: Annotated[str | None, typer.Option(
+        help="patch inside vLLM: chunked-local-fix, chunked-local-floor or none")] = None,
+    config: Annotated[Path | None, typer.Option(help="model geometry (config.json) to use")
+                      ] = None,
+    tp: Annotated[int | None, typer.Option("--tp", min=1, help="tensor parallel size")] = None,
+    fault: Annotated[str | None, typer.Option(
+        help="seeded fault in the host backend: corrupt-load, drop-store, no-load")] = None,
+    filler_count: Annotated[int | None, typer.Option(
+        min=0, help="send exactly this many filler prompts instead of sizing from the pool")
+    ] = None,
+    url: Annotated[str | None, typer.Option(help="attach to a running server instead")
+                   ] = None,
+    results_dir: Annotated[Path, typer.Option(help="where run directories are created")
+                           ] = Path("results"),
+    port: Annotated[int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")
+                    ] = None,
+    dry_run: Annotated[bool, typer.Option(help="print the plan and command; launch nothing")
+                       ] = False,
+    engine_arg: Annotated[list[str] | None, typer.Option(
+        "--engine-arg", help="extra argument passed to the server, e.g. "
+                             "--engine-arg=--distributed-executor-backend=ray (repeatable)")
+    ] = None,
+) -> None:
+    """Serve with offloading, replay prompts, evict the GPU prefix cache with unrelated
+    traffic, replay again, and check bytes stored vs loaded, external hits and output."""
+    from harness import roundtrip as rt
+    from harness.launcher import check_port_free
+    from harness.scenario import FAULTS, load_roundtrip
+
+    try:
+        scen = load_roundtrip(scenario or _default_scenario("roundtrip-cpu.toml"))
+        if fault is not None and fault not in FAULTS:
+            raise HarnessError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+        if filler_count is not None:
+            scen.workload.filler_count = filler_count
+        if port is not None:
+            check_port_free(port)
+        if url:
+            plan = rt.attach_plan(scen, url)
+        else:
+            plan = rt.plan_roundtrip(scen, variant=variant, patch=patch,
+                                     config=str(config) if config else None, tp=tp,
+                                     fault=fault, extra_args=engine_arg)
+    except HarnessError as err:
+        raise _fail(err) from None
+    if dry_run:
+        _print_roundtrip_plan(plan)
+        raise typer.Exit(0)
+    raise typer.Exit(_run_roundtrip(plan, results_dir, url, port))
+
+
+def _print_roundtrip_plan(plan: object) -> None:
+    from harness.roundtrip import RoundtripPlan
+
+    assert isinstance(plan, RoundtripPlan)
+    d = plan.describe()
+    exp = plan.expected
+    console.print(f"[bold]roundtrip plan[/] {plan.scenario.name}: model {plan.model_ref}, "
+                  f"variant {plan.variant}, TP {plan.tensor_parallel}", highlight=False)
+    console.print(f"  KV bytes/token {exp.kv_bytes_per_token:,} (full layers "
+                  f"{exp.full_bytes_per_token:,}, chunked-local {exp.chunked_bytes_per_token:,})"
+                  f"; offload chunk {exp.tokens_per_chunk} tokens", highlight=False)
+    for t in exp.targets:
+        console.print(f"  {t.name}: {t.prompt_tokens} tokens -> stores {t.stored_tokens}, "
+                      f"replay hit {t.hit_tokens} (= {t.hit_tokens * exp.full_bytes_per_token:,}"
+                      f" B on full layers), chunked-local layers need {t.chunked_needed_tokens}",
+                      highlight=False)
+    console.print(f"  expected: stored {exp.stored_bytes:,} B, loaded {exp.loaded_bytes:,} B, "
+                  f"external hits {exp.hit_tokens} tokens", highlight=False)
+    console.print(f"  filler: sized at launch from the live pool x "
+                  f"{1 + plan.scenario.workload.filler_margin:g}; CPU tier capacity "
+                  f"~{plan.cpu_capacity_tokens} tokens", highlight=False)
+    for note in plan.notes:
+        console.print(f"  note: {note}", highlight=False)
+    if plan.server is not None:
+        env_txt = " ".join(f"{k}={v}" for k, v in sorted(plan.server.env.items()))
+        console.print(f"  env: {env_txt}", highlight=False, markup=False)
+        console.print("  argv: " + json.dumps(d["server_argv"]), highlight=False, markup=False)
+
+
+def _run_roundtrip(plan: object, results_dir: Path, url: str | None, port: int | None) -> int:
+    from harness import roundtrip as rt
+    from harness.environments import git_revision, host_platform
+    from harness.launcher import install_signal_handlers, stop_all
+    from harness.markdown import roundtrip_report
+    from harness.reporting import RoundtripProgress, checks_table, phase_table
+    from harness.results import JUnitCase, RunDirectory, junit_xml, new_run_dir
+
+    assert isinstance(plan, rt.RoundtripPlan)
+    install_signal_handlers()
+    try:
+        run_dir = RunDirectory(new_run_dir(results_dir, "roundtrip"), "roundtrip")
+    except OSError as err:
+        raise _fail(HarnessError(f"cannot create results directory: {err}")) from None
+    run_dir.update_meta(
+        scenario=plan.scenario.model_dump(mode="json"),
+        scenario_file=str(plan.scenario.source),
+        variant={"name": plan.variant, **(plan.env.as_dict() if plan.env else {"url": url})},
+        platform=host_platform(), git_revision=git_revision(REPO_ROOT), plan=plan.describe())
+    phase_cols = None
+
+    def on_record(result: rt.RoundtripResult) -> None:
+        nonlocal phase_cols
+        run_dir.update_meta(plan=plan.describe(), startup_seconds=result.startup_seconds)
+        rows = [p.record() for p in result.phases]
+        if rows:
+            phase_cols = list(rows[0])
+            run_dir.write_csv("phases.csv", rows, phase_cols)
+        rt.save_requests(result, run_dir.path / "requests.jsonl")
+        if result.checks:
+            allc = [*result.checks, *result.info_checks]
+            run_dir.write_csv("checks.csv", [c.record() for c in allc],
+                              list(allc[0].record()))
+            cases = [JUnitCase(classname=f"roundtrip.{plan.scenario.name}", name=c.name,
+                               seconds=0.0, failure=None if c.passed else
+                               f"expected {c.expected}, observed {c.observed}. {c.detail}",
+                               stdout=c.why) for c in result.checks]
+            run_dir.write_text("junit.xml", junit_xml("roundtrip", cases))
+            run_dir.write_text("report.md", roundtrip_report(
+                result, {"results_dir": str(run_dir.path)}))
+
+    console.print(f"[bold]roundtrip[/] {plan.scenario.name} on {plan.model_ref} "
+                  f"(variant {plan.variant})", highlight=False)
+    status, code = "finished", ExitCode.OK
+    result = None
+    try:
+        rt.build_local_model(plan)
+        result = rt.execute(plan, run_dir.path, RoundtripProgress(console), on_record,
+                            url=url, port=port)
+        code = ExitCode.OK if result.passed else ExitCode.MISMATCH
+    except KeyboardInterrupt:
+        stop_all()
+        status, code = "interrupted", ExitCode.INTERRUPTED
+        err_console.print("offload-check: interrupted; servers stopped, partial results kept")
+    except HarnessError as err:
+        stop_all()
+        status, code = "error", err.exit_code
+        err_console.print(f"offload-check: error: {err}", highlight=False, markup=False)
+    finally:
+        run_dir.finish(status, int(code), passed=bool(result and result.passed))
+    if result is not None:
+        if result.phases:
+            console.print(phase_table(result.phases))
+        if result.checks:
+            console.print(checks_table(result.checks, result.info_checks))
+        verdict = ("[green]all checks passed[/]" if result.passed
+                   else "[red]some checks failed[/]")
+        console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
+    else:
+        console.print(f"results so far: {run_dir.path}", highlight=False)
+    return int(code)
+
+
 @app.command("bench")
 def bench_cmd(
     repeats: Annotated[int, typer.Option(min=1, help="launches per side and case")] = 2,

@@ -18,7 +18,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,33 @@ API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # Every server the harness started and has not torn down yet; the signal and exit
 # hooks below use it so that even an unexpected exit leaves no vLLM behind.
 _LIVE: set[VllmServer] = set()
+
+
+def _lock_path() -> str | None:
+    value = os.environ.get("OFFLOAD_CHECK_LOCK", "/tmp/offload-check-vllm.lock")
+    return None if value in ("", "none") else value
+
+
+@contextlib.contextmanager
+def server_slot() -> Iterator[None]:
+    """Hold the machine-wide server lock while a vLLM server lives.
+
+    Two engines on a 2-core machine starve each other and every timing becomes noise,
+    so all launches of this harness (tests, benchmarks, a second terminal) queue on one
+    file lock. ``OFFLOAD_CHECK_LOCK=none`` opts out; another path scopes it.
+    """
+    path = _lock_path()
+    if path is None:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def free_port() -> int:
@@ -70,6 +97,7 @@ class VllmServer:
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     started_at: float = field(default=0.0, init=False)
     _log: Any = field(default=None, init=False, repr=False)
+    _slot: Any = field(default=None, init=False, repr=False)
 
     def __hash__(self) -> int:
         return id(self)
@@ -98,6 +126,8 @@ class VllmServer:
         if not (os.path.isfile(self.python) or os.sep not in self.python):
             raise BadInput(f"interpreter not found: {self.python}")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._slot = server_slot()
+        self._slot.__enter__()
         self._log = self.log_path.open("wb")
         env = {**os.environ, **self.env}
         self.started_at = time.monotonic()
@@ -114,6 +144,7 @@ class VllmServer:
             )
         except OSError as err:
             self._log.close()
+            self._release_slot()
             raise BadInput(f"cannot launch {self.python}: {err.strerror}") from None
         _LIVE.add(self)
 
@@ -158,6 +189,7 @@ class VllmServer:
         """Terminate the process group, then kill whatever is left, then reap."""
         proc = self.proc
         if proc is None:
+            self._release_slot()
             return None
         try:
             descendants = _descendants(proc.pid)
@@ -179,7 +211,13 @@ class VllmServer:
             if self._log is not None:
                 self._log.close()
                 self._log = None
+            self._release_slot()
         return proc.returncode
+
+    def _release_slot(self) -> None:
+        if self._slot is not None:
+            slot, self._slot = self._slot, None
+            slot.__exit__(None, None, None)
 
     def __enter__(self) -> VllmServer:
         self.start()

@@ -7,6 +7,7 @@ reports through plain callbacks so it can be driven from tests or other tools.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -93,3 +94,62 @@ def crash_repro_table(rows: Sequence[Row]) -> Table:
             Text("yes", style="green") if r.matched else Text(f"NO: {r.why}", style="bold red"),
         )
     return table
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.3f}MB"
+
+
+def phase_table(phases: Sequence[Any]) -> Table:
+    """The PR's phase table: deltas, then cumulative counters, per phase."""
+    table = Table(title="phases (delta | cumulative)", header_style="bold")
+    for col in ("phase", "requests", "stored", "loaded", "gpu_hits", "ext_hits/queries",
+                "cum stored", "cum loaded", "cum ext_hits/queries"):
+        table.add_column(col, justify="right" if col != "phase" else "left")
+    for p in phases:
+        d, t = p.delta, p.total
+        table.add_row(
+            p.phase, str(p.requests), _mb(d.stored_bytes), _mb(d.loaded_bytes),
+            f"{int(d.gpu_hits)}", f"{int(d.ext_hits)}/{int(d.ext_queries)}",
+            _mb(t.stored_bytes), _mb(t.loaded_bytes), f"{int(t.ext_hits)}/{int(t.ext_queries)}",
+        )
+    return table
+
+
+def checks_table(checks: Sequence[Any], info: Sequence[Any] = ()) -> Table:
+    table = Table(title="checks", header_style="bold", show_lines=True)
+    for col in ("check", "expected", "observed", "result", "why"):
+        table.add_column(col, overflow="fold")
+    for c in checks:
+        result = Text("pass", style="green") if c.passed else Text("FAIL", style="bold red")
+        why = c.why + (f"\n[{c.detail}]" if c.detail else "")
+        table.add_row(c.name, c.expected, c.observed, result, Text(why))
+    for c in info:
+        result = Text("same" if c.passed else "differs", style="cyan")
+        why = c.why + (f"\n[{c.detail}]" if c.detail else "")
+        table.add_row(c.name, c.expected, c.observed, result, Text(why))
+    return table
+
+
+class RoundtripProgress:
+    """Plain lines: a round trip is a handful of phases, each worth a line."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def status(self, message: str) -> None:
+        self.console.print(f"  {message}", highlight=False, markup=False)
+
+    def request_done(self, completion: Any) -> None:
+        if completion.phase != "filler":
+            self.console.print(f"    {completion.phase} {completion.prompt}: "
+                               f"{completion.prompt_tokens} tokens in {completion.seconds:.2f}s",
+                               highlight=False, markup=False)
+
+    def phase_done(self, phase: Any) -> None:
+        d = phase.delta
+        self.console.print(
+            f"  phase {phase.phase}: {phase.requests} requests, stored {_mb(d.stored_bytes)}, "
+            f"loaded {_mb(d.loaded_bytes)}, gpu_hits {int(d.gpu_hits)}, ext_hits "
+            f"{int(d.ext_hits)}/{int(d.ext_queries)} ({phase.seconds:.1f}s)",
+            highlight=False, markup=False)

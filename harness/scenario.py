@@ -62,6 +62,8 @@ class ServerSettings(StrictModel):
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    # KV block size (--block-size); None keeps the platform default (CPU 128, CUDA 16).
+    block_size: int | None = Field(None, gt=0)
     probe_prompt: str = "t10 t11 t12 t13"
     probe_max_tokens: int = Field(4, gt=0)
 
@@ -114,7 +116,21 @@ class KnownCrash(StrictModel):
     functions: list[str]
 
 
-class CrashReproScenario(StrictModel):
+class FileScenario(StrictModel):
+    """A scenario loaded from a file: its relative paths are relative to that file."""
+
+    # Not part of the file: where it was loaded from, for resolving relative paths.
+    source: Path | None = Field(default=None, exclude=True)
+
+    def resolve(self, relative: str) -> Path:
+        """Paths in a scenario are relative to the scenario file, not to the caller's cwd."""
+        path = Path(os.path.expandvars(os.path.expanduser(relative)))
+        if path.is_absolute() or self.source is None:
+            return path
+        return Path(os.path.normpath(self.source.parent / path))
+
+
+class CrashReproScenario(FileScenario):
     name: str
     description: str = ""
     variants_file: str = "variants.toml"
@@ -126,15 +142,68 @@ class CrashReproScenario(StrictModel):
     expectations: list[Expectation] = Field(min_length=1)
     known_crashes: list[KnownCrash] = Field(default_factory=list)
 
-    # Not part of the file: where it was loaded from, for resolving relative paths.
-    source: Path | None = Field(default=None, exclude=True)
 
-    def resolve(self, relative: str) -> Path:
-        """Paths in a scenario are relative to the scenario file, not to the caller's cwd."""
-        path = Path(os.path.expandvars(os.path.expanduser(relative)))
-        if path.is_absolute() or self.source is None:
-            return path
-        return (self.source.parent / path).resolve()
+FAULTS = ("none", "corrupt-load", "drop-store", "no-load")
+Fault = Literal["none", "corrupt-load", "drop-store", "no-load"]
+
+
+class WorkloadSettings(StrictModel):
+    """The round trip's traffic. Lengths are in tokens; prompts are token ids."""
+
+    target_tokens: list[int] = Field(default_factory=lambda: [600, 700], min_length=1)
+    max_tokens: int = Field(16, gt=0)
+    logprobs: int = Field(3, ge=0, le=20)
+    seed: int = 0
+    filler_tokens: int = Field(900, gt=0, description="length of each filler prompt")
+    # Filler sent = pool tokens x (1 + margin), rounded up to whole filler prompts.
+    filler_margin: float = Field(0.25, ge=0.0, le=2.0)
+    # A fixed filler count instead of sizing from the live pool (e.g. to seed a fault).
+    filler_count: int | None = Field(None, ge=0)
+    settle_timeout_s: float = Field(15.0, gt=0)
+
+    @field_validator("target_tokens")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(n <= 0 for n in value):
+            raise ValueError("target lengths must be positive")
+        return value
+
+
+class RoundtripScenario(FileScenario):
+    name: str
+    description: str = ""
+    variants_file: str = "variants.toml"
+    variant: str = "current"
+    # A model geometry file made locally (CPU) ...
+    geometry: str = Field(description="model config.json used to plan (and, locally, to build)")
+    # ... or a hub model served as is (GPU runners); the geometry then only plans.
+    hub_model: str | None = None
+    weights: Literal["dummy", "random"] = Field(
+        "random", description="local models: dummy (near zero) or seeded random at real scale")
+    weight_seed: int = 0
+    tensor_parallel: int = Field(1, ge=1)
+    fault: Fault = "none"
+    patch: str | None = None
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    offload: OffloadSettings = Field(default_factory=OffloadSettings)
+    workload: WorkloadSettings = Field(default_factory=WorkloadSettings)
+
+    @field_validator("patch")
+    @classmethod
+    def _known_patch(cls, value: str | None) -> str | None:
+        if value is not None and value not in (*PATCH_NAMES, "none"):
+            raise ValueError(f"unknown patch {value!r}; known: {', '.join(PATCH_NAMES)}, none")
+        return value
+
+
+def load_roundtrip(path: Path) -> RoundtripScenario:
+    data = read_toml(path)
+    try:
+        scenario = RoundtripScenario.model_validate(data)
+    except ValidationError as err:
+        raise BadInput(_one_line(err, path)) from None
+    scenario.source = path.resolve()
+    return scenario
 
 
 def _one_line(err: ValidationError, path: Path) -> str:

@@ -1,0 +1,56 @@
+"""Markdown renderings of results: ``report.md`` and CI step summaries."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def roundtrip_report(result: Any, meta: dict[str, Any]) -> str:
+    plan = result.plan
+    verdict = "PASS" if result.passed else "FAIL"
+    lines = [f"# offload-check roundtrip: {verdict}", ""]
+    env = plan.env
+    lines += [
+        f"- model: `{plan.model_ref}` (served as `{plan.served_name}`)",
+        f"- variant: `{plan.variant}`" + (f", vLLM {env.vllm_version} ({env.vllm_dist}) on "
+                                         f"{env.device}" if env else " (attached server)"),
+        f"- patch: `{plan.patch or 'none'}`, fault: `{plan.fault}`, TP: {plan.tensor_parallel}",
+        f"- KV block {plan.kv_block_size} tokens, offload chunk {plan.tokens_per_chunk} tokens",
+        f"- pool {plan.pool_tokens} tokens; filler {plan.filler_tokens} tokens "
+        f"({plan.filler_count} prompts)",
+        f"- results: `{meta.get('results_dir', '')}`",
+        "",
+        "## Phases",
+        "",
+    ]
+    rows = []
+    for p in result.phases:
+        d, t = p.delta, p.total
+        rows.append([p.phase, p.requests, f"{int(d.stored_bytes):,}", f"{int(d.loaded_bytes):,}",
+                     int(d.gpu_hits), f"{int(d.ext_hits)}/{int(d.ext_queries)}",
+                     f"{int(t.stored_bytes):,}", f"{int(t.loaded_bytes):,}",
+                     f"{int(t.ext_hits)}/{int(t.ext_queries)}"])
+    lines.append(_table(["phase", "requests", "stored B", "loaded B", "gpu hits",
+                         "ext hits/queries", "cum stored B", "cum loaded B",
+                         "cum ext hits/queries"], rows))
+    lines += ["", "## Checks", ""]
+    rows = [[c.name, "pass" if c.passed else "**FAIL**", c.expected, c.observed,
+             c.detail or c.why] for c in result.checks]
+    rows += [[c.name, "same" if c.passed else "differs", c.expected, c.observed,
+              c.detail or c.why] for c in result.info_checks]
+    lines.append(_table(["check", "result", "expected", "observed", "why / detail"], rows))
+    if plan.notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in plan.notes]
+    lines += ["", "Cold vs warm output is informational: on GPUs a full prefill and a "
+              "prefix-cached pass may differ numerically; replay vs warm must not.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,112 @@
+"""Reading vLLM's Prometheus metrics into one normalized snapshot.
+
+The text format is parsed by prometheus_client's own parser (never by regex), and
+names are normalized across vLLM 0.27-0.33: the offload byte counters have a
+deprecated twin (``vllm:kv_offload_total_bytes{transfer_type=...}``) in 0.27-0.32,
+used only when the new counters are absent so nothing is counted twice. Counters
+are summed over every label set (engines, TP ranks), since the round trip's
+arithmetic is about what the whole server moved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+# normalized field -> (family name, label filter); first family present wins.
+COUNTERS: dict[str, list[tuple[str, dict[str, str]]]] = {
+    "stored_bytes": [("vllm:kv_offload_store_bytes", {}),
+                     ("vllm:kv_offload_total_bytes", {"transfer_type": "GPU_to_CPU"})],
+    "loaded_bytes": [("vllm:kv_offload_load_bytes", {}),
+                     ("vllm:kv_offload_total_bytes", {"transfer_type": "CPU_to_GPU"})],
+    "store_seconds": [("vllm:kv_offload_store_time", {}),
+                      ("vllm:kv_offload_total_time", {"transfer_type": "GPU_to_CPU"})],
+    "load_seconds": [("vllm:kv_offload_load_time", {}),
+                     ("vllm:kv_offload_total_time", {"transfer_type": "CPU_to_GPU"})],
+    "ext_hits": [("vllm:external_prefix_cache_hits", {})],
+    "ext_queries": [("vllm:external_prefix_cache_queries", {})],
+    "gpu_hits": [("vllm:prefix_cache_hits", {})],
+    "gpu_queries": [("vllm:prefix_cache_queries", {})],
+    "prompt_tokens": [("vllm:prompt_tokens", {})],
+    "generation_tokens": [("vllm:generation_tokens", {})],
+}
+
+
+@dataclass
+class Snapshot:
+    """Cumulative counters at one moment; subtract two to get a phase's deltas."""
+
+    stored_bytes: float = 0.0
+    loaded_bytes: float = 0.0
+    store_seconds: float = 0.0
+    load_seconds: float = 0.0
+    ext_hits: float = 0.0
+    ext_queries: float = 0.0
+    gpu_hits: float = 0.0
+    gpu_queries: float = 0.0
+    prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+
+    def __sub__(self, other: Snapshot) -> Snapshot:
+        return Snapshot(**{f.name: getattr(self, f.name) - getattr(other, f.name)
+                           for f in fields(self)})
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass
+class CacheConfig:
+    """The live KV pool, from the ``vllm:cache_config_info`` gauge's labels."""
+
+    num_gpu_blocks: int
+    block_size: int
+    labels: dict[str, str]
+
+    @property
+    def pool_tokens(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+
+def _counter_value(families: dict[str, Any], family: str, match: dict[str, str]) -> float | None:
+    fam = families.get(family)
+    if fam is None:
+        return None
+    total, seen = 0.0, False
+    for sample in fam.samples:
+        # Counters expose "<name>_total" (and "<name>_created", which is not a count).
+        if sample.name not in (family + "_total", family):
+            continue
+        if any(sample.labels.get(k) != v for k, v in match.items()):
+            continue
+        total += float(sample.value)
+        seen = True
+    return total if seen else None
+
+
+def parse(text: str) -> tuple[Snapshot, CacheConfig | None, set[str]]:
+    """Snapshot, pool config and the metric family names present (for diagnostics)."""
+    families = {fam.name: fam for fam in text_string_to_metric_families(text)}
+    snap = Snapshot()
+    for field_name, candidates in COUNTERS.items():
+        for family, match in candidates:
+            value = _counter_value(families, family, match)
+            if value is not None:
+                setattr(snap, field_name, value)
+                break
+    cache = None
+    info = families.get("vllm:cache_config_info")
+    if info is not None and info.samples:
+        labels = dict(info.samples[0].labels)
+        try:
+            cache = CacheConfig(int(float(labels["num_gpu_blocks"])),
+                                int(float(labels["block_size"])), labels)
+        except (KeyError, ValueError):
+            cache = None
+    return snap, cache, set(families)
+
+
+def offload_metrics_present(names: set[str]) -> bool:
+    return any(n.startswith("vllm:kv_offload_") for n in names)

@@ -1,0 +1,486 @@
+"""roundtrip: offloaded KV must survive GPU eviction and come back exact.
+
+The library half of the ``roundtrip`` command. A server runs with the offloading
+connector; target prompts are sent cold (stored to the CPU tier) and warm (served
+from the GPU prefix cache: the reference output); unrelated filler traffic sized
+from the live pool evicts the GPU cache (never a reset endpoint, which can also drop
+the connector's index); the targets are replayed and must now come from the
+connector. Every phase ends with a metrics snapshot; the checks in
+``harness.checks`` compare the deltas with figures planned from the model geometry.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from harness import checks as ck
+from harness import metrics
+from harness import models as model_builder
+from harness.environments import Environment, probe
+from harness.errors import BadInput, HarnessError, RuntimeFailure
+from harness.launcher import VllmServer, http_json
+from harness.scenario import (
+    PATCH_NAMES,
+    RoundtripScenario,
+    load_model_config,
+    load_variants,
+)
+from harness.serving import ServerPlan, offload_backend, server_plan
+from harness.workload import (
+    Completion,
+    Prompt,
+    complete,
+    first_divergence,
+    make_fillers,
+    make_prompts,
+)
+
+PHASES = ("cold", "warm", "filler", "replay")
+DEFAULT_KV_BLOCK = {"cpu": 128, "cuda": 16}
+# Host chunks are padded to this alignment; keep a margin so the plan never relies on
+# the last few chunks (vLLM's CPU spec rounds each chunk up to 4 KiB).
+CPU_CAPACITY_SAFETY = 0.9
+
+
+@dataclass
+class LayerBytes:
+    full: int  # bytes per token over full-attention layers
+    chunked: int  # bytes per token over chunked-local layers
+
+    @property
+    def total(self) -> int:
+        return self.full + self.chunked
+
+
+def layer_bytes(config: dict[str, Any]) -> LayerBytes:
+    """KV bytes per token split by attention kind, from the config's own formula."""
+    text = model_builder.text_config(config)
+    per_layer = model_builder.kv_bytes_per_token(config) // int(text["num_hidden_layers"])
+    chunked = len(model_builder.chunked_local_layers(config))
+    full = int(text["num_hidden_layers"]) - chunked
+    return LayerBytes(full * per_layer, chunked * per_layer)
+
+
+@dataclass
+class RoundtripPlan:
+    scenario: RoundtripScenario
+    variant: str
+    env: Environment | None  # None in attach mode
+    geometry: dict[str, Any] | None
+    model_ref: str  # a local directory (filled by build), a hub id, or the attached model
+    served_name: str
+    patch: str | None
+    fault: str
+    tensor_parallel: int
+    kv_block_size: int
+    tokens_per_chunk: int
+    expected: ck.Expected
+    targets: list[Prompt]
+    server: ServerPlan | None
+    vocab_size: int
+    cpu_capacity_tokens: int | None
+    filler_count: int | None = None
+    filler_lengths: list[int] = field(default_factory=list)
+    filler_tokens: int = 0
+    pool_tokens: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "variant": self.variant, "model": self.model_ref, "served_model_name": self.served_name,
+            "patch": self.patch or "none", "fault": self.fault,
+            "tensor_parallel": self.tensor_parallel, "kv_block_size": self.kv_block_size,
+            "offload_tokens_per_chunk": self.tokens_per_chunk,
+            "targets": {p.name: len(p.token_ids) for p in self.targets},
+            "filler_prompt_tokens": self.scenario.workload.filler_tokens,
+            "filler_count": self.filler_count, "filler_tokens": self.filler_tokens,
+            "pool_tokens": self.pool_tokens,
+            "filler_over_pool": (round(self.filler_tokens / self.pool_tokens, 3)
+                                 if self.pool_tokens else None),
+            "cpu_capacity_tokens": self.cpu_capacity_tokens,
+            "expected": self.expected.as_dict(),
+            "server_argv": self.server.argv() if self.server else None,
+            "server_env": self.server.env if self.server else None,
+            "notes": self.notes,
+        }
+
+
+def _validate_lengths(scn: RoundtripScenario, c: int) -> None:
+    w = scn.workload
+    max_len = scn.server.max_model_len
+    for n in w.target_tokens:
+        if n + w.max_tokens > max_len:
+            raise BadInput(f"target of {n} tokens + {w.max_tokens} generated exceeds "
+                           f"max_model_len {max_len}")
+        if (n - 1) // c == 0:
+            raise BadInput(f"target of {n} tokens is shorter than one offload chunk "
+                           f"({c} tokens) plus one: it can never be an external hit")
+        if n % c == 0:
+            raise BadInput(f"target of {n} tokens is a multiple of the offload chunk ({c}); "
+                           "the last prompt token is always recomputed, pick a length that "
+                           "is not, so the expected hit is unambiguous")
+    if w.filler_tokens + 1 > max_len:
+        raise BadInput(f"filler prompts of {w.filler_tokens} tokens exceed max_model_len "
+                       f"{max_len}")
+
+
+def plan_roundtrip(
+    scn: RoundtripScenario, *, variant: str | None = None, patch: str | None = None,
+    config: str | None = None, tp: int | None = None, fault: str | None = None,
+    extra_args: list[str] | None = None,
+) -> RoundtripPlan:
+    """Everything knowable before launch; refuses impossible plans with one clear line."""
+    variants = load_variants(scn.resolve(scn.variants_file))
+    name = variant or scn.variant
+    if name not in variants:
+        raise BadInput(f"unknown variant {name!r}; known: {', '.join(variants)}")
+    var = variants[name]
+    eff_patch = patch if patch is not None else (scn.patch if scn.patch is not None
+                                                 else var.patch)
+    if eff_patch == "none":
+        eff_patch = None
+    if eff_patch is not None and eff_patch not in PATCH_NAMES:
+        raise BadInput(f"unknown patch {eff_patch!r}; known: {', '.join(PATCH_NAMES)}, none")
+    env = probe(var.python)
+    if eff_patch and not env.harness_plugin:
+        raise BadInput(f"variant {name}: patch {eff_patch} needs the harness installed in "
+                       f"{var.python} (run `make setup`)")
+    geometry_path = Path(config) if config else scn.resolve(scn.geometry)
+    geometry = load_model_config(geometry_path)
+    model_builder.check_llama4_like(geometry, str(geometry_path))
+    tp_size = tp or scn.tensor_parallel
+    eff_fault = fault or scn.fault
+    if eff_fault != "none" and offload_backend(scn.offload, env) != "host":
+        raise BadInput(f"fault {eff_fault} needs the harness's host offload backend "
+                       "(offload.backend = \"host\")")
+
+    kv_block = scn.server.block_size or DEFAULT_KV_BLOCK.get(env.device, 16)
+    c = scn.offload.block_size or kv_block
+    if c % kv_block:
+        raise BadInput(f"offload block_size {c} is not a multiple of the KV block size "
+                       f"{kv_block}")
+    _validate_lengths(scn, c)
+    text = model_builder.text_config(geometry)
+    kv_heads = int(text.get("num_key_value_heads") or text["num_attention_heads"])
+    if kv_heads % tp_size and tp_size % kv_heads:
+        raise BadInput(f"--tp {tp_size} does not divide {kv_heads} KV heads")
+    lb = layer_bytes(geometry)
+    chunk = text.get("attention_chunk_size") if lb.chunked else None
+    vocab = int(text["vocab_size"])
+    targets, _ = make_prompts(scn.workload.target_tokens, 1, 0, vocab, scn.workload.seed)
+    expected = ck.expected_for(
+        prompt_lengths={p.name: len(p.token_ids) for p in targets},
+        max_tokens=scn.workload.max_tokens, tokens_per_chunk=c,
+        attention_chunk_size=chunk, full_bpt=lb.full, chunked_bpt=lb.chunked)
+    capacity = int(scn.offload.cpu_bytes_to_use * CPU_CAPACITY_SAFETY) // lb.total
+    stored_target_tokens = sum(t.stored_tokens for t in expected.targets)
+    if capacity < stored_target_tokens:
+        raise BadInput(f"offload.cpu_bytes_to_use holds {capacity} tokens, fewer than the "
+                       f"{stored_target_tokens} the targets store")
+    served = scn.hub_model or geometry_path.stem
+    extra = list(extra_args or [])
+    if scn.server.block_size:
+        extra = ["--block-size", str(scn.server.block_size), *extra]
+    sp = server_plan(env=env, model_path=scn.hub_model or f"<{geometry_path.stem}>",
+                     served_model_name=served, server=scn.server, offload=scn.offload,
+                     patch=eff_patch, tensor_parallel=tp_size,
+                     fault=None if eff_fault == "none" else eff_fault,
+                     local_model=scn.hub_model is None, extra_args=extra)
+    plan = RoundtripPlan(
+        scenario=scn, variant=name, env=env, geometry=geometry,
+        model_ref=scn.hub_model or str(geometry_path), served_name=served, patch=eff_patch,
+        fault=eff_fault, tensor_parallel=tp_size, kv_block_size=kv_block, tokens_per_chunk=c,
+        expected=expected, targets=targets, server=sp, vocab_size=vocab,
+        cpu_capacity_tokens=capacity)
+    if chunk and any(t.hit_tokens > chunk for t in expected.targets):
+        plan.notes.append(
+            f"prompts cross attention_chunk_size {chunk}: chunked-local layers load only the "
+            "current attention chunk's part of the hit, so loaded < stored by design")
+    return plan
+
+
+def build_local_model(plan: RoundtripPlan) -> None:
+    if plan.scenario.hub_model or plan.server is None or plan.geometry is None:
+        return
+    name = Path(plan.model_ref).stem
+    path = model_builder.build_model(plan.geometry, name, weights=plan.scenario.weights,
+                                     seed=plan.scenario.weight_seed)
+    plan.server.model = str(path)
+    if plan.scenario.weights == "random" and plan.scenario.server.load_format == "dummy":
+        raise BadInput("weights = \"random\" needs server.load_format = \"auto\": dummy "
+                       "loading would discard the weights")
+
+
+def size_filler(plan: RoundtripPlan, cache: metrics.CacheConfig | None,
+                pool_override: int | None = None) -> None:
+    """Filler = live pool x (1 + margin) tokens, in whole prompts; refuses what cannot work."""
+    w = plan.scenario.workload
+    if pool_override is not None:
+        pool = pool_override
+    elif cache is not None:
+        pool = int(cache.labels.get("kv_cache_size_tokens") or 0) or cache.pool_tokens
+    else:
+        raise RuntimeFailure("the server exposes no vllm:cache_config_info; cannot size the "
+                             "filler from the live pool")
+    plan.pool_tokens = pool
+    if w.filler_count is not None:
+        plan.filler_lengths = [w.filler_tokens] * w.filler_count
+    else:
+        # Exactly pool x (1 + margin), the last prompt shortened: enough, and no more.
+        total = math.ceil(pool * (1 + w.filler_margin))
+        plan.filler_lengths = [w.filler_tokens] * (total // w.filler_tokens)
+        if total % w.filler_tokens:
+            plan.filler_lengths.append(total % w.filler_tokens)
+    plan.filler_count = len(plan.filler_lengths)
+    plan.filler_tokens = sum(plan.filler_lengths)
+    if plan.cpu_capacity_tokens is not None:
+        need = sum(t.stored_tokens for t in plan.expected.targets) + plan.filler_tokens
+        if need > plan.cpu_capacity_tokens:
+            raise BadInput(
+                f"impossible eviction plan: the CPU tier holds ~{plan.cpu_capacity_tokens} "
+                f"tokens but targets + filler need {need}; the filler would evict the "
+                "targets from the CPU tier too. Raise offload.cpu_bytes_to_use or shrink "
+                "the GPU pool (--num-gpu-blocks-override)")
+
+
+@dataclass
+class PhaseResult:
+    phase: str
+    requests: int
+    delta: metrics.Snapshot
+    total: metrics.Snapshot
+    seconds: float
+
+    def record(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"phase": self.phase, "requests": self.requests,
+                               "seconds": round(self.seconds, 3)}
+        for k, v in self.delta.as_dict().items():
+            row[f"d_{k}"] = v
+        for k, v in self.total.as_dict().items():
+            row[f"cum_{k}"] = v
+        return row
+
+
+@dataclass
+class RoundtripResult:
+    plan: RoundtripPlan
+    phases: list[PhaseResult] = field(default_factory=list)
+    completions: list[Completion] = field(default_factory=list)
+    checks: list[ck.CheckResult] = field(default_factory=list)
+    # Reported, never failing: cold vs warm may differ numerically on GPUs.
+    info_checks: list[ck.CheckResult] = field(default_factory=list)
+    startup_seconds: float | None = None
+    generation_seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+
+class Reporter(Protocol):
+    def status(self, message: str) -> None: ...
+    def phase_done(self, phase: PhaseResult) -> None: ...
+    def request_done(self, completion: Completion) -> None: ...
+
+
+class _Endpoint:
+    """Requests and metrics against a base URL, attributing failures to a dead server."""
+
+    def __init__(self, base: str, server: VllmServer | None) -> None:
+        self.base = base
+        self.server = server
+
+    def _dead(self, phase: str, err: Exception) -> RuntimeFailure:
+        if self.server is not None and not self.server.alive():
+            code = self.server.proc.returncode if self.server.proc else None
+            return RuntimeFailure(f"the server died during the {phase} phase (exit code "
+                                  f"{code}); log: {self.server.log_path}")
+        return RuntimeFailure(f"{phase} phase: {err}")
+
+    def snapshot(self, phase: str) -> tuple[metrics.Snapshot, metrics.CacheConfig | None]:
+        try:
+            text = http_json(f"{self.base}/metrics", None, 30)
+        except HarnessError as err:
+            raise self._dead(phase, err) from None
+        snap, cache, _ = metrics.parse(str(text))
+        return snap, cache
+
+    def settle(self, phase: str, timeout_s: float) -> metrics.Snapshot:
+        """Wait for asynchronous stores/loads to land in the counters."""
+        deadline = time.monotonic() + timeout_s
+        last, _ = self.snapshot(phase)
+        stable = 0
+        while time.monotonic() < deadline:
+            time.sleep(0.25)
+            snap, _ = self.snapshot(phase)
+            if snap == last:
+                stable += 1
+                if stable >= 3:
+                    break
+            else:
+                stable = 0
+            last = snap
+        return last
+
+    def complete(self, plan: RoundtripPlan, prompt: Prompt, phase: str,
+                 max_tokens: int) -> Completion:
+        w = plan.scenario.workload
+        try:
+            return complete(self.base, plan.served_name, prompt, phase, max_tokens=max_tokens,
+                            logprobs=w.logprobs, seed=w.seed)
+        except HarnessError as err:
+            raise self._dead(phase, err) from None
+
+
+def execute(plan: RoundtripPlan, out_dir: Path, reporter: Reporter,
+            on_record: Callable[[RoundtripResult], None], *, url: str | None = None,
+            port: int | None = None) -> RoundtripResult:
+    """Run the four phases; ``on_record`` is called after each step to persist results."""
+    result = RoundtripResult(plan)
+    server: VllmServer | None = None
+    if url is None:
+        assert plan.server is not None
+        server = VllmServer(python=plan.server.python, model=plan.server.model,
+                            log_path=out_dir / "logs" / "server.log", args=plan.server.args,
+                            env=plan.server.env, port=port,
+                            served_model_name=plan.server.served_model_name)
+    try:
+        if server is not None:
+            reporter.status("starting server ...")
+            server.start()
+            ready = server.wait_ready(plan.scenario.server.startup_timeout_s,
+                                      plan.scenario.server.health_poll_s)
+            result.startup_seconds = ready.seconds
+            if ready.state != "started":
+                from harness.verdicts import crash_signature
+
+                lines = server.log_path.read_text(errors="replace").splitlines()
+                sig = crash_signature(lines, ready.returncode)
+                what = "did not start in time" if ready.state == "timeout" else (
+                    f"crashed at start: {sig.summary()}")
+                raise RuntimeFailure(f"the server {what}; log: {server.log_path}")
+            reporter.status(f"server ready in {ready.seconds:.1f}s")
+            base = server.url
+        else:
+            base = url.rstrip("/")
+        ep = _Endpoint(base, server)
+        _run_phases(plan, ep, result, reporter, on_record)
+    finally:
+        if server is not None:
+            server.stop()
+    return result
+
+
+def _run_phases(plan: RoundtripPlan, ep: _Endpoint, result: RoundtripResult,
+                reporter: Reporter, on_record: Callable[[RoundtripResult], None]) -> None:
+    w = plan.scenario.workload
+    start, cache = ep.snapshot("start")
+    if plan.filler_count is None:
+        size_filler(plan, cache)
+    fillers = make_fillers(plan.filler_lengths, plan.vocab_size, w.seed)
+    reporter.status(f"pool {plan.pool_tokens} tokens; filler {plan.filler_count} x "
+                    f"{w.filler_tokens} = {plan.filler_tokens} tokens "
+                    f"({plan.filler_tokens / max(plan.pool_tokens or 1, 1):.2f}x pool)")
+    on_record(result)
+    prev = start
+    traffic: dict[str, list[Prompt]] = {"cold": plan.targets, "warm": plan.targets,
+                                        "filler": fillers, "replay": plan.targets}
+    for phase in PHASES:
+        t0 = time.perf_counter()
+        max_tokens = 1 if phase == "filler" else w.max_tokens
+        for prompt in traffic[phase]:
+            comp = ep.complete(plan, prompt, phase, max_tokens)
+            result.completions.append(comp)
+            result.generation_seconds += comp.seconds
+            reporter.request_done(comp)
+        snap = ep.settle(phase, w.settle_timeout_s)
+        pr = PhaseResult(phase, len(traffic[phase]), snap - prev, snap - start,
+                         time.perf_counter() - t0)
+        result.phases.append(pr)
+        prev = snap
+        reporter.phase_done(pr)
+        on_record(result)
+    result.checks = evaluate(plan, result)
+    on_record(result)
+
+
+def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[ck.CheckResult]:
+    by_phase = {p.phase: p.delta for p in result.phases}
+    exp = plan.expected
+    if plan.geometry is None:
+        # Attach mode: no config to plan from; bytes per token are what the cold phase
+        # measured, so the stored-bytes check holds by construction (said in the report).
+        tokens = sum(t.stored_tokens for t in exp.targets)
+        bpt = int(by_phase["cold"].stored_bytes) // tokens if tokens else 0
+        exp.kv_bytes_per_token = exp.full_bytes_per_token = bpt
+    outs: dict[tuple[str, str], Completion] = {(c.phase, c.prompt): c
+                                               for c in result.completions}
+    names = [p.name for p in plan.targets]
+    replay_vs_warm = [(n, first_divergence(outs[("warm", n)], outs[("replay", n)]))
+                      for n in names]
+    cold_vs_warm = [(n, first_divergence(outs[("cold", n)], outs[("warm", n)])) for n in names]
+    result.info_checks = [ck.check_outputs(
+        cold_vs_warm, "cold-vs-warm-output",
+        "informational: a full prefill and a prefix-cached pass may differ numerically on "
+        "GPUs; only replay vs warm must be identical")]
+    return [
+        ck.check_stored(exp, by_phase["cold"].stored_bytes),
+        ck.check_filler_loaded_nothing(by_phase["filler"].loaded_bytes),
+        ck.check_evicted(by_phase["replay"].gpu_hits),
+        ck.check_loaded(exp, by_phase["replay"].loaded_bytes),
+        ck.check_ext_hits(exp, by_phase["replay"].ext_hits),
+        ck.check_outputs(replay_vs_warm, "replay-output-identical",
+                         "KV loaded from the CPU tier must give byte-identical output to "
+                         "the GPU-cached (warm) pass"),
+    ]
+
+
+def attach_plan(scn: RoundtripScenario, url: str) -> RoundtripPlan:
+    """Plan against a server someone else runs: what a launch would know comes from it."""
+    base = url.rstrip("/")
+    try:
+        models = http_json(f"{base}/v1/models", None, 30)
+        text = http_json(f"{base}/metrics", None, 30)
+    except HarnessError as err:
+        raise BadInput(f"cannot reach {base}: {err}") from None
+    data = (models or {}).get("data") or []
+    if not data:
+        raise BadInput(f"{base}/v1/models lists no model")
+    model = data[0]
+    max_len = int(model.get("max_model_len") or scn.server.max_model_len)
+    _, cache, names = metrics.parse(str(text))
+    if not metrics.offload_metrics_present(names):
+        raise BadInput(f"{base} exposes no vllm:kv_offload_* metrics: is the "
+                       "OffloadingConnector enabled?")
+    if cache is None:
+        raise BadInput(f"{base} exposes no vllm:cache_config_info")
+    scn.server.max_model_len = max_len
+    c = scn.offload.block_size or cache.block_size
+    _validate_lengths(scn, c)
+    # Without the model config, bytes per token are measured (cold phase) rather than
+    # planned; every layer is treated as full attention for the load rule.
+    vocab = 32000
+    targets, _ = make_prompts(scn.workload.target_tokens, 1, 0, vocab, scn.workload.seed)
+    expected = ck.expected_for(prompt_lengths={p.name: len(p.token_ids) for p in targets},
+                               max_tokens=scn.workload.max_tokens, tokens_per_chunk=c,
+                               attention_chunk_size=None, full_bpt=0, chunked_bpt=0)
+    plan = RoundtripPlan(
+        scenario=scn, variant="attached", env=None, geometry=None, model_ref=str(model["id"]),
+        served_name=str(model["id"]), patch=None, fault="none", tensor_parallel=1,
+        kv_block_size=cache.block_size, tokens_per_chunk=c, expected=expected,
+        targets=targets, server=None, vocab_size=vocab, cpu_capacity_tokens=None)
+    plan.notes.append("attach mode: KV bytes per token measured from the cold phase; all "
+                      "layers assumed full attention")
+    return plan
+
+
+def save_requests(result: RoundtripResult, path: Path) -> None:
+    with path.open("w") as fh:
+        for comp in result.completions:
+            fh.write(json.dumps(comp.record(), sort_keys=True) + "\n")
