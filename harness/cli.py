@@ -243,7 +243,7 @@ def roundtrip_cmd(
         if port is not None:
             check_port_free(port)
         if url:
-            plan = rt.attach_plan(scen, url)
+            plan = rt.attach_plan(scen, url, str(config) if config else None)
         else:
             plan = rt.plan_roundtrip(scen, variant=variant, patch=patch,
                                      config=str(config) if config else None, tp=tp,
@@ -325,6 +325,11 @@ def _run_roundtrip(plan: object, results_dir: Path, url: str | None, port: int |
             run_dir.write_text("junit.xml", junit_xml("roundtrip", cases))
             run_dir.write_text("report.md", roundtrip_report(
                 result, {"results_dir": str(run_dir.path)}))
+            if rows:
+                from harness.chart import phases_chart
+
+                phases_chart(rows, f"{plan.scenario.name}: {plan.model_ref}",
+                             run_dir.path / "phases.png")
 
     console.print(f"[bold]roundtrip[/] {plan.scenario.name} on {plan.model_ref} "
                   f"(variant {plan.variant})", highlight=False)
@@ -347,9 +352,10 @@ def _run_roundtrip(plan: object, results_dir: Path, url: str | None, port: int |
         run_dir.finish(status, int(code), passed=bool(result and result.passed))
     if result is not None:
         if result.phases:
-            console.print(phase_table(result.phases))
+            console.print(phase_table([p.record() for p in result.phases]))
         if result.checks:
-            console.print(checks_table(result.checks, result.info_checks))
+            console.print(checks_table([c.record() for c in
+                                        (*result.checks, *result.info_checks)]))
         verdict = ("[green]all checks passed[/]" if result.passed
                    else "[red]some checks failed[/]")
         console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
@@ -358,46 +364,83 @@ def _run_roundtrip(plan: object, results_dir: Path, url: str | None, port: int |
     return int(code)
 
 
+class BenchPart(str, Enum):
+    all = "all"
+    crash_repro = "crash-repro"
+    copy = "copy"
+    roundtrip = "roundtrip"
+
+
 @app.command("bench")
 def bench_cmd(
     repeats: Annotated[int, typer.Option(min=1, help="launches per side and case")] = 2,
+    only: Annotated[BenchPart, typer.Option(help="run one part only")] = BenchPart.all,
     config: Annotated[Path | None, typer.Option(help="model config (default: small-chunk)")
                       ] = None,
     results_dir: Annotated[Path, typer.Option(help="where run directories are created")
                            ] = Path("results"),
 ) -> None:
-    """Measure the harness's overhead: time to verdict through crash-repro versus a bare
-    launch of the same server command, side by side in one run, reported as ratios."""
+    """Benchmarks, as ratios measured side by side in one run: harness overhead on
+    crash-repro, host-backend copy throughput, round-trip filler and wall-time efficiency."""
     from rich.table import Table
 
-    from harness.bench import Case, run_crash_repro_bench
+    from harness.bench import Case, run_crash_repro_bench, run_roundtrip_bench
     from harness.launcher import install_signal_handlers
     from harness.results import RunDirectory, new_run_dir
     from harness.scenario import load_crash_repro
 
     install_signal_handlers()
+    figures: list[dict[str, object]] = []
     try:
-        scen = load_crash_repro(_default_scenario("crash-repro.toml"))
-        cfg = str(config or scen.resolve("models/llama4-small-chunk.json"))
-        cases = [Case("start (current, connector on)", "current", cfg, "on"),
-                 Case("crash (stock, connector on)", "stock", cfg, "on")]
         run_dir = RunDirectory(new_run_dir(results_dir, "bench"), "bench")
-        run_dir.update_meta(platform=_platform(), repeats=repeats)
-        run_crash_repro_bench(scen, cases, repeats, run_dir.path,
-                              progress=lambda msg: console.print(msg, highlight=False))
+        run_dir.update_meta(platform=_platform(), repeats=repeats, only=only.value)
+
+        def say(msg: str) -> None:
+            console.print(msg, highlight=False, markup=False)
+
+        if only in (BenchPart.all, BenchPart.copy):
+            from harness.bench_copy import measure_host_copy
+
+            say("host backend copy throughput vs plain torch copy ...")
+            copy = measure_host_copy()
+            figures.append({"figure": "host copy throughput / plain torch copy",
+                            "value": copy["ratio"], "target": ">= 0.6",
+                            "ok": float(copy["ratio"]) >= 0.6, "detail": copy})
+        if only in (BenchPart.all, BenchPart.roundtrip):
+            say("one clean round trip ...")
+            rtb = run_roundtrip_bench(_default_scenario("roundtrip-cpu.toml"),
+                                      run_dir.path / "roundtrip")
+            figures.append({"figure": "filler tokens / GPU pool tokens",
+                            "value": rtb["filler_over_pool"], "target": "<= 1.5",
+                            "ok": float(rtb["filler_over_pool"]) <= 1.5, "detail": rtb})
+            figures.append({"figure": "roundtrip wall / (server start + generation)",
+                            "value": rtb["wall_over_engine"], "target": "<= 1.3",
+                            "ok": float(rtb["wall_over_engine"] or 99) <= 1.3, "detail": rtb})
+        if only in (BenchPart.all, BenchPart.crash_repro):
+            scen = load_crash_repro(_default_scenario("crash-repro.toml"))
+            cfg = str(config or scen.resolve("models/llama4-small-chunk.json"))
+            cases = [Case("start (current, connector on)", "current", cfg, "on"),
+                     Case("crash (stock, connector on)", "stock", cfg, "on")]
+            run_crash_repro_bench(scen, cases, repeats, run_dir.path / "crash-repro",
+                                  progress=say)
+            for c in cases:
+                rec = c.record()
+                figures.append({"figure": f"crash-repro time to verdict / bare launch: "
+                                          f"{c.name}", "value": rec["ratio"],
+                                "target": "< 1.10", "ok": bool(rec["within_target"]),
+                                "detail": rec})
     except HarnessError as err:
         raise _fail(err) from None
-    records = [c.record() for c in cases]
-    run_dir.write_json("bench.json", records)
-    run_dir.write_csv("bench.csv", records, list(records[0]))
+    run_dir.write_json("bench.json", figures)
+    run_dir.write_csv("bench.csv", [{k: v for k, v in f.items() if k != "detail"}
+                                    for f in figures], ["figure", "value", "target", "ok"])
     run_dir.finish("finished", 0)
-    table = Table(title="crash-repro overhead (median of interleaved launches)")
-    for col in ("case", "harness", "bare", "ratio", "target"):
+    table = Table(title="benchmarks (ratios measured side by side in this run)")
+    for col in ("figure", "value", "target", "ok"):
         table.add_column(col)
-    for r in records:
-        ok = "[green]" if r["within_target"] else "[red]"
-        table.add_row(str(r["case"]), f"{r['harness_median_s']}s", f"{r['bare_median_s']}s",
-                      f"{ok}{r['ratio']:.3f}[/]", f"< {r['target']}")
+    for f in figures:
+        table.add_row(str(f["figure"]), str(f["value"]), str(f["target"]),
+                      "[green]yes[/]" if f["ok"] else "[red]no[/]")
     console.print(table)
     console.print(f"results: {run_dir.path}", highlight=False)
 
@@ -406,6 +449,62 @@ def _platform() -> dict[str, object]:
     from harness.environments import host_platform
 
     return host_platform()
+
+
+@app.command("report")
+def report_cmd(
+    run_dir: Annotated[Path, typer.Argument(help="a results directory (results/<run-id>)")],
+) -> None:
+    """Re-render the tables of a finished (or interrupted) run from its files."""
+    import pandas as pd
+
+    from harness.reporting import checks_table, frame_table, phase_table
+
+    try:
+        meta = _read_run(run_dir)
+    except HarnessError as err:
+        raise _fail(err) from None
+    console.print(f"[bold]{meta.get('command')}[/] {run_dir}: status {meta.get('status')}, "
+                  f"exit code {meta.get('exit_code')}", highlight=False)
+    if meta.get("command") == "roundtrip":
+        if (run_dir / "phases.csv").is_file():
+            console.print(phase_table(pd.read_csv(run_dir / "phases.csv").to_dict("records")))
+        if (run_dir / "checks.csv").is_file():
+            console.print(checks_table(pd.read_csv(run_dir / "checks.csv")
+                                       .to_dict("records")))
+    elif (run_dir / "outcomes.csv").is_file():
+        df = pd.read_csv(run_dir / "outcomes.csv", keep_default_na=False)
+        console.print(frame_table("crash-repro", df.to_dict("records"), [
+            "model", "variant", "vllm_version", "patch", "connector", "outcome", "signature",
+            "seconds", "expected", "matched"]))
+
+
+@app.command("compare")
+def compare_cmd(
+    run_a: Annotated[Path, typer.Argument(help="the earlier results directory")],
+    run_b: Annotated[Path, typer.Argument(help="the later results directory")],
+) -> None:
+    """Show what changed between two runs of the same command (for nightly trends)."""
+    from harness.compare import compare_runs
+    from harness.reporting import frame_table
+
+    try:
+        tables, changed = compare_runs(run_a, run_b)
+    except HarnessError as err:
+        raise _fail(err) from None
+    for title, records, columns in tables:
+        console.print(frame_table(title, records, columns))
+    console.print(f"{changed} row(s) changed", highlight=False)
+
+
+def _read_run(run_dir: Path) -> dict[str, object]:
+    path = run_dir / "run.json"
+    if not path.is_file():
+        raise HarnessError(f"{run_dir} is not a results directory (no run.json)")
+    try:
+        return dict(json.loads(path.read_text()))
+    except json.JSONDecodeError as err:
+        raise HarnessError(f"{path}: not valid JSON: {err}") from None
 
 
 @app.command("validate")

@@ -100,35 +100,56 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:,.3f}MB"
 
 
-def phase_table(phases: Sequence[Any]) -> Table:
-    """The PR's phase table: deltas, then cumulative counters, per phase."""
+def phase_table(phases: Sequence[dict[str, Any]]) -> Table:
+    """The PR's phase table from phase records (``phases.csv`` rows): deltas, cumulative."""
     table = Table(title="phases (delta | cumulative)", header_style="bold")
     for col in ("phase", "requests", "stored", "loaded", "gpu_hits", "ext_hits/queries",
                 "cum stored", "cum loaded", "cum ext_hits/queries"):
         table.add_column(col, justify="right" if col != "phase" else "left")
     for p in phases:
-        d, t = p.delta, p.total
         table.add_row(
-            p.phase, str(p.requests), _mb(d.stored_bytes), _mb(d.loaded_bytes),
-            f"{int(d.gpu_hits)}", f"{int(d.ext_hits)}/{int(d.ext_queries)}",
-            _mb(t.stored_bytes), _mb(t.loaded_bytes), f"{int(t.ext_hits)}/{int(t.ext_queries)}",
+            str(p["phase"]), str(p["requests"]), _mb(p["d_stored_bytes"]),
+            _mb(p["d_loaded_bytes"]), f"{int(p['d_gpu_hits'])}",
+            f"{int(p['d_ext_hits'])}/{int(p['d_ext_queries'])}",
+            _mb(p["cum_stored_bytes"]), _mb(p["cum_loaded_bytes"]),
+            f"{int(p['cum_ext_hits'])}/{int(p['cum_ext_queries'])}",
         )
     return table
 
 
-def checks_table(checks: Sequence[Any], info: Sequence[Any] = ()) -> Table:
+def checks_table(checks: Sequence[dict[str, Any]]) -> Table:
+    """Checks from their records (``checks.csv`` rows), informational ones last."""
     table = Table(title="checks", header_style="bold", show_lines=True)
     for col in ("check", "expected", "observed", "result", "why"):
         table.add_column(col, overflow="fold")
-    for c in checks:
-        result = Text("pass", style="green") if c.passed else Text("FAIL", style="bold red")
-        why = c.why + (f"\n[{c.detail}]" if c.detail else "")
-        table.add_row(c.name, c.expected, c.observed, result, Text(why))
-    for c in info:
-        result = Text("same" if c.passed else "differs", style="cyan")
-        why = c.why + (f"\n[{c.detail}]" if c.detail else "")
-        table.add_row(c.name, c.expected, c.observed, result, Text(why))
+    for c in sorted(checks, key=lambda c: bool(c.get("informational"))):
+        passed = str(c["passed"]) == "True"
+        if str(c.get("informational")) == "True":
+            result = Text("same" if passed else "differs", style="cyan")
+        else:
+            result = Text("pass", style="green") if passed else Text("FAIL", style="bold red")
+        detail = c.get("detail")
+        detail = "" if detail is None or detail != detail else str(detail)  # NaN from CSV
+        why = str(c["why"]) + (f"\n[{detail}]" if detail else "")
+        table.add_row(str(c["name"]), str(c["expected"]), str(c["observed"]), result, Text(why))
     return table
+
+
+def frame_table(title: str, records: Sequence[dict[str, Any]],
+                columns: Sequence[str]) -> Table:
+    """Any result table (e.g. a re-rendered outcomes.csv or a comparison)."""
+    table = Table(title=title, header_style="bold")
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    for rec in records:
+        table.add_row(*[_cell(rec.get(col)) for col in columns])
+    return table
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    return str(value)
 
 
 class RoundtripProgress:

@@ -42,6 +42,14 @@ from harness.workload import (
 )
 
 PHASES = ("cold", "warm", "filler", "replay")
+
+
+class EngineFailure(HarnessError):
+    """vLLM itself raised during a phase: a failed round trip, not a broken harness."""
+
+    def __init__(self, phase: str, signature: str, message: str) -> None:
+        super().__init__(f"the engine failed during the {phase} phase: {signature}")
+        self.phase, self.signature, self.message = phase, signature, message
 DEFAULT_KV_BLOCK = {"cpu": 128, "cuda": 16}
 # Host chunks are padded to this alignment; keep a margin so the plan never relies on
 # the last few chunks (vLLM's CPU spec rounds each chunk up to 4 KiB).
@@ -295,12 +303,22 @@ class _Endpoint:
     def __init__(self, base: str, server: VllmServer | None) -> None:
         self.base = base
         self.server = server
+        self.last_text = ""  # the raw exposition, kept per phase for diagnosis
 
-    def _dead(self, phase: str, err: Exception) -> RuntimeFailure:
-        if self.server is not None and not self.server.alive():
-            code = self.server.proc.returncode if self.server.proc else None
-            return RuntimeFailure(f"the server died during the {phase} phase (exit code "
-                                  f"{code}); log: {self.server.log_path}")
+    def _dead(self, phase: str, err: Exception) -> HarnessError:
+        """Blame a failed request: the engine under test, or the run's environment."""
+        if self.server is not None:
+            from harness.verdicts import crash_signature
+
+            lines = self.server.log_path.read_text(errors="replace").splitlines()
+            sig = crash_signature(lines, None)
+            if sig.frame:
+                # vLLM raised inside its own code: the system under test failed.
+                return EngineFailure(phase, sig.summary(), sig.message)
+            if not self.server.alive():
+                code = self.server.proc.returncode if self.server.proc else None
+                return RuntimeFailure(f"the server died during the {phase} phase (exit "
+                                      f"code {code}); log: {self.server.log_path}")
         return RuntimeFailure(f"{phase} phase: {err}")
 
     def snapshot(self, phase: str) -> tuple[metrics.Snapshot, metrics.CacheConfig | None]:
@@ -308,7 +326,8 @@ class _Endpoint:
             text = http_json(f"{self.base}/metrics", None, 30)
         except HarnessError as err:
             raise self._dead(phase, err) from None
-        snap, cache, _ = metrics.parse(str(text))
+        self.last_text = str(text)
+        snap, cache, _ = metrics.parse(self.last_text)
         return snap, cache
 
     def settle(self, phase: str, timeout_s: float) -> metrics.Snapshot:
@@ -370,7 +389,16 @@ def execute(plan: RoundtripPlan, out_dir: Path, reporter: Reporter,
         else:
             base = url.rstrip("/")
         ep = _Endpoint(base, server)
-        _run_phases(plan, ep, result, reporter, on_record)
+        try:
+            _run_phases(plan, ep, result, reporter, on_record, out_dir / "metrics")
+        except EngineFailure as err:
+            reporter.status(str(err))
+            result.checks = [ck.CheckResult(
+                "engine-survived", False, "every phase served without an engine error",
+                f"{err.signature}", "offloading must never crash the engine; a crash during "
+                "a phase is the round trip failing",
+                f"{err.phase} phase: {err.message}")]
+            on_record(result)
     finally:
         if server is not None:
             server.stop()
@@ -378,9 +406,12 @@ def execute(plan: RoundtripPlan, out_dir: Path, reporter: Reporter,
 
 
 def _run_phases(plan: RoundtripPlan, ep: _Endpoint, result: RoundtripResult,
-                reporter: Reporter, on_record: Callable[[RoundtripResult], None]) -> None:
+                reporter: Reporter, on_record: Callable[[RoundtripResult], None],
+                metrics_dir: Path) -> None:
     w = plan.scenario.workload
+    metrics_dir.mkdir(parents=True, exist_ok=True)
     start, cache = ep.snapshot("start")
+    (metrics_dir / "start.prom").write_text(ep.last_text)
     if plan.filler_count is None:
         size_filler(plan, cache)
     fillers = make_fillers(plan.filler_lengths, plan.vocab_size, w.seed)
@@ -400,6 +431,7 @@ def _run_phases(plan: RoundtripPlan, ep: _Endpoint, result: RoundtripResult,
             result.generation_seconds += comp.seconds
             reporter.request_done(comp)
         snap = ep.settle(phase, w.settle_timeout_s)
+        (metrics_dir / f"{phase}.prom").write_text(ep.last_text)
         pr = PhaseResult(phase, len(traffic[phase]), snap - prev, snap - start,
                          time.perf_counter() - t0)
         result.phases.append(pr)
@@ -413,7 +445,7 @@ def _run_phases(plan: RoundtripPlan, ep: _Endpoint, result: RoundtripResult,
 def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[ck.CheckResult]:
     by_phase = {p.phase: p.delta for p in result.phases}
     exp = plan.expected
-    if plan.geometry is None:
+    if not exp.exact_load:
         # Attach mode: no config to plan from; bytes per token are what the cold phase
         # measured, so the stored-bytes check holds by construction (said in the report).
         tokens = sum(t.stored_tokens for t in exp.targets)
@@ -425,10 +457,12 @@ def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[ck.CheckResul
     replay_vs_warm = [(n, first_divergence(outs[("warm", n)], outs[("replay", n)]))
                       for n in names]
     cold_vs_warm = [(n, first_divergence(outs[("cold", n)], outs[("warm", n)])) for n in names]
-    result.info_checks = [ck.check_outputs(
+    info = ck.check_outputs(
         cold_vs_warm, "cold-vs-warm-output",
         "informational: a full prefill and a prefix-cached pass may differ numerically on "
-        "GPUs; only replay vs warm must be identical")]
+        "GPUs; only replay vs warm must be identical")
+    info.informational = True
+    result.info_checks = [info]
     return [
         ck.check_stored(exp, by_phase["cold"].stored_bytes),
         ck.check_filler_loaded_nothing(by_phase["filler"].loaded_bytes),
@@ -441,42 +475,60 @@ def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[ck.CheckResul
     ]
 
 
-def attach_plan(scn: RoundtripScenario, url: str) -> RoundtripPlan:
-    """Plan against a server someone else runs: what a launch would know comes from it."""
+def attach_plan(scn: RoundtripScenario, url: str, config: str | None = None) -> RoundtripPlan:
+    """Plan against a server someone else runs: what a launch would know comes from it.
+
+    The pool and KV block size come from ``/metrics``, the model and its length limit
+    from ``/v1/models``. Without ``--config`` the layer kinds are unknown, so bytes per
+    token are measured in the cold phase and the load can only be bounded.
+    """
     base = url.rstrip("/")
     try:
         models = http_json(f"{base}/v1/models", None, 30)
         text = http_json(f"{base}/metrics", None, 30)
     except HarnessError as err:
         raise BadInput(f"cannot reach {base}: {err}") from None
-    data = (models or {}).get("data") or []
+    data = (models or {}).get("data") if isinstance(models, dict) else None
     if not data:
         raise BadInput(f"{base}/v1/models lists no model")
     model = data[0]
-    max_len = int(model.get("max_model_len") or scn.server.max_model_len)
     _, cache, names = metrics.parse(str(text))
     if not metrics.offload_metrics_present(names):
         raise BadInput(f"{base} exposes no vllm:kv_offload_* metrics: is the "
                        "OffloadingConnector enabled?")
     if cache is None:
         raise BadInput(f"{base} exposes no vllm:cache_config_info")
-    scn.server.max_model_len = max_len
+    scn.server.max_model_len = int(model.get("max_model_len") or scn.server.max_model_len)
     c = scn.offload.block_size or cache.block_size
     _validate_lengths(scn, c)
-    # Without the model config, bytes per token are measured (cold phase) rather than
-    # planned; every layer is treated as full attention for the load rule.
-    vocab = 32000
+    geometry = None
+    # Ids from [16, 1024): every real vocabulary has them; a known config allows more.
+    vocab = 1024
+    lb = LayerBytes(0, 0)
+    chunk = None
+    if config:
+        geometry = load_model_config(Path(config))
+        model_builder.check_llama4_like(geometry, config)
+        lb = layer_bytes(geometry)
+        text_cfg = model_builder.text_config(geometry)
+        chunk = text_cfg.get("attention_chunk_size") if lb.chunked else None
+        vocab = int(text_cfg["vocab_size"])
     targets, _ = make_prompts(scn.workload.target_tokens, 1, 0, vocab, scn.workload.seed)
     expected = ck.expected_for(prompt_lengths={p.name: len(p.token_ids) for p in targets},
                                max_tokens=scn.workload.max_tokens, tokens_per_chunk=c,
-                               attention_chunk_size=None, full_bpt=0, chunked_bpt=0)
+                               attention_chunk_size=chunk, full_bpt=lb.full,
+                               chunked_bpt=lb.chunked)
+    expected.exact_load = geometry is not None
     plan = RoundtripPlan(
-        scenario=scn, variant="attached", env=None, geometry=None, model_ref=str(model["id"]),
-        served_name=str(model["id"]), patch=None, fault="none", tensor_parallel=1,
-        kv_block_size=cache.block_size, tokens_per_chunk=c, expected=expected,
-        targets=targets, server=None, vocab_size=vocab, cpu_capacity_tokens=None)
-    plan.notes.append("attach mode: KV bytes per token measured from the cold phase; all "
-                      "layers assumed full attention")
+        scenario=scn, variant="attached", env=None, geometry=geometry,
+        model_ref=str(model["id"]), served_name=str(model["id"]), patch=None, fault="none",
+        tensor_parallel=1, kv_block_size=cache.block_size, tokens_per_chunk=c,
+        expected=expected, targets=targets, server=None, vocab_size=vocab,
+        cpu_capacity_tokens=None)
+    if geometry is None:
+        plan.notes.append("attach mode without --config: KV bytes per token measured from "
+                          "the cold phase (so the stored-bytes check holds by construction) "
+                          "and the replay load bounded, not exact")
     return plan
 
 

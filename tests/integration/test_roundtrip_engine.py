@@ -1,0 +1,191 @@
+"""The round trip against real vLLM servers, clean and with seeded faults.
+
+Every check must be shown to catch the fault it is for; each seeded fault below is
+a real engine run whose failure is asserted check by check, next to a clean run of
+the same scenario that passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import CLI, ROOT, vllm_processes
+
+pytestmark = pytest.mark.engine
+EDGE = str(ROOT / "scenarios" / "roundtrip-window-edge.toml")
+
+
+def roundtrip(results: Path, *args: str, timeout: float = 900) -> tuple[int, Path, str]:
+    proc = subprocess.run([*CLI, "roundtrip", "--results-dir", str(results), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    runs = sorted(results.iterdir())
+    assert len(runs) == 1, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, runs[0], proc.stdout + proc.stderr
+
+
+def checks(run: Path) -> dict[str, bool]:
+    df = pd.read_csv(run / "checks.csv")
+    return {r.name: bool(r.passed) for r in df.itertuples()}
+
+
+def failed(run: Path) -> set[str]:
+    return {name for name, ok in checks(run).items() if not ok}
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory):
+    results = tmp_path_factory.mktemp("clean")
+    return roundtrip(results)
+
+
+def test_clean_run_passes_every_check(clean_run):
+    code, run, out = clean_run
+    assert code == 0, out
+    assert failed(run) == set()
+    phases = pd.read_csv(run / "phases.csv").set_index("phase")
+    assert phases.loc["cold", "d_stored_bytes"] == 1_310_720
+    assert phases.loc["replay", "d_loaded_bytes"] == 524_288
+    assert phases.loc["replay", "d_ext_hits"] == 1280
+    assert phases.loc["replay", "d_gpu_hits"] == 0
+
+
+def test_clean_run_results_files(clean_run):
+    _, run, out = clean_run
+    for name in ("run.json", "phases.csv", "checks.csv", "requests.jsonl", "junit.xml",
+                 "report.md", "logs/server.log", "metrics/replay.prom"):
+        assert (run / name).is_file(), name
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "finished" and meta["exit_code"] == 0
+    assert meta["variant"]["vllm_version"] == "0.32.0"
+    assert meta["plan"]["filler_over_pool"] <= 1.25 + 1e-9
+    requests = [json.loads(ln) for ln in (run / "requests.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in requests].count("replay") == 2
+    assert all(r["token_ids"] for r in requests if r["phase"] != "filler")
+    cases = ET.parse(run / "junit.xml").getroot().findall(".//testcase")
+    assert len(cases) == 6 and not ET.parse(run / "junit.xml").getroot().findall(".//failure")
+    assert "PASS" in (run / "report.md").read_text().splitlines()[0]
+    assert "all checks passed" in out
+
+
+@pytest.mark.parametrize(("fault", "caught_by"), [
+    ("corrupt-load", {"replay-output-identical"}),
+    ("drop-store", {"replay-output-identical"}),
+    ("no-load", {"replay-output-identical"}),
+])
+def test_host_backend_faults_are_caught(tmp_path, fault, caught_by):
+    code, run, out = roundtrip(tmp_path, "--fault", fault)
+    assert code == 1, out
+    bad = failed(run)
+    assert caught_by <= bad, bad
+    detail = pd.read_csv(run / "checks.csv").set_index("name").loc[
+        "replay-output-identical", "detail"]
+    assert "first difference" in detail
+
+
+def test_too_small_filler_is_caught_by_the_eviction_check(tmp_path):
+    code, run, out = roundtrip(tmp_path, "--filler-count", "1")
+    assert code == 1, out
+    assert "gpu-cache-evicted" in failed(run)
+
+
+def test_window_edge_fix_passes(tmp_path):
+    code, run, out = roundtrip(tmp_path, "--scenario", EDGE)
+    assert code == 0, out
+    assert failed(run) == set()
+
+
+def test_window_edge_floor_mutant_is_caught(tmp_path):
+    """Rounding the chunked-local window down: on vLLM 0.32 the replay's load then
+    needs more blocks than the window allows and the engine's own consistency check
+    fires mid-replay; the harness must report it as a failed round trip."""
+    code, run, out = roundtrip(tmp_path, "--scenario", EDGE, "--patch", "chunked-local-floor")
+    assert code == 1, out
+    df = pd.read_csv(run / "checks.csv").set_index("name")
+    assert not df.loc["engine-survived", "passed"]
+    assert "update_state_after_alloc" in df.loc["engine-survived", "observed"]
+    assert "replay" in df.loc["engine-survived", "detail"]
+
+
+def test_tensor_parallel_2(tmp_path):
+    code, run, out = roundtrip(tmp_path, "--tp", "2")
+    assert code == 0, out
+    assert failed(run) == set()
+    assert json.loads((run / "run.json").read_text())["plan"]["tensor_parallel"] == 2
+
+
+def test_server_killed_mid_run_keeps_results(tmp_path):
+    proc = subprocess.Popen([*CLI, "roundtrip", "--results-dir", str(tmp_path)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    before = {p.pid for p in vllm_processes()}
+    deadline = time.monotonic() + 300
+    killed = False
+    while time.monotonic() < deadline and proc.poll() is None:
+        runs = list(tmp_path.iterdir())
+        if runs and (runs[0] / "requests.jsonl").is_file():
+            # the cold phase is under way: kill the API server out from under it
+            for p in vllm_processes():
+                if p.pid not in before and "vllm.entrypoints" in " ".join(p.cmdline()):
+                    os.kill(p.pid, signal.SIGKILL)
+                    killed = True
+            if killed:
+                break
+        time.sleep(0.2)
+    out, err = proc.communicate(timeout=120)
+    assert killed, (out, err)
+    assert proc.returncode == 3, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "server died" in lines[0] and "Traceback" not in err
+    meta = json.loads((next(tmp_path.iterdir()) / "run.json").read_text())
+    assert meta["status"] == "error" and meta["exit_code"] == 3
+
+
+def test_clean_scenario_is_not_flaky(tmp_path):
+    """Five clean runs in a row, five passes."""
+    for i in range(5):
+        results = tmp_path / f"run{i}"
+        results.mkdir()
+        code, run, out = roundtrip(results)
+        assert code == 0, f"run {i + 1}/5 failed: {out}"
+        assert failed(run) == set()
+
+
+def test_attach_mode_against_a_running_server(tmp_path):
+    """--url: the same phases and checks against a server the harness did not launch."""
+    from harness import roundtrip as rt
+    from harness.launcher import VllmServer
+    from harness.scenario import load_roundtrip
+
+    plan = rt.plan_roundtrip(load_roundtrip(ROOT / "scenarios" / "roundtrip-cpu.toml"))
+    rt.build_local_model(plan)
+    sp = plan.server
+    results = tmp_path / "results"
+    results.mkdir()
+    with VllmServer(python=sp.python, model=sp.model, log_path=tmp_path / "server.log",
+                    args=sp.args, env=sp.env, served_model_name=sp.served_model_name) as server:
+        assert server.wait_ready(300).state == "started"
+        code, run, out = roundtrip(results, "--url", server.url, "--config",
+                                   str(ROOT / "scenarios" / "models" / "llama4-roundtrip.json"))
+    assert code == 0, out
+    assert failed(run) == set()
+    assert json.loads((run / "run.json").read_text())["plan"]["variant"] == "attached"
+
+
+def test_unreachable_url_is_one_line(tmp_path):
+    from harness.launcher import free_port
+
+    proc = subprocess.run([*CLI, "roundtrip", "--results-dir", str(tmp_path), "--url",
+                           f"http://127.0.0.1:{free_port()}"], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "cannot reach" in lines[0]

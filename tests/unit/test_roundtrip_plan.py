@@ -1,0 +1,102 @@
+"""Round-trip planning: expected figures and the refusal of impossible plans."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness import roundtrip as rt
+from harness.errors import BadInput
+from harness.metrics import CacheConfig
+from harness.scenario import load_roundtrip
+from harness.workload import make_fillers, make_prompts
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def scenario(name: str = "roundtrip-cpu.toml"):
+    return load_roundtrip(ROOT / "scenarios" / name)
+
+
+def test_default_plan_figures():
+    plan = rt.plan_roundtrip(scenario())
+    exp = plan.expected
+    assert exp.kv_bytes_per_token == 1024
+    assert (exp.stored_bytes, exp.loaded_bytes, exp.hit_tokens) == (1_310_720, 524_288, 1280)
+    assert plan.tokens_per_chunk == 256 and plan.kv_block_size == 128
+    assert "HostOffloadingSpec" in " ".join(plan.server.argv())
+
+
+def test_scout_plan_matches_the_pr(monkeypatch):
+    monkeypatch.setenv("OFFLOAD_CHECK_DEVICE", "cuda")
+    rt.probe.cache_clear()
+    try:
+        plan = rt.plan_roundtrip(scenario("scout-fp8-tp4.toml"))
+    finally:
+        rt.probe.cache_clear()
+    exp = plan.expected
+    assert exp.kv_bytes_per_token == 196_608
+    assert exp.hit_tokens == 1248
+    assert exp.stored_bytes == exp.loaded_bytes == 245_366_784
+    argv = plan.server.argv()
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
+    assert "RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic" in argv
+    kv = argv[argv.index("--kv-transfer-config") + 1]
+    assert "spec_name" not in kv  # vLLM's own CPUOffloadingSpec on GPUs, untouched
+    assert not any(k.startswith("VLLM_CPU_") for k in plan.server.env)
+    assert "HF_HUB_OFFLINE" not in plan.server.env  # the hub model must download
+
+
+def test_engine_args_pass_through_for_multinode():
+    plan = rt.plan_roundtrip(scenario(), extra_args=["--distributed-executor-backend", "ray"])
+    assert plan.server.argv()[-2:] == ["--distributed-executor-backend", "ray"]
+
+
+@pytest.mark.parametrize(("targets", "message"), [
+    ([512], "multiple of the offload chunk"),
+    ([200], "shorter than one offload chunk"),
+    ([2040], "exceeds max_model_len"),
+])
+def test_refuses_bad_targets(targets, message):
+    scn = scenario()
+    scn.workload.target_tokens = targets
+    with pytest.raises(BadInput, match=message):
+        rt.plan_roundtrip(scn)
+
+
+def test_refuses_a_cpu_tier_that_cannot_hold_targets_and_filler():
+    scn = scenario()
+    scn.offload.cpu_bytes_to_use = 4 * 1024 * 1024  # ~3686 tokens
+    plan = rt.plan_roundtrip(scn)
+    with pytest.raises(BadInput, match="impossible eviction plan"):
+        rt.size_filler(plan, CacheConfig(96, 128, {"kv_cache_size_tokens": "3072"}))
+
+
+def test_filler_is_pool_times_margin_exactly():
+    plan = rt.plan_roundtrip(scenario())
+    rt.size_filler(plan, CacheConfig(96, 128, {"kv_cache_size_tokens": "3072"}))
+    assert plan.pool_tokens == 3072
+    assert plan.filler_tokens == 3840 and plan.filler_lengths == [900] * 4 + [240]
+    assert plan.describe()["filler_over_pool"] == 1.25
+
+
+def test_unknown_variant_and_fault_without_host_backend():
+    with pytest.raises(BadInput, match="unknown variant"):
+        rt.plan_roundtrip(scenario(), variant="nope")
+    scn = scenario()
+    scn.offload.backend = "vllm"
+    with pytest.raises(BadInput, match="host offload backend"):
+        rt.plan_roundtrip(scn, fault="corrupt-load")
+
+
+def test_prompts_are_deterministic_and_fillers_share_no_token_with_targets():
+    t1, _ = make_prompts([700, 1000], 1, 0, 1024, seed=0)
+    t2, _ = make_prompts([700, 1000], 1, 0, 1024, seed=0)
+    assert [p.token_ids for p in t1] == [p.token_ids for p in t2]
+    fillers = make_fillers([900, 240], 1024, seed=0)
+    target_ids = {i for p in t1 for i in p.token_ids}
+    assert not target_ids & {i for p in fillers for i in p.token_ids}
+    assert [len(p.token_ids) for p in fillers] == [900, 240]
+    assert all(16 <= i < 1024 for i in target_ids)
+
