@@ -141,6 +141,7 @@ class VllmServer:
                 # Own process group: Ctrl-C in the terminal reaches only the harness,
                 # which then tears the whole group down in order.
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         except OSError as err:
             self._log.close()
@@ -246,6 +247,22 @@ def http_json(url: str, payload: dict[str, Any] | None = None, timeout_s: float 
     if "json" in ctype:
         return json.loads(body)
     return body.decode(errors="replace")
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM the server if the harness dies without cleaning up.
+
+    Covers the one case no handler can: the harness itself SIGKILLed or OOM-killed.
+    vLLM's API server then shuts its EngineCore and workers down on its own.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

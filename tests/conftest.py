@@ -14,34 +14,68 @@ STOCK_PY = ROOT / ".venv-stock" / "bin" / "python"
 CLI = [str(ROOT / ".venv" / "bin" / "offload-check")]
 
 
+def _become_subreaper() -> None:
+    """Orphans of anything this test session starts are re-parented to it, not to init.
+
+    That makes "left behind" precise: a vLLM process descending from the test session
+    after a test is a leak, whatever other servers run on the machine.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+_become_subreaper()
+
+
+def _is_vllm(proc: psutil.Process) -> bool:
+    try:
+        cmd = " ".join(proc.cmdline())
+        name = proc.name()
+    except psutil.Error:
+        return False
+    return "vllm.entrypoints" in cmd or name.startswith("VLLM::") or cmd.startswith("VLLM::")
+
+
 def vllm_processes() -> list[psutil.Process]:
     """Every process on the machine that looks like a vLLM server or engine."""
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline", "name"]):
+    return [p for p in psutil.process_iter() if p.pid != os.getpid() and _is_vllm(p)]
+
+
+def our_vllm_processes() -> list[psutil.Process]:
+    """vLLM processes descending from this test session (orphans included)."""
+    _reap()
+    out = []
+    for p in psutil.Process().children(recursive=True):
         try:
-            cmd = " ".join(proc.info["cmdline"] or [])
-            name = proc.info["name"] or ""
-        except (psutil.Error, TypeError):
+            if p.status() != psutil.STATUS_ZOMBIE and _is_vllm(p):
+                out.append(p)
+        except psutil.Error:
             continue
-        if proc.pid == os.getpid():
-            continue
-        if "vllm.entrypoints" in cmd or name.startswith("VLLM::") or cmd.startswith("VLLM::"):
-            found.append(proc)
-    return found
+    return out
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 @pytest.fixture(autouse=True)
-def no_vllm_left_behind(request: pytest.FixtureRequest):
-    """After every test, no vLLM process it started may be left (the launcher's promise).
-
-    Processes that existed before the test (another developer's server) are not ours.
-    """
-    before = {p.pid for p in vllm_processes()}
+def no_vllm_left_behind():
+    """After every test, no vLLM process it started may be left (the launcher's promise)."""
     yield
-    left = [p for p in vllm_processes() if p.pid not in before and p.is_running()]
+    left = our_vllm_processes()
     if left:
-        psutil.wait_procs(left, timeout=10)
-        left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        psutil.wait_procs(left, timeout=15)
+        left = our_vllm_processes()
     assert not left, f"vLLM processes left behind: {[p.pid for p in left]}"
 
 

@@ -170,3 +170,25 @@ def test_ctrl_c_stops_servers_and_keeps_results(tmp_path):
     run = next(tmp_path.iterdir())
     meta = json.loads((run / "run.json").read_text())
     assert meta["status"] == "interrupted"
+
+
+def test_sigkilled_harness_leaves_no_server(tmp_path):
+    """Even a harness killed with SIGKILL (no handler runs) takes its server with it."""
+    proc = subprocess.Popen([*CLI, "crash-repro", "--results-dir", str(tmp_path),
+                             "--variant", "current", "--connector", "off",
+                             "--config", str(MODELS / "llama4-small-chunk.json")],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    before = {p.pid for p in vllm_processes()}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ours = [p for p in vllm_processes() if p.pid not in before]
+        if any(p.name().startswith("VLLM::") for p in ours):
+            break
+        time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("the server never spawned its engine")
+    proc.kill()
+    proc.wait()
+    _, alive = psutil.wait_procs(ours, timeout=60)
+    assert not alive, [p.pid for p in alive]

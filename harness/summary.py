@@ -1,0 +1,334 @@
+"""Markdown summary of finished (or partial) results directories, for CI pages.
+
+    .venv/bin/python -m harness.summary results/* >> "$GITHUB_STEP_SUMMARY"
+    .venv/bin/python -m harness.summary results/* > summary.md   # Buildkite annotation
+
+One section per run directory: a headline verdict, then the crash-repro outcome table
+(``outcomes.csv``) or the roundtrip phase and check tables (``phases.csv``,
+``checks.csv``). It reads only the files a run leaves (schema in
+``results/README.md``), so it works on runs that crashed, timed out or were killed:
+a missing or unreadable file becomes a line saying so, never a traceback, and the
+exit code is always 0 so a summary step can never turn a green job red (or hide
+why a red one failed). Stdlib and pandas only: no import of the rest of the harness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+CRASH_COLUMNS = ["model", "variant", "vllm_version", "connector", "outcome", "signature",
+                 "expected", "matched"]
+PHASE_COLUMNS = ["d_stored_bytes", "d_loaded_bytes", "d_gpu_hits", "d_ext_hits",
+                 "d_ext_queries"]
+CHECK_COLUMNS = ["name", "passed", "expected", "observed", "detail"]
+MAX_CELL = 300  # characters; a CI page is for reading, the files hold everything
+
+
+# --- cells and tables --------------------------------------------------------------
+
+
+def _cell(value: Any) -> str:
+    text = "" if value is None else str(value)
+    text = " ".join(text.split())  # newlines and runs of spaces would break the row
+    if len(text) > MAX_CELL:
+        text = text[: MAX_CELL - 3] + "..."
+    return text.replace("|", "\\|")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return out
+
+
+def _truthy(value: Any) -> bool | None:
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    return None
+
+
+def _num(value: Any, sep: str = ",") -> str:
+    """``1310720.0`` -> ``1,310,720`` (bytes); ``_num(1700.0, "")`` -> ``1700`` (tokens).
+
+    Anything that is not a number is shown as it is."""
+    text = str(value).strip()
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    if number != number:  # NaN
+        return ""
+    if number.is_integer():
+        return f"{int(number):,}".replace(",", sep)
+    return f"{number:,.3f}".replace(",", sep)
+
+
+def _read_csv(path: Path) -> tuple[pd.DataFrame | None, str | None]:
+    """The CSV as strings (no type guessing), or why it could not be read."""
+    if not path.is_file():
+        return None, f"_`{path.name}` is missing: the run did not get that far._"
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        return None, f"_`{path.name}` is empty: the run did not get that far._"
+    except (OSError, UnicodeDecodeError, ValueError, csv.Error) as exc:
+        return None, f"_`{path.name}` could not be read: {_cell(exc)}_"
+    return frame, None
+
+
+def _col(row: pd.Series, name: str) -> str:
+    return str(row[name]) if name in row.index else ""
+
+
+# --- run directories -------------------------------------------------------------
+
+
+def _load_run(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        data = json.loads((run_dir / "run.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, f"`run.json` could not be read: {_cell(exc)}"
+    if not isinstance(data, dict):
+        return None, "`run.json` is not a JSON object"
+    return data, None
+
+
+def _verdict(run: dict[str, Any], passed: bool | None) -> str:
+    """Headline word from the run's own status and exit code (``results/README.md``)."""
+    status = run.get("status")
+    code = run.get("exit_code")
+    if status == "running":
+        return "INCOMPLETE (still `running` in run.json: the harness was killed or is live)"
+    if status == "interrupted":
+        return "INTERRUPTED"
+    if status == "error":
+        return f"ERROR (the harness could not finish, exit {code})"
+    if status != "finished":
+        return f"UNKNOWN (status {status!r})"
+    if passed is None:
+        passed = code == 0
+    if passed and code in (0, None):
+        return "PASS"
+    if code == 2:
+        return "BAD INPUT (exit 2)"
+    return f"FAIL (exit {code})"
+
+
+def _headline(run_dir: Path, run: dict[str, Any], verdict: str, extra: str = "") -> list[str]:
+    command = run.get("command") or "run"
+    lines = [f"## {command} `{run_dir.name}`: **{verdict}**", ""]
+    facts = []
+    scenario = run.get("scenario") if isinstance(run.get("scenario"), dict) else {}
+    if scenario.get("name"):
+        facts.append(f"scenario `{scenario['name']}`")
+    if isinstance(run.get("argv"), list):
+        facts.append("`" + " ".join(str(a) for a in run["argv"]) + "`")
+    if isinstance(run.get("wall_seconds"), (int, float)):
+        facts.append(f"{run['wall_seconds']:.0f} s")
+    if run.get("gpus"):
+        facts.append("GPUs: " + ", ".join(str(g) for g in run["gpus"]))
+    if extra:
+        facts.append(extra)
+    if facts:
+        lines += ["- " + "; ".join(facts), ""]
+    return lines
+
+
+def _signature(row: pd.Series) -> str:
+    """The crash signature, or for a server that started whether it answered."""
+    if _col(row, "signature"):
+        return _col(row, "signature")
+    answered = _truthy(_col(row, "answered"))
+    if answered:
+        return "answered"
+    if answered is False:
+        return "no answer: " + _col(row, "answer").strip()
+    return ""
+
+
+def _crash_repro(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    frame, problem = _read_csv(run_dir / "outcomes.csv")
+    summary = run.get("summary") if isinstance(run.get("summary"), dict) else {}
+    extra = ""
+    if summary:
+        extra = (f"{summary.get('done', '?')}/{summary.get('rows', '?')} rows done, "
+                 f"{summary.get('matched', '?')} as expected, "
+                 f"{summary.get('mismatched', '?')} not")
+    passed = None
+    if frame is not None and len(frame) and "matched" in frame.columns:
+        passed = all(_truthy(v) for v in frame["matched"])
+    lines = _headline(run_dir, run, _verdict(run, passed), extra)
+    if problem:
+        return [*lines, problem, ""]
+    assert frame is not None
+    if not len(frame):
+        return [*lines, "_`outcomes.csv` has no rows yet._", ""]
+    rows = []
+    for _, row in frame.iterrows():
+        expected = _col(row, "expected")
+        known = _num(_col(row, "expected_known"), "")
+        if expected and known:
+            expected += f" (#{known})"
+        matched = _truthy(_col(row, "matched"))
+        rows.append([_col(row, "model"), _col(row, "variant"), _col(row, "vllm_version"),
+                     _col(row, "connector"), _col(row, "outcome"),
+                     _signature(row), expected,
+                     "yes" if matched else ("**NO**" if matched is False else "")])
+    lines += _table(CRASH_COLUMNS, rows)
+    why = [(_col(r, "variant"), _col(r, "connector"), _col(r, "why"), _col(r, "log"))
+           for _, r in frame.iterrows() if _truthy(_col(r, "matched")) is False]
+    if why:
+        lines += ["", "Not as expected:", ""]
+        lines += [f"- {v} connector={c}: {_cell(w) or 'see the log'} (log: `{log}`)"
+                  for v, c, w, log in why]
+    return [*lines, ""]
+
+
+def _is_info(row: pd.Series) -> bool:
+    flag = _truthy(_col(row, "informational"))
+    if flag is not None:
+        return flag
+    return _col(row, "why").strip().lower().startswith("informational")
+
+
+def _roundtrip(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    phases, phases_problem = _read_csv(run_dir / "phases.csv")
+    checks, checks_problem = _read_csv(run_dir / "checks.csv")
+    passed = run.get("passed") if isinstance(run.get("passed"), bool) else None
+    counted = ""
+    if checks is not None and "passed" in checks.columns:
+        gating = [r for _, r in checks.iterrows() if not _is_info(r)]
+        ok = sum(1 for r in gating if _truthy(_col(r, "passed")))
+        counted = f"{ok}/{len(gating)} checks passed"
+        if passed is None and gating:
+            passed = ok == len(gating)
+    plan = run.get("plan") if isinstance(run.get("plan"), dict) else {}
+    variant = run.get("variant") if isinstance(run.get("variant"), dict) else {}
+    facts = [counted]
+    if variant.get("vllm_version"):
+        facts.append(f"vLLM {variant['vllm_version']} ({variant.get('vllm_dist', '?')}) on "
+                     f"{variant.get('device', '?')}")
+    if plan.get("tensor_parallel"):
+        facts.append(f"TP {plan['tensor_parallel']}")
+    if plan.get("fault") not in (None, "", "none"):
+        facts.append(f"fault `{plan['fault']}`")
+    lines = _headline(run_dir, run, _verdict(run, passed), "; ".join(f for f in facts if f))
+
+    lines += ["### Phases", ""]
+    if phases_problem:
+        lines += [phases_problem]
+    elif phases is not None and not len(phases):
+        lines += ["_`phases.csv` has no rows yet._"]
+    elif phases is not None:
+        rows = []
+        for _, r in phases.iterrows():
+            hits = _num(_col(r, "d_ext_hits"), "")
+            queries = _num(_col(r, "d_ext_queries"), "")
+            rows.append([_col(r, "phase"), _num(_col(r, "d_stored_bytes")),
+                         _num(_col(r, "d_loaded_bytes")), _num(_col(r, "d_gpu_hits"), ""),
+                         f"{hits}/{queries}"])
+        lines += _table(["phase", "stored B", "loaded B", "GPU prefix hits",
+                         "external hits/queries"], rows)
+    lines += ["", "### Checks", ""]
+    if checks_problem:
+        lines += [checks_problem]
+    elif checks is not None and not len(checks):
+        lines += ["_`checks.csv` has no rows yet._"]
+    elif checks is not None:
+        rows = []
+        for _, r in checks.iterrows():
+            ok = _truthy(_col(r, "passed"))
+            if _is_info(r):
+                result = "info: same" if ok else "info: differs"
+            else:
+                result = "pass" if ok else "**FAIL**"
+            rows.append([_col(r, "name"), result, _col(r, "expected"), _col(r, "observed"),
+                         _col(r, "detail")])
+        lines += _table(CHECK_COLUMNS, rows)
+    files = [f"{what} `{run_dir / name}`" for name, what in
+             (("report.md", "full report"), ("logs/server.log", "server log"))
+             if (run_dir / name).is_file()]
+    if files:
+        lines += ["", "Files: " + ", ".join(files) + "."]
+    return [*lines, ""]
+
+
+def _other(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    lines = _headline(run_dir, run, _verdict(run, None))
+    files = sorted(p.name for p in run_dir.iterdir() if p.name != "run.json")
+    return [*lines, "Files: " + (", ".join(f"`{f}`" for f in files) or "none"), ""]
+
+
+def _section(run_dir: Path) -> list[str]:
+    run, problem = _load_run(run_dir)
+    if problem:
+        return [f"## `{run_dir.name}`: **UNREADABLE**", "", f"_{problem}_", ""]
+    assert run is not None
+    render_one = {"crash-repro": _crash_repro, "roundtrip": _roundtrip}.get(
+        str(run.get("command")), _other)
+    try:
+        return render_one(run_dir, run)
+    except Exception as exc:  # a summary must never fail the CI step it runs in
+        return [f"## `{run_dir.name}`: **UNREADABLE**", "",
+                f"_could not summarise this run ({type(exc).__name__}: {_cell(exc)}); "
+                f"its files are in the artifacts._", ""]
+
+
+def _expand(paths: Sequence[Path]) -> tuple[list[Path], list[str]]:
+    """Run directories to render, and notes for what was skipped."""
+    runs: list[Path] = []
+    notes: list[str] = []
+    for path in paths:
+        if (path / "run.json").is_file():
+            runs.append(path)
+        elif path.is_dir():
+            children = sorted(p.parent for p in path.glob("*/run.json"))
+            if children:  # a results root such as ``results/``
+                runs += children
+            else:
+                notes.append(f"- skipped `{path}`: no `run.json`, not a run directory")
+        elif not path.exists():
+            notes.append(f"- skipped `{path}`: does not exist")
+        # other plain files (results/README.md from ``results/*``) are not runs: ignored
+    return runs, notes
+
+
+def render(run_dirs: list[Path]) -> str:
+    """Markdown for the given run directories (or results roots), in the given order."""
+    runs, notes = _expand([Path(p) for p in run_dirs])
+    lines = ["# offload-check results", ""]
+    if not runs:
+        lines += ["_No run directories found: the job failed before the harness wrote "
+                  "any results (see the job log)._", ""]
+    for run_dir in runs:
+        lines += _section(run_dir)
+    if notes:
+        lines += [*notes, ""]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.summary",
+        description="Render a markdown summary of offload-check results directories.")
+    parser.add_argument("run_dirs", nargs="*", type=Path, metavar="RUN_DIR",
+                        help="results/<run-id> directories (or a results root)")
+    args = parser.parse_args(argv)
+    sys.stdout.write(render(args.run_dirs))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
