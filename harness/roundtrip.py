@@ -357,9 +357,26 @@ class _Endpoint:
             raise self._dead(phase, err) from None
 
 
+def _start(server: VllmServer, plan: RoundtripPlan, reporter: Reporter, what: str) -> float:
+    reporter.status(f"starting {what} ...")
+    server.start()
+    ready = server.wait_ready(plan.scenario.server.startup_timeout_s,
+                              plan.scenario.server.health_poll_s)
+    if ready.state != "started":
+        from harness.verdicts import crash_signature
+
+        lines = server.log_path.read_text(errors="replace").splitlines()
+        sig = crash_signature(lines, ready.returncode)
+        how = "did not start in time" if ready.state == "timeout" else (
+            f"crashed at start: {sig.summary()}")
+        raise RuntimeFailure(f"the {what} {how}; log: {server.log_path}")
+    reporter.status(f"{what} ready in {ready.seconds:.1f}s")
+    return ready.seconds
+
+
 def execute(plan: RoundtripPlan, out_dir: Path, reporter: Reporter,
             on_record: Callable[[RoundtripResult], None], *, url: str | None = None,
-            port: int | None = None) -> RoundtripResult:
+            port: int | None = None, baseline: bool = False) -> RoundtripResult:
     """Run the four phases; ``on_record`` is called after each step to persist results."""
     result = RoundtripResult(plan)
     server: VllmServer | None = None
@@ -371,20 +388,7 @@ def execute(plan: RoundtripPlan, out_dir: Path, reporter: Reporter,
                             served_model_name=plan.server.served_model_name)
     try:
         if server is not None:
-            reporter.status("starting server ...")
-            server.start()
-            ready = server.wait_ready(plan.scenario.server.startup_timeout_s,
-                                      plan.scenario.server.health_poll_s)
-            result.startup_seconds = ready.seconds
-            if ready.state != "started":
-                from harness.verdicts import crash_signature
-
-                lines = server.log_path.read_text(errors="replace").splitlines()
-                sig = crash_signature(lines, ready.returncode)
-                what = "did not start in time" if ready.state == "timeout" else (
-                    f"crashed at start: {sig.summary()}")
-                raise RuntimeFailure(f"the server {what}; log: {server.log_path}")
-            reporter.status(f"server ready in {ready.seconds:.1f}s")
+            result.startup_seconds = _start(server, plan, reporter, "server")
             base = server.url
         else:
             base = url.rstrip("/")
@@ -399,10 +403,57 @@ def execute(plan: RoundtripPlan, out_dir: Path, reporter: Reporter,
                 "a phase is the round trip failing",
                 f"{err.phase} phase: {err.message}")]
             on_record(result)
+            return result
     finally:
         if server is not None:
             server.stop()
+    if baseline and plan.server is not None and result.checks:
+        _run_baseline(plan, out_dir, result, reporter)
+        on_record(result)
     return result
+
+
+def _without_connector(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg == "--kv-transfer-config":
+            skip = True
+            continue
+        out.append(arg)
+    return out
+
+
+def _run_baseline(plan: RoundtripPlan, out_dir: Path, result: RoundtripResult,
+                  reporter: Reporter) -> None:
+    """The same prompts on a second server without the connector (after the first stopped).
+
+    A cold pass must not depend on whether offloading is configured: compared with the
+    connector run's cold pass, byte for byte.
+    """
+    assert plan.server is not None
+    sp = plan.server
+    server = VllmServer(python=sp.python, model=sp.model,
+                        log_path=out_dir / "logs" / "baseline-server.log",
+                        args=_without_connector(sp.args), env=sp.env,
+                        served_model_name=sp.served_model_name)
+    try:
+        _start(server, plan, reporter, "baseline server (connector off)")
+        ep = _Endpoint(server.url, server)
+        for prompt in plan.targets:
+            comp = ep.complete(plan, prompt, "baseline", plan.scenario.workload.max_tokens)
+            result.completions.append(comp)
+            reporter.request_done(comp)
+    finally:
+        server.stop()
+    outs = {(c.phase, c.prompt): c for c in result.completions}
+    pairs = [(p.name, first_divergence(outs[("cold", p.name)], outs[("baseline", p.name)]))
+             for p in plan.targets]
+    result.checks.append(ck.check_outputs(
+        pairs, "baseline-output-identical",
+        "a cold pass with the connector must equal the same pass on a server without it"))
 
 
 def _run_phases(plan: RoundtripPlan, ep: _Endpoint, result: RoundtripResult,

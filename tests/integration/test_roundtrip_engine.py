@@ -45,13 +45,14 @@ def failed(run: Path) -> set[str]:
 @pytest.fixture(scope="module")
 def clean_run(tmp_path_factory):
     results = tmp_path_factory.mktemp("clean")
-    return roundtrip(results)
+    return roundtrip(results, "--baseline")
 
 
 def test_clean_run_passes_every_check(clean_run):
     code, run, out = clean_run
     assert code == 0, out
     assert failed(run) == set()
+    assert "baseline-output-identical" in checks(run)
     phases = pd.read_csv(run / "phases.csv").set_index("phase")
     assert phases.loc["cold", "d_stored_bytes"] == 1_310_720
     assert phases.loc["replay", "d_loaded_bytes"] == 524_288
@@ -62,7 +63,8 @@ def test_clean_run_passes_every_check(clean_run):
 def test_clean_run_results_files(clean_run):
     _, run, out = clean_run
     for name in ("run.json", "phases.csv", "checks.csv", "requests.jsonl", "junit.xml",
-                 "report.md", "logs/server.log", "metrics/replay.prom"):
+                 "report.md", "phases.png", "logs/server.log", "logs/baseline-server.log",
+                 "metrics/replay.prom"):
         assert (run / name).is_file(), name
     meta = json.loads((run / "run.json").read_text())
     assert meta["status"] == "finished" and meta["exit_code"] == 0
@@ -72,7 +74,7 @@ def test_clean_run_results_files(clean_run):
     assert [r["phase"] for r in requests].count("replay") == 2
     assert all(r["token_ids"] for r in requests if r["phase"] != "filler")
     cases = ET.parse(run / "junit.xml").getroot().findall(".//testcase")
-    assert len(cases) == 6 and not ET.parse(run / "junit.xml").getroot().findall(".//failure")
+    assert len(cases) == 7 and not ET.parse(run / "junit.xml").getroot().findall(".//failure")
     assert "PASS" in (run / "report.md").read_text().splitlines()[0]
     assert "all checks passed" in out
 

@@ -95,3 +95,49 @@ def test_dry_run_shows_exact_commands_without_launching(variant):
     assert "vllm.entrypoints.openai.api_server" in proc.stdout
     assert '"--host", "127.0.0.1"' in proc.stdout
     assert "HostOffloadingSpec" in proc.stdout  # CPU machine: the harness's host backend
+
+
+RT = (ROOT / "scenarios" / "roundtrip-cpu.toml").read_text()
+
+
+def rt_copy(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "models").symlink_to(ROOT / "scenarios" / "models")
+    (tmp_path / "variants.toml").write_text((ROOT / "scenarios" / "variants.toml").read_text()
+                                            .replace("../", f"{ROOT}/"))
+    path = tmp_path / "rt.toml"
+    path.write_text(text)
+    return path
+
+
+def test_roundtrip_unknown_key(tmp_path):
+    path = rt_copy(tmp_path, RT.replace("[workload]", "[workload]\nfiller_tokenz = 3"))
+    assert_one_line_error(run("roundtrip", "--scenario", str(path), "--dry-run"),
+                          "workload.filler_tokenz")
+
+
+def test_roundtrip_impossible_plans(tmp_path):
+    path = rt_copy(tmp_path, RT.replace("target_tokens = [700, 1000]", "target_tokens = [768]"))
+    assert_one_line_error(run("roundtrip", "--scenario", str(path), "--dry-run"),
+                          "multiple of the offload chunk")
+    (tmp_path / "rt.toml").write_text(RT.replace("cpu_bytes_to_use = 67108864",
+                                                 "cpu_bytes_to_use = 1048576"))
+    assert_one_line_error(run("roundtrip", "--scenario", str(path), "--dry-run"),
+                          "fewer than the")
+
+
+def test_roundtrip_unknown_fault_and_tp_that_does_not_divide_heads():
+    assert_one_line_error(run("roundtrip", "--fault", "melt", "--dry-run"), "unknown fault")
+    assert_one_line_error(run("roundtrip", "--tp", "3", "--dry-run"), "does not divide")
+
+
+def test_roundtrip_dry_run_prints_the_plan():
+    proc = run("roundtrip", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "expected: stored 1,310,720 B, loaded 524,288 B, external hits 1280 tokens" in (
+        proc.stdout)
+
+
+def test_report_and_compare_refuse_non_results(tmp_path):
+    assert_one_line_error(run("report", str(tmp_path)), "not a results directory")
+    assert_one_line_error(run("compare", str(tmp_path), str(tmp_path)),
+                          "not a results directory")
