@@ -26,8 +26,10 @@ import pandas as pd
 
 CRASH_COLUMNS = ["model", "variant", "vllm_version", "connector", "outcome", "signature",
                  "expected", "matched"]
-PHASE_COLUMNS = ["d_stored_bytes", "d_loaded_bytes", "d_gpu_hits", "d_ext_hits",
-                 "d_ext_queries"]
+# Per-phase deltas of vLLM's own counters: bytes offloaded and loaded back, GPU
+# prefix-cache hit tokens, and the connector's external hit/query tokens.
+PHASE_HEADERS = ["phase", "d_stored_bytes", "d_loaded_bytes", "d_gpu_hits",
+                 "d_ext_hits/d_ext_queries"]
 CHECK_COLUMNS = ["name", "passed", "expected", "observed", "detail"]
 MAX_CELL = 300  # characters; a CI page is for reading, the files hold everything
 
@@ -195,7 +197,8 @@ def _crash_repro(run_dir: Path, run: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def _is_info(row: pd.Series) -> bool:
+def is_informational(row: pd.Series) -> bool:
+    """A ``checks.csv`` row that is reported but never fails the run."""
     flag = _truthy(_col(row, "informational"))
     if flag is not None:
         return flag
@@ -208,7 +211,7 @@ def _roundtrip(run_dir: Path, run: dict[str, Any]) -> list[str]:
     passed = run.get("passed") if isinstance(run.get("passed"), bool) else None
     counted = ""
     if checks is not None and "passed" in checks.columns:
-        gating = [r for _, r in checks.iterrows() if not _is_info(r)]
+        gating = [r for _, r in checks.iterrows() if not is_informational(r)]
         ok = sum(1 for r in gating if _truthy(_col(r, "passed")))
         counted = f"{ok}/{len(gating)} checks passed"
         if passed is None and gating:
@@ -238,8 +241,7 @@ def _roundtrip(run_dir: Path, run: dict[str, Any]) -> list[str]:
             rows.append([_col(r, "phase"), _num(_col(r, "d_stored_bytes")),
                          _num(_col(r, "d_loaded_bytes")), _num(_col(r, "d_gpu_hits"), ""),
                          f"{hits}/{queries}"])
-        lines += _table(["phase", "stored B", "loaded B", "GPU prefix hits",
-                         "external hits/queries"], rows)
+        lines += _table(PHASE_HEADERS, rows)
     lines += ["", "### Checks", ""]
     if checks_problem:
         lines += [checks_problem]
@@ -249,7 +251,7 @@ def _roundtrip(run_dir: Path, run: dict[str, Any]) -> list[str]:
         rows = []
         for _, r in checks.iterrows():
             ok = _truthy(_col(r, "passed"))
-            if _is_info(r):
+            if is_informational(r):
                 result = "info: same" if ok else "info: differs"
             else:
                 result = "pass" if ok else "**FAIL**"
