@@ -38,6 +38,9 @@ class Case:
     harness_s: list[float] = field(default_factory=list)
     bare_s: list[float] = field(default_factory=list)
     outcomes: list[str] = field(default_factory=list)
+    # Harness time outside the server's own launch-to-verdict: planning, probes, model
+    # cache, health-poll latency, teardown and log parsing. Immune to engine noise.
+    overhead_s: list[float] = field(default_factory=list)
     target: float = 1.10
 
     @property
@@ -52,12 +55,15 @@ class Case:
             "bare_median_s": round(statistics.median(self.bare_s), 2),
             "harness_s": [round(x, 2) for x in self.harness_s],
             "bare_s": [round(x, 2) for x in self.bare_s],
+            "harness_overhead_s": [round(x, 2) for x in self.overhead_s],
+            "harness_overhead_median_s": round(statistics.median(self.overhead_s), 2),
             "ratio": round(self.ratio, 3), "target": self.target,
             "within_target": self.ratio < self.target,
         }
 
 
-def harness_time(scenario: CrashReproScenario, case: Case, log_dir: Path) -> tuple[float, str]:
+def harness_time(scenario: CrashReproScenario, case: Case,
+                 log_dir: Path) -> tuple[float, str, float]:
     """Wall time from 'run crash-repro for this row' to the row's verdict."""
     probe.cache_clear()  # pay the interpreter probe, as a fresh CLI run does
     t0 = time.perf_counter()
@@ -66,7 +72,8 @@ def harness_time(scenario: CrashReproScenario, case: Case, log_dir: Path) -> tup
     crash_repro.build_models(plan)
     row = plan.rows[0]
     crash_repro.run_row(row, scenario, log_dir)
-    return row.verdict_at - t0, row.outcome
+    total = row.verdict_at - t0
+    return total, row.outcome, total - (row.seconds or 0.0)
 
 
 def bare_time(row_plan: ServerPlan, log_path: Path, timeout_s: float) -> float:
@@ -109,10 +116,11 @@ def run_crash_repro_bench(scenario: CrashReproScenario, cases: list[Case], repea
             order = ("harness", "bare") if i % 2 == 0 else ("bare", "harness")
             for side in order:
                 if side == "harness":
-                    seconds, outcome = harness_time(scenario, case,
-                                                    log_dir / f"{case.name}-h{i}")
+                    seconds, outcome, overhead = harness_time(
+                        scenario, case, log_dir / f"{case.name}-h{i}")
                     case.harness_s.append(seconds)
                     case.outcomes.append(outcome)
+                    case.overhead_s.append(overhead)
                 else:
                     seconds = bare_time(row_plan, log_dir / f"{case.name}-bare{i}.log",
                                         scenario.server.startup_timeout_s)

@@ -22,9 +22,11 @@ from typing import Any
 from harness.errors import BadInput
 
 # Bump when the files written for a given geometry change, to invalidate caches.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 LLAMA4_TYPES = ("llama4_text", "llama4")
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
+DEFAULT_ARCHITECTURES = {"llama4_text": "Llama4ForCausalLM",
+                         "llama4": "Llama4ForConditionalGeneration"}
 
 
 def default_cache_dir() -> Path:
@@ -127,6 +129,9 @@ def _write_config(config: dict[str, Any], out_dir: Path) -> None:
 
     fields = dict(config)
     model_type = fields.pop("model_type")
+    # Without architectures vLLM falls back to its generic Transformers backend instead
+    # of its own Llama 4 implementation (the one whose KV specs are under test).
+    fields.setdefault("architectures", [DEFAULT_ARCHITECTURES[model_type]])
     hf_config = AutoConfig.for_model(model_type, **fields)
     hf_config.save_pretrained(str(out_dir))
 
@@ -163,7 +168,10 @@ def build_model(
     # Build next to the target and rename: an interrupted build never looks complete.
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache))
     try:
-        _write_config(config, tmp)
+        try:
+            _write_config(config, tmp)
+        except (TypeError, ValueError, KeyError) as err:
+            raise BadInput(f"{name}: transformers cannot build a config from it: {err}") from None
         text = text_config(config)
         max_len = int(text.get("max_position_embeddings") or 8192)
         build_tokenizer(int(text["vocab_size"]), tmp, max_len)

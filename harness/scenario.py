@@ -22,7 +22,7 @@ from harness.errors import BadInput
 
 Outcome = Literal["started", "crashed", "timeout", "error"]
 ConnectorMode = Literal["on", "off"]
-PATCH_NAMES = ("chunked-local-fix", "chunked-local-floor")
+PATCH_NAMES = ("chunked-local-fix", "chunked-local-floor", "hits-minus-chunk")
 
 
 class StrictModel(BaseModel):
@@ -143,8 +143,8 @@ class CrashReproScenario(FileScenario):
     known_crashes: list[KnownCrash] = Field(default_factory=list)
 
 
-FAULTS = ("none", "corrupt-load", "drop-store", "no-load")
-Fault = Literal["none", "corrupt-load", "drop-store", "no-load"]
+FAULTS = ("none", "corrupt-load", "drop-store", "no-load", "partial-store", "partial-load")
+Fault = Literal["none", "corrupt-load", "drop-store", "no-load", "partial-store", "partial-load"]
 
 
 class WorkloadSettings(StrictModel):

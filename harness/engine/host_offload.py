@@ -63,9 +63,16 @@ FAULT_NONE = "none"
 FAULT_CORRUPT_LOAD = "corrupt-load"
 FAULT_DROP_STORE = "drop-store"
 FAULT_NO_LOAD = "no-load"
-FAULT_MODES: tuple[str, ...] = (FAULT_NONE, FAULT_CORRUPT_LOAD, FAULT_DROP_STORE, FAULT_NO_LOAD)
-"""Accepted fault modes. Every faulty mode still reports success and the full byte count,
-so only an end-to-end output or byte check can catch it - which is what it exists to test."""
+FAULT_PARTIAL_STORE = "partial-store"
+FAULT_PARTIAL_LOAD = "partial-load"
+FAULT_MODES: tuple[str, ...] = (
+    FAULT_NONE, FAULT_CORRUPT_LOAD, FAULT_DROP_STORE, FAULT_NO_LOAD,
+    FAULT_PARTIAL_STORE, FAULT_PARTIAL_LOAD,
+)
+"""Accepted fault modes. corrupt-load, drop-store and no-load report success and the full
+byte count, so only the output check can catch them; partial-store / partial-load move (and
+honestly report) only the first KV-cache group's bytes, the shape of a connector that
+forgets a group (hybrid models), which the byte checks must catch."""
 
 _CORRUPT_XOR_MASK = 0x01
 
@@ -295,8 +302,13 @@ class HostOffloadingWorker(OffloadingWorker):
         )
         corrupt = not to_host and self.fault == FAULT_CORRUPT_LOAD
 
+        partial = (to_host and self.fault == FAULT_PARTIAL_STORE) or (
+            not to_host and self.fault == FAULT_PARTIAL_LOAD
+        )
         num_bytes = 0
         for group in plan:
+            if partial and group.group_idx > 0:
+                continue
             for ref in self.group_refs[group.group_idx]:
                 page = ref.page_size_bytes
                 # Counted like the stock worker: whole un-padded pages per block and ref.

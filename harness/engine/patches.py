@@ -11,6 +11,9 @@ attention) at start: vLLM issue #51150. PR #51161 adds a chunked-local branch.
 - ``chunked-local-floor``: a mutant that rounds the window DOWN. It starts fine and
   silently loses the chunk that straddles the window edge whenever the offload chunk
   does not divide ``attention_chunk_size``: the round trip must catch it.
+- ``hits-minus-chunk``: a mutant whose connector admits one offload chunk fewer than it
+  could serve on every external hit (an off-by-one-chunk lookup, the shape of vLLM
+  #54362). Output stays right, so only the hit and byte checks can catch it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ MARK = "__offload_check_patch__"
 LOG_PREFIX = "offload-check patch:"
 
 logger = logging.getLogger("vllm.offload_check.patches")
+
+
+SCHEDULER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
+MUTANT_PATCHES = ("hits-minus-chunk",)
 
 
 @dataclass
@@ -92,8 +99,31 @@ def _wrap(orig: Callable[..., Any], patch: str, chunked_cls: type) -> Callable[.
     return window
 
 
+def _apply_hits_minus_chunk() -> PatchReport:
+    module = importlib.import_module(SCHEDULER_MODULE)
+    cls = module.OffloadingConnectorScheduler
+    orig = cls.get_num_new_matched_tokens
+    target = [f"{SCHEDULER_MODULE}.OffloadingConnectorScheduler.get_num_new_matched_tokens"]
+    if getattr(orig, MARK, None) == "hits-minus-chunk":
+        return PatchReport("hits-minus-chunk", "applied", target, "(already)")
+
+    def get_num_new_matched_tokens(self: Any, request: Any, num_computed_tokens: int,
+                                   *args: Any, **kwargs: Any) -> Any:
+        hits, is_async = orig(self, request, num_computed_tokens, *args, **kwargs)
+        if hits:
+            chunk = max(g.tokens_per_chunk for g in self.config.kv_group_configs)
+            hits = hits - chunk if hits > chunk else 0
+        return hits, is_async
+
+    setattr(get_num_new_matched_tokens, MARK, "hits-minus-chunk")
+    cls.get_num_new_matched_tokens = get_num_new_matched_tokens
+    return PatchReport("hits-minus-chunk", "applied", target)
+
+
 def apply(patch: str) -> PatchReport:
     """Apply ``patch`` in this process; idempotent (vLLM may load plugins twice)."""
+    if patch == "hits-minus-chunk":
+        return _apply_hits_minus_chunk()
     if patch not in ("chunked-local-fix", "chunked-local-floor"):
         raise ValueError(f"unknown patch {patch!r}")
     from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec

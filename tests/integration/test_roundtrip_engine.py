@@ -83,6 +83,8 @@ def test_clean_run_results_files(clean_run):
     ("corrupt-load", {"replay-output-identical"}),
     ("drop-store", {"replay-output-identical"}),
     ("no-load", {"replay-output-identical"}),
+    ("partial-store", {"cold-stored-bytes", "replay-output-identical"}),
+    ("partial-load", {"replay-loaded-bytes", "replay-output-identical"}),
 ])
 def test_host_backend_faults_are_caught(tmp_path, fault, caught_by):
     code, run, out = roundtrip(tmp_path, "--fault", fault)
@@ -92,6 +94,14 @@ def test_host_backend_faults_are_caught(tmp_path, fault, caught_by):
     detail = pd.read_csv(run / "checks.csv").set_index("name").loc[
         "replay-output-identical", "detail"]
     assert "first difference" in detail
+
+
+def test_off_by_one_chunk_lookup_is_caught_by_the_hit_and_byte_checks(tmp_path):
+    """A connector admitting one chunk fewer than it holds: output stays right (the
+    engine recomputes), so only the hit and byte checks can see it."""
+    code, run, out = roundtrip(tmp_path, "--patch", "hits-minus-chunk")
+    assert code == 1, out
+    assert failed(run) == {"replay-external-hits", "replay-loaded-bytes"}
 
 
 def test_too_small_filler_is_caught_by_the_eviction_check(tmp_path):

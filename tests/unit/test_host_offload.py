@@ -341,6 +341,38 @@ def test_fault_no_load_reports_bytes_but_loads_nothing() -> None:
     assert sizes_reported == [expected_size(layout, sizes)] * 2
 
 
+@pytest.mark.parametrize("fault", ["partial-store", "partial-load"])
+def test_fault_partial_moves_and_reports_only_the_first_group(fault: str) -> None:
+    layout = LAYOUTS[2]  # mixed pages: groups of different sizes
+    caches, matrices = make_caches(layout)
+    before = snapshot(matrices)
+    worker = HostOffloadingWorker(caches, blocks_per_chunk=1, num_cpu_chunks=NUM_CHUNKS,
+                                  fault=fault)
+    sizes, starts = [2, 2, 2], [0, 0, 0]
+    chunk_ids = chunks_for(sizes, starts, 1, first=0)
+    src = block_ids_for(sizes, 0)
+    worker.submit_store(1, GPULoadStoreSpec(src, group_sizes=sizes, block_indices=starts),
+                        CPULoadStoreSpec(chunk_ids))
+    dst = block_ids_for(sizes, 12)
+    worker.submit_load(2, CPULoadStoreSpec(chunk_ids),
+                       GPULoadStoreSpec(dst, group_sizes=sizes, block_indices=starts))
+    store, load = worker.get_finished()
+    first_group_only = expected_size(layout, [2, 0, 0])
+    full = expected_size(layout, sizes)
+    if fault == "partial-store":
+        assert (store.transfer_size, load.transfer_size) == (first_group_only, full)
+    else:
+        assert (store.transfer_size, load.transfer_size) == (full, first_group_only)
+    # Group 0's blocks made the round trip either way; the other groups' did not.
+    for t, page in layout.groups[0]:
+        assert torch.equal(matrices[t][dst[:2], :page], before[t][src[:2], :page])
+    moved_other = all(
+        torch.equal(matrices[t][dst[2:], :page], before[t][src[2:], :page])
+        for g in (1, 2) for t, page in layout.groups[g]
+    )
+    assert not moved_other
+
+
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.name)
 def test_fault_corrupt_load_flips_every_loaded_byte(layout: Layout) -> None:
     caches, matrices = make_caches(layout)

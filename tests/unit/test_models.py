@@ -72,3 +72,12 @@ def test_interrupted_build_leaves_nothing_that_looks_complete(tmp_path, monkeypa
     with pytest.raises(RuntimeError):
         models.build_model(geometry("llama4-small-chunk"), "small", tmp_path)
     assert not any((tmp_path / "models").iterdir())
+
+
+def test_missing_architectures_default_to_vllms_native_llama4(tmp_path):
+    cfg = {"model_type": "llama4_text", "hidden_size": 64, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "vocab_size": 100}
+    path = models.build_model(cfg, "bare", tmp_path)
+    assert json.loads((path / "config.json").read_text())["architectures"] == [
+        "Llama4ForCausalLM"]
+

@@ -100,3 +100,33 @@ def test_plugin_is_inert_without_the_variable(monkeypatch):
     before = window_fn()
     plugin.register()
     assert window_fn() is before
+
+
+def test_hits_minus_chunk_wraps_the_connector_lookup_once():
+    cls = sched.OffloadingConnectorScheduler
+    original = cls.get_num_new_matched_tokens
+    try:
+        assert patches.apply("hits-minus-chunk").status == "applied"
+        wrapped = cls.get_num_new_matched_tokens
+        assert getattr(wrapped, patches.MARK) == "hits-minus-chunk"
+        assert "(already)" in patches.apply("hits-minus-chunk").line()
+        assert cls.get_num_new_matched_tokens is wrapped
+
+        class FakeGroup:
+            tokens_per_chunk = 256
+
+        class FakeSelf:
+            config = type("C", (), {"kv_group_configs": (FakeGroup(),)})()
+
+        cls.get_num_new_matched_tokens = original
+        orig_calls = []
+
+        def fake_orig(self, request, num_computed_tokens, *a, **k):
+            orig_calls.append(num_computed_tokens)
+            return 768, False
+
+        cls.get_num_new_matched_tokens = fake_orig
+        patches.apply("hits-minus-chunk")
+        assert cls.get_num_new_matched_tokens(FakeSelf(), None, 0) == (512, False)
+    finally:
+        cls.get_num_new_matched_tokens = original
