@@ -7,11 +7,13 @@ one line on stderr with a distinct exit code, never as a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -74,7 +76,8 @@ def crash_repro_cmd(
     ] = None,
     patch: Annotated[str | None, typer.Option(
         help="patch applied inside vLLM for every variant: chunked-local-fix, "
-             "chunked-local-floor or none (overrides the variants' own)")] = None,
+             "chunked-local-floor, hits-minus-chunk or none (overrides the variants' own)")
+    ] = None,
     config: Annotated[list[Path] | None, typer.Option(
         "--config", "-c", help="model config.json to use instead of the scenario's (repeatable)")
     ] = None,
@@ -138,30 +141,62 @@ def _print_plan(plan: object) -> None:
         console.print("  argv: " + json.dumps(row.plan.argv()), highlight=False, markup=False)
 
 
-def _run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
-    from harness import crash_repro
-    from harness.environments import git_revision, host_platform
-    from harness.launcher import install_signal_handlers, stop_all
-    from harness.reporting import CrashReproProgress, crash_repro_table
-    from harness.results import JUnitCase, RunDirectory, junit_xml, new_run_dir
+class _Outcome:
+    """How a run ended: set by ``_guard`` and read when the run directory is finished."""
 
-    assert isinstance(plan, crash_repro.RunPlan)
+    def __init__(self) -> None:
+        self.status, self.code = "finished", ExitCode.OK
+
+
+@contextlib.contextmanager
+def _guard() -> Iterator[_Outcome]:
+    """Ctrl-C and harness errors end a run cleanly: servers stopped, results kept."""
+    from harness.launcher import stop_all
+
+    outcome = _Outcome()
+    try:
+        yield outcome
+    except KeyboardInterrupt:
+        stop_all()
+        outcome.status, outcome.code = "interrupted", ExitCode.INTERRUPTED
+        err_console.print("offload-check: interrupted; servers stopped, partial results kept")
+    except HarnessError as err:
+        stop_all()
+        outcome.status, outcome.code = "error", err.exit_code
+        err_console.print(f"offload-check: error: {err}", highlight=False, markup=False)
+
+
+def _open_run(results_dir: Path, command: str, scenario: Any) -> Any:
+    """The run's directory, with what every run records about itself written at once."""
+    from harness.environments import git_revision, host_platform
+    from harness.launcher import install_signal_handlers
+    from harness.results import RunDirectory, new_run_dir
+
     install_signal_handlers()
     try:
-        run_dir = RunDirectory(new_run_dir(results_dir, "crash-repro"), "crash-repro")
+        run_dir = RunDirectory(new_run_dir(results_dir, command), command)
     except OSError as err:
         raise _fail(HarnessError(f"cannot create results directory: {err}")) from None
+    run_dir.update_meta(scenario=scenario.model_dump(mode="json"),
+                        scenario_file=str(scenario.source), platform=host_platform(),
+                        git_revision=git_revision(REPO_ROOT))
+    return run_dir
+
+
+def _run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
+    from harness import crash_repro
+    from harness.reporting import CrashReproProgress, crash_repro_table
+    from harness.results import JUnitCase, junit_xml
+
+    assert isinstance(plan, crash_repro.RunPlan)
+    run_dir = _open_run(results_dir, "crash-repro", plan.scenario)
     run_dir.update_meta(
-        scenario=plan.scenario.model_dump(mode="json"),
-        scenario_file=str(plan.scenario.source),
         variants={n: {**v.model_dump(), **plan.environments[n].as_dict(),
                       "offload_backend": crash_repro.backends(plan)[n]}
                   for n, v in plan.variants.items()},
         models=[{"name": m.name, "config_file": m.config_path,
                  "chunked_local_layers": m.chunked_local_layers} for m in plan.models],
-        platform=host_platform(),
         gpus=sorted({g for e in plan.environments.values() for g in e.gpus}),
-        git_revision=git_revision(REPO_ROOT),
     )
     columns = ["model", "variant", "vllm_version", "patch", "patch_status", "connector",
                "chunked_local", "outcome", "seconds", "signature", "exception", "frame",
@@ -187,28 +222,22 @@ def _run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
             super().row_finished(row, index, total)
             write_rows()
 
-    status, code = "finished", ExitCode.OK
-    try:
-        crash_repro.build_models(plan)
-        with Reporter(console) as reporter:
-            crash_repro.execute(plan, run_dir.path, reporter, port=port)
-        code = ExitCode.OK if all(r.matched for r in plan.rows) else ExitCode.MISMATCH
-    except KeyboardInterrupt:
-        stop_all()
-        status, code = "interrupted", ExitCode.INTERRUPTED
-        err_console.print("offload-check: interrupted; servers stopped, partial results kept")
-    except HarnessError as err:
-        stop_all()
-        status, code = "error", err.exit_code
-        err_console.print(f"offload-check: error: {err}", highlight=False, markup=False)
-    finally:
-        write_rows()
-        done = [r for r in plan.rows if r.outcome]
-        run_dir.finish(status, int(code), summary={
-            "rows": len(plan.rows), "done": len(done),
-            "matched": sum(1 for r in done if r.matched),
-            "mismatched": sum(1 for r in done if not r.matched),
-        })
+    with _guard() as outcome:
+        try:
+            crash_repro.build_models(plan)
+            with Reporter(console) as reporter:
+                crash_repro.execute(plan, run_dir.path, reporter, port=port)
+            if not all(r.matched for r in plan.rows):
+                outcome.code = ExitCode.MISMATCH
+        finally:
+            write_rows()
+    status, code = outcome.status, outcome.code
+    done = [r for r in plan.rows if r.outcome]
+    run_dir.finish(status, int(code), summary={
+        "rows": len(plan.rows), "done": len(done),
+        "matched": sum(1 for r in done if r.matched),
+        "mismatched": sum(1 for r in done if not r.matched),
+    })
     done = [r for r in plan.rows if r.outcome]
     if done:
         console.print(crash_repro_table(done))
@@ -226,7 +255,8 @@ def roundtrip_cmd(
     variant: Annotated[str | None, typer.Option(help="vLLM variant (default: scenario's)")
                        ] = None,
     patch: Annotated[str | None, typer.Option(
-        help="patch inside vLLM: chunked-local-fix, chunked-local-floor or none")] = None,
+        help="patch inside vLLM: chunked-local-fix, chunked-local-floor, hits-minus-chunk "
+             "or none")] = None,
     config: Annotated[Path | None, typer.Option(help="model geometry (config.json) to use")
                       ] = None,
     tp: Annotated[int | None, typer.Option("--tp", min=1, help="tensor parallel size")] = None,
@@ -318,23 +348,15 @@ def _print_roundtrip_plan(plan: object) -> None:
 def _run_roundtrip(plan: object, results_dir: Path, url: str | None, port: int | None,
                    baseline: bool = False) -> int:
     from harness import roundtrip as rt
-    from harness.environments import git_revision, host_platform
-    from harness.launcher import install_signal_handlers, stop_all
     from harness.markdown import roundtrip_report
     from harness.reporting import RoundtripProgress, checks_table, phase_table
-    from harness.results import JUnitCase, RunDirectory, junit_xml, new_run_dir
+    from harness.results import JUnitCase, junit_xml
 
     assert isinstance(plan, rt.RoundtripPlan)
-    install_signal_handlers()
-    try:
-        run_dir = RunDirectory(new_run_dir(results_dir, "roundtrip"), "roundtrip")
-    except OSError as err:
-        raise _fail(HarnessError(f"cannot create results directory: {err}")) from None
+    run_dir = _open_run(results_dir, "roundtrip", plan.scenario)
     run_dir.update_meta(
-        scenario=plan.scenario.model_dump(mode="json"),
-        scenario_file=str(plan.scenario.source),
         variant={"name": plan.variant, **(plan.env.as_dict() if plan.env else {"url": url})},
-        platform=host_platform(), git_revision=git_revision(REPO_ROOT), plan=plan.describe())
+        plan=plan.describe())
     phase_cols = None
 
     def on_record(result: rt.RoundtripResult) -> None:
@@ -364,23 +386,15 @@ def _run_roundtrip(plan: object, results_dir: Path, url: str | None, port: int |
 
     console.print(f"[bold]roundtrip[/] {plan.scenario.name} on {plan.model_ref} "
                   f"(variant {plan.variant})", highlight=False)
-    status, code = "finished", ExitCode.OK
     result = None
-    try:
+    with _guard() as outcome:
         rt.build_local_model(plan)
         result = rt.execute(plan, run_dir.path, RoundtripProgress(console), on_record,
                             url=url, port=port, baseline=baseline)
-        code = ExitCode.OK if result.passed else ExitCode.MISMATCH
-    except KeyboardInterrupt:
-        stop_all()
-        status, code = "interrupted", ExitCode.INTERRUPTED
-        err_console.print("offload-check: interrupted; servers stopped, partial results kept")
-    except HarnessError as err:
-        stop_all()
-        status, code = "error", err.exit_code
-        err_console.print(f"offload-check: error: {err}", highlight=False, markup=False)
-    finally:
-        run_dir.finish(status, int(code), passed=bool(result and result.passed))
+        if not result.passed:
+            outcome.code = ExitCode.MISMATCH
+    code = outcome.code
+    run_dir.finish(outcome.status, int(code), passed=bool(result and result.passed))
     if result is not None:
         if result.phases:
             console.print(phase_table([p.record() for p in result.phases]))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import psutil
@@ -79,6 +81,25 @@ def no_vllm_left_behind():
     assert not left, f"vLLM processes left behind: {[p.pid for p in left]}"
 
 
-@pytest.fixture
-def root() -> Path:
-    return ROOT
+def run_cli(results: Path, command: str, *args: str,
+            timeout: float = 1800) -> tuple[int, Path, str]:
+    """Run one offload-check command into an empty results dir; (exit code, run dir, output)."""
+    proc = subprocess.run([*CLI, command, "--results-dir", str(results), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    runs = sorted(p for p in results.iterdir() if p.is_dir())
+    assert len(runs) == 1, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, runs[0], proc.stdout + proc.stderr
+
+
+def wait_for_engine(before: set[int], proc: subprocess.Popen, timeout: float = 120
+                    ) -> list[psutil.Process]:
+    """The new vLLM processes, once the server has spawned its EngineCore."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ours = [p for p in vllm_processes() if p.pid not in before]
+        if any(p.name().startswith("VLLM::") for p in ours):
+            return ours
+        time.sleep(0.5)
+    proc.kill()
+    pytest.fail("the server never spawned its engine")

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -19,19 +18,14 @@ import pandas as pd
 import psutil
 import pytest
 
-from tests.conftest import CLI, ROOT, vllm_processes
+from tests.conftest import CLI, ROOT, run_cli, vllm_processes, wait_for_engine
 
 pytestmark = pytest.mark.engine
 MODELS = ROOT / "scenarios" / "models"
 
 
 def crash_repro(results: Path, *args: str, timeout: float = 1800) -> tuple[int, Path, str]:
-    proc = subprocess.run([*CLI, "crash-repro", "--results-dir", str(results), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    runs = sorted(results.iterdir())
-    assert len(runs) == 1, (proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc.returncode, runs[0], proc.stdout
+    return run_cli(results, "crash-repro", *args, timeout=timeout)
 
 
 def outcomes(run: Path) -> pd.DataFrame:
@@ -152,21 +146,14 @@ def test_ctrl_c_stops_servers_and_keeps_results(tmp_path):
                              "--config", str(MODELS / "llama4-small-chunk.json")],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     before = {p.pid for p in vllm_processes()}
-    deadline = time.monotonic() + 120
     # Wait until the engine has spawned children, so there is a tree to tear down.
-    while time.monotonic() < deadline:
-        ours = [p for p in vllm_processes() if p.pid not in before]
-        if any(p.name().startswith("VLLM::") for p in ours):
-            break
-        time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("the server never spawned its engine")
+    ours = wait_for_engine(before, proc)
     os.kill(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    psutil.wait_procs([p for p in ours if p.is_running()], timeout=10)
+    _, alive = psutil.wait_procs(ours, timeout=30)
+    assert not alive, [p.pid for p in alive]
     run = next(tmp_path.iterdir())
     meta = json.loads((run / "run.json").read_text())
     assert meta["status"] == "interrupted"
@@ -179,15 +166,7 @@ def test_sigkilled_harness_leaves_no_server(tmp_path):
                              "--config", str(MODELS / "llama4-small-chunk.json")],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     before = {p.pid for p in vllm_processes()}
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        ours = [p for p in vllm_processes() if p.pid not in before]
-        if any(p.name().startswith("VLLM::") for p in ours):
-            break
-        time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("the server never spawned its engine")
+    ours = wait_for_engine(before, proc)
     proc.kill()
     proc.wait()
     _, alive = psutil.wait_procs(ours, timeout=60)

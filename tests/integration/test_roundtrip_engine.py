@@ -18,19 +18,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import CLI, ROOT, vllm_processes
+from tests.conftest import CLI, ROOT, run_cli, vllm_processes
 
 pytestmark = pytest.mark.engine
 EDGE = str(ROOT / "scenarios" / "roundtrip-window-edge.toml")
 
 
 def roundtrip(results: Path, *args: str, timeout: float = 900) -> tuple[int, Path, str]:
-    proc = subprocess.run([*CLI, "roundtrip", "--results-dir", str(results), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    runs = sorted(results.iterdir())
-    assert len(runs) == 1, (proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc.returncode, runs[0], proc.stdout + proc.stderr
+    return run_cli(results, "roundtrip", *args, timeout=timeout)
 
 
 def checks(run: Path) -> dict[str, bool]:

@@ -27,11 +27,12 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -
     assert needle in lines[0], lines[0]
 
 
-def scenario_copy(tmp_path: Path, text: str) -> Path:
+def scenario_copy(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
+    """A scenario beside copies of the shipped models and variants (absolute interpreters)."""
     (tmp_path / "models").symlink_to(ROOT / "scenarios" / "models")
     (tmp_path / "variants.toml").write_text((ROOT / "scenarios" / "variants.toml").read_text()
                                             .replace("../", f"{ROOT}/"))
-    path = tmp_path / "s.toml"
+    path = tmp_path / name
     path.write_text(text)
     return path
 
@@ -100,26 +101,18 @@ def test_dry_run_shows_exact_commands_without_launching(variant):
 RT = (ROOT / "scenarios" / "roundtrip-cpu.toml").read_text()
 
 
-def rt_copy(tmp_path: Path, text: str) -> Path:
-    (tmp_path / "models").symlink_to(ROOT / "scenarios" / "models")
-    (tmp_path / "variants.toml").write_text((ROOT / "scenarios" / "variants.toml").read_text()
-                                            .replace("../", f"{ROOT}/"))
-    path = tmp_path / "rt.toml"
-    path.write_text(text)
-    return path
-
-
 def test_roundtrip_unknown_key(tmp_path):
-    path = rt_copy(tmp_path, RT.replace("[workload]", "[workload]\nfiller_tokenz = 3"))
+    path = scenario_copy(tmp_path, RT.replace("[workload]", "[workload]\nfiller_tokenz = 3"))
     assert_one_line_error(run("roundtrip", "--scenario", str(path), "--dry-run"),
                           "workload.filler_tokenz")
 
 
 def test_roundtrip_impossible_plans(tmp_path):
-    path = rt_copy(tmp_path, RT.replace("target_tokens = [700, 1000]", "target_tokens = [768]"))
+    path = scenario_copy(tmp_path, RT.replace("target_tokens = [700, 1000]",
+                                              "target_tokens = [768]"))
     assert_one_line_error(run("roundtrip", "--scenario", str(path), "--dry-run"),
                           "multiple of the offload chunk")
-    (tmp_path / "rt.toml").write_text(RT.replace("cpu_bytes_to_use = 67108864",
+    path.write_text(RT.replace("cpu_bytes_to_use = 67108864",
                                                  "cpu_bytes_to_use = 1048576"))
     assert_one_line_error(run("roundtrip", "--scenario", str(path), "--dry-run"),
                           "fewer than the")
