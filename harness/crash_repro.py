@@ -83,6 +83,9 @@ class Row:
         data["connector"] = "on" if self.connector else "off"
         data["patch"] = self.patch or "none"
         data["command"] = self.plan.argv()
+        # Optional integers stay integers in CSV (pandas would turn 51150 into 51150.0).
+        for key in ("known_issue", "expected_known", "returncode"):
+            data[key] = "" if data[key] is None else str(data[key])
         return data
 
 

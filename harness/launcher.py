@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -98,6 +99,7 @@ class VllmServer:
     started_at: float = field(default=0.0, init=False)
     _log: Any = field(default=None, init=False, repr=False)
     _slot: Any = field(default=None, init=False, repr=False)
+    _reaper: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     def __hash__(self) -> int:
         return id(self)
@@ -141,13 +143,13 @@ class VllmServer:
                 # Own process group: Ctrl-C in the terminal reaches only the harness,
                 # which then tears the whole group down in order.
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
         except OSError as err:
             self._log.close()
             self._release_slot()
             raise BadInput(f"cannot launch {self.python}: {err.strerror}") from None
         _LIVE.add(self)
+        self._reaper = _start_reaper(self.proc.pid)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -208,6 +210,11 @@ class VllmServer:
                 proc.wait(timeout=grace_s)
             _wait_gone(descendants, grace_s)
         finally:
+            if self._reaper is not None:
+                with contextlib.suppress(OSError):
+                    self._reaper.kill()
+                self._reaper.wait()
+                self._reaper = None
             _LIVE.discard(self)
             if self._log is not None:
                 self._log.close()
@@ -249,20 +256,19 @@ def http_json(url: str, payload: dict[str, Any] | None = None, timeout_s: float 
     return body.decode(errors="replace")
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM the server if the harness dies without cleaning up.
+def _start_reaper(server_pgid: int) -> subprocess.Popen[bytes] | None:
+    """The sidecar that kills the server group if this process dies without cleanup."""
+    from harness.reaper import _start_time
 
-    Covers the one case no handler can: the harness itself SIGKILLed or OOM-killed.
-    vLLM's API server then shuts its EngineCore and workers down on its own.
-    """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
+    me = os.getpid()
+    started = _start_time(me)
+    if started is None:  # no /proc: nothing to watch with; teardown relies on handlers
+        return None
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.reaper", str(me), started, str(server_pgid)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -1,0 +1,106 @@
+"""Process lifecycle of the launcher, with stand-in servers (no vLLM needed).
+
+A stand-in "interpreter" is a shell script that spawns a child and ignores SIGTERM,
+the worst case for teardown; the real-engine tests repeat these promises with vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harness.launcher import VllmServer
+
+def fake_python(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "fake-python"
+    path.write_text("#!/bin/sh\n" + textwrap.dedent(body))
+    path.chmod(0o755)
+    return str(path)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return any(p.status() != psutil.STATUS_ZOMBIE for p in psutil.process_iter()
+               if _pgid(p) == pgid)
+
+
+def _pgid(p: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(p.pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+@pytest.fixture(autouse=True)
+def no_lock(monkeypatch):
+    monkeypatch.setenv("OFFLOAD_CHECK_LOCK", "none")
+
+
+def test_crash_is_known_at_once_not_at_the_timeout(tmp_path):
+    py = fake_python(tmp_path, "echo 'Traceback (most recent call last):'; exit 3\n")
+    server = VllmServer(python=py, model="m", log_path=tmp_path / "log")
+    server.start()
+    t0 = time.monotonic()
+    ready = server.wait_ready(timeout_s=60, poll_s=0.05)
+    server.stop()
+    assert ready.state == "exited" and ready.returncode == 3
+    assert time.monotonic() - t0 < 5
+    assert "Traceback" in (tmp_path / "log").read_text()
+
+
+def test_timeout_tears_down_a_tree_that_ignores_sigterm(tmp_path):
+    py = fake_python(tmp_path, """
+        trap '' TERM
+        sh -c "trap '' TERM; sleep 300" &
+        sleep 300
+    """)
+    server = VllmServer(python=py, model="m", log_path=tmp_path / "log")
+    server.start()
+    pgid = server.proc.pid
+    assert server.wait_ready(timeout_s=1, poll_s=0.1).state == "timeout"
+    server.stop(grace_s=1)
+    assert not group_alive(pgid)
+
+
+def test_sigkilled_harness_takes_its_server_along(tmp_path):
+    """The reaper sidecar: no handler runs on SIGKILL, the server must still go."""
+    py = fake_python(tmp_path, "trap '' TERM\nsleep 300 &\nsleep 300\n")
+    script = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from harness.launcher import VllmServer
+        s = VllmServer(python={py!r}, model="m", log_path=Path({str(tmp_path / 'log')!r}))
+        s.start()
+        print(s.proc.pid, flush=True)
+        time.sleep(300)
+    """)
+    harness = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                               text=True, env={**os.environ, "OFFLOAD_CHECK_LOCK": "none"})
+    pgid = int(harness.stdout.readline())
+    assert group_alive(pgid)
+    harness.send_signal(signal.SIGKILL)
+    harness.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and group_alive(pgid):
+        time.sleep(0.2)
+    assert not group_alive(pgid)
+
+
+def test_missing_interpreter_is_bad_input(tmp_path):
+    from harness.errors import BadInput
+
+    server = VllmServer(python=str(tmp_path / "nope" / "python"), model="m",
+                        log_path=tmp_path / "log")
+    with pytest.raises(BadInput, match="interpreter not found"):
+        server.start()
