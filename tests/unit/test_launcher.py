@@ -19,6 +19,7 @@ import pytest
 
 from harness.launcher import VllmServer
 
+
 def fake_python(tmp_path: Path, body: str) -> str:
     path = tmp_path / "fake-python"
     path.write_text("#!/bin/sh\n" + textwrap.dedent(body))
