@@ -238,7 +238,6 @@ def _run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
         "matched": sum(1 for r in done if r.matched),
         "mismatched": sum(1 for r in done if not r.matched),
     })
-    done = [r for r in plan.rows if r.outcome]
     if done:
         console.print(crash_repro_table(done))
     bad = sum(1 for r in done if not r.matched)
