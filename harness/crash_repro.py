@@ -15,20 +15,19 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harness import models as model_builder
-from harness.environments import Environment, probe
+from harness.engine.patches import LOG_PREFIX as PATCH_LOG_PREFIX
+from harness.environments import Environment, probe, require_plugin
 from harness.errors import BadInput, HarnessError
 from harness.launcher import VllmServer
 from harness.scenario import (
-    PATCH_NAMES,
     CrashReproScenario,
     Variant,
+    effective_patch,
     load_model_config,
     load_variants,
 )
 from harness.serving import ServerPlan, offload_backend, server_plan
 from harness.verdicts import RowContext, crash_signature, expectation_for, judge
-
-PATCH_LOG_PREFIX = "offload-check patch:"
 
 
 @dataclass
@@ -135,22 +134,18 @@ def plan_run(
     unknown = [n for n in names if n not in all_variants]
     if unknown:
         raise BadInput(f"unknown variant {unknown[0]!r}; known: {', '.join(all_variants)}")
-    if patch is not None and patch != "none" and patch not in PATCH_NAMES:
-        raise BadInput(f"unknown patch {patch!r}; known: {', '.join(PATCH_NAMES)}, none")
+    effective_patch(patch)  # an unknown name is bad input even before variants load
     variants = {n: all_variants[n] for n in names}
     environments = {n: probe(v.python) for n, v in variants.items()}
     for n, v in variants.items():
-        effective = v.patch if patch is None else (None if patch == "none" else patch)
-        if effective and not environments[n].harness_plugin:
-            raise BadInput(f"variant {n}: patch {effective} needs the harness installed in "
-                           f"{v.python} (run `make setup`)")
+        require_plugin(n, effective_patch(patch, v.patch), environments[n])
     models = load_models(scenario, configs)
     modes = connector_modes or list(scenario.connector)
     plan = RunPlan(scenario, variants, environments, models)
     for entry in models:
         for n, variant in variants.items():
             env = environments[n]
-            effective = variant.patch if patch is None else (None if patch == "none" else patch)
+            effective = effective_patch(patch, variant.patch)
             for mode in modes:
                 on = mode == "on"
                 row = Row(

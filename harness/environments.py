@@ -114,6 +114,13 @@ def probe(python: str) -> Environment:
     )
 
 
+def require_plugin(variant: str, patch: str | None, env: Environment) -> None:
+    """A patch is applied by the engine plugin, so it must be installed where vLLM runs."""
+    if patch and not env.harness_plugin:
+        raise BadInput(f"variant {variant}: patch {patch} needs the harness installed in "
+                       f"{env.python} (run `make setup`)")
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -22,12 +22,12 @@ from typing import Any, Protocol
 from harness import checks as ck
 from harness import metrics
 from harness import models as model_builder
-from harness.environments import Environment, probe
+from harness.environments import Environment, probe, require_plugin
 from harness.errors import BadInput, HarnessError, RuntimeFailure
 from harness.launcher import VllmServer, http_json
 from harness.scenario import (
-    PATCH_NAMES,
     RoundtripScenario,
+    effective_patch,
     load_model_config,
     load_variants,
 )
@@ -149,16 +149,9 @@ def plan_roundtrip(
     if name not in variants:
         raise BadInput(f"unknown variant {name!r}; known: {', '.join(variants)}")
     var = variants[name]
-    eff_patch = patch if patch is not None else (scn.patch if scn.patch is not None
-                                                 else var.patch)
-    if eff_patch == "none":
-        eff_patch = None
-    if eff_patch is not None and eff_patch not in PATCH_NAMES:
-        raise BadInput(f"unknown patch {eff_patch!r}; known: {', '.join(PATCH_NAMES)}, none")
+    eff_patch = effective_patch(patch, scn.patch, var.patch)
     env = probe(var.python)
-    if eff_patch and not env.harness_plugin:
-        raise BadInput(f"variant {name}: patch {eff_patch} needs the harness installed in "
-                       f"{var.python} (run `make setup`)")
+    require_plugin(name, eff_patch, env)
     geometry_path = Path(config) if config else scn.resolve(scn.geometry)
     geometry = load_model_config(geometry_path)
     model_builder.check_llama4_like(geometry, str(geometry_path))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import tomllib
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -197,13 +197,7 @@ class RoundtripScenario(FileScenario):
 
 
 def load_roundtrip(path: Path) -> RoundtripScenario:
-    data = read_toml(path)
-    try:
-        scenario = RoundtripScenario.model_validate(data)
-    except ValidationError as err:
-        raise BadInput(_one_line(err, path)) from None
-    scenario.source = path.resolve()
-    return scenario
+    return _load(path, RoundtripScenario)
 
 
 def _one_line(err: ValidationError, path: Path) -> str:
@@ -223,14 +217,35 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise BadInput(f"{path}: not valid TOML: {err}") from None
 
 
-def load_crash_repro(path: Path) -> CrashReproScenario:
+ScenarioT = TypeVar("ScenarioT", bound=FileScenario)
+
+
+def _load(path: Path, model: type[ScenarioT]) -> ScenarioT:
+    """Any scenario file: TOML, validated strictly, remembering where it came from."""
     data = read_toml(path)
     try:
-        scenario = CrashReproScenario.model_validate(data)
+        scenario = model.model_validate(data)
     except ValidationError as err:
         raise BadInput(_one_line(err, path)) from None
     scenario.source = path.resolve()
     return scenario
+
+
+def load_crash_repro(path: Path) -> CrashReproScenario:
+    return _load(path, CrashReproScenario)
+
+
+def effective_patch(*choices: str | None) -> str | None:
+    """The first explicit choice wins (CLI, then scenario, then variant); "none" is none."""
+    for choice in choices:
+        if choice is None:
+            continue
+        if choice == "none":
+            return None
+        if choice not in PATCH_NAMES:
+            raise BadInput(f"unknown patch {choice!r}; known: {', '.join(PATCH_NAMES)}, none")
+        return choice
+    return None
 
 
 def load_variants(path: Path) -> dict[str, Variant]:
