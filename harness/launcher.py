@@ -151,8 +151,18 @@ class VllmServer:
         _LIVE.add(self)
         self._reaper = _start_reaper(self.proc.pid)
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    def alive(self, grace_s: float = 0.0) -> bool:
+        """Whether the server process runs; ``grace_s`` waits that long for it to exit.
+
+        A killed server closes its sockets before it becomes a zombie, so a client that
+        just saw its connection drop must give the exit a moment to become visible.
+        """
+        if self.proc is None:
+            return False
+        if grace_s > 0:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace_s)
+        return self.proc.poll() is None
 
     def wait_ready(
         self,

@@ -303,12 +303,15 @@ class _Endpoint:
         if self.server is not None:
             from harness.verdicts import crash_signature
 
+            # Give a dying server a moment: its exit and its traceback land after the
+            # dropped connection that brought us here.
+            alive = self.server.alive(grace_s=3.0)
             lines = self.server.log_path.read_text(errors="replace").splitlines()
             sig = crash_signature(lines, None)
             if sig.frame:
                 # vLLM raised inside its own code: the system under test failed.
                 return EngineFailure(phase, sig.summary(), sig.message)
-            if not self.server.alive():
+            if not alive:
                 code = self.server.proc.returncode if self.server.proc else None
                 return RuntimeFailure(f"the server died during the {phase} phase (exit "
                                       f"code {code}); log: {self.server.log_path}")
