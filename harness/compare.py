@@ -26,6 +26,8 @@ def compare_runs(a: Path, b: Path) -> tuple[list[tuple[str, list[dict[str, Any]]
         raise BadInput(f"cannot compare a {cmd_a} run with a {cmd_b} run")
     if cmd_a == "roundtrip":
         return _compare_roundtrip(a, b)
+    if cmd_a == "matrix":
+        return _compare_matrix(a, b)
     return _compare_crash_repro(a, b)
 
 
@@ -75,3 +77,13 @@ def _compare_crash_repro(a: Path, b: Path) -> tuple[list[Table], int]:
         _read(b, "outcomes.csv")[key + cols], on=key, how="outer", suffixes=(" a", " b"))
     records, changed = _diff_records(m, key, cols)
     return [(f"crash-repro: {a.name} -> {b.name}", records, [*key, "changed", *cols])], changed
+
+
+def _compare_matrix(a: Path, b: Path) -> tuple[list[Table], int]:
+    """Cell by cell: a new vLLM build that changes a spec class, a verdict or a check."""
+    key = ["family", "geometry", "variant"]
+    cols = ["vllm_version", "spec_classes", "startup", "roundtrip", "failed_checks", "matched"]
+    m = _read(a, "matrix.csv")[key + cols].merge(
+        _read(b, "matrix.csv")[key + cols], on=key, how="outer", suffixes=(" a", " b"))
+    records, changed = _diff_records(m, key, cols)
+    return [(f"matrix: {a.name} -> {b.name}", records, [*key, "changed", *cols])], changed

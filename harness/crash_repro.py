@@ -109,7 +109,7 @@ def load_models(scenario: CrashReproScenario, configs: list[str] | None) -> list
                                                          for m in scenario.models]
     for path in paths:
         config = load_model_config(path)
-        model_builder.check_llama4_like(config, str(path))
+        model_builder.check_buildable(config, str(path))
         entries.append(ModelEntry(
             name=path.stem, config_path=str(path), config=config,
             chunked_local_layers=model_builder.chunked_local_layers(config),

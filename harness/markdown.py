@@ -54,3 +54,33 @@ def roundtrip_report(result: Any, meta: dict[str, Any]) -> str:
     lines += ["", "Cold vs warm output is informational: on GPUs a full prefill and a "
               "prefix-cached pass may differ numerically; replay vs warm must not.", ""]
     return "\n".join(lines)
+
+
+def matrix_report(cells: Sequence[Any], meta: dict[str, Any]) -> str:
+    """``report.md`` of a matrix run: the table first (mismatches on top), then details."""
+    bad = [c for c in cells if c.matched is False]
+    verdict = "every cell as expected" if not bad else f"{len(bad)} cell(s) NOT as expected"
+    lines = [f"# offload-check matrix: {verdict}", "",
+             f"- results: `{meta.get('results_dir', '')}`", ""]
+    rows = []
+    for c in cells:
+        start = c.startup + (f": {c.signature}" if c.signature else "")
+        rt = {"pass": "pass", "fail": "**FAIL** " + ", ".join(c.failed_checks),
+              "error": f"error: {c.why}"}.get(c.roundtrip, "-")
+        rows.append([c.family, c.geometry, c.variant, c.vllm_version, c.specs, start, rt,
+                     c.expected_text(), "yes" if c.matched else f"**NO**: {c.why}"])
+    lines.append(_table(["family", "model", "variant", "vLLM", "engine KV specs", "startup",
+                         "round trip", "expected", "match"], rows))
+    details = [c for c in cells if c.message or any(not k.passed for k in c.checks)]
+    if details:
+        lines += ["", "## Details", ""]
+    for c in details:
+        lines.append(f"### {c.family} / {c.geometry} / {c.variant}")
+        if c.message:
+            lines += ["", f"Crash: `{c.signature}`", "", f"> {c.message}"]
+        for k in c.checks:
+            if not k.passed:
+                lines += ["", f"- `{k.name}`: expected {k.expected}, observed {k.observed}. "
+                              f"{k.detail}"]
+        lines += ["", f"Cell results: `{c.cell_dir}`", ""]
+    return "\n".join(lines) + "\n"

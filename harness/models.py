@@ -1,4 +1,4 @@
-"""Weight-free Llama 4 models, made locally and deterministically.
+"""Weight-free (or seeded-random) models, made locally and deterministically.
 
 There is no hub access on CPU machines or CI, so every model the harness serves
 on CPU is written here from a geometry file: a ``config.json`` produced through
@@ -25,8 +25,19 @@ from harness.errors import BadInput
 BUILDER_VERSION = 2
 LLAMA4_TYPES = ("llama4_text", "llama4")
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
-DEFAULT_ARCHITECTURES = {"llama4_text": "Llama4ForCausalLM",
-                         "llama4": "Llama4ForConditionalGeneration"}
+# The vLLM implementation each model type is served with; without ``architectures``
+# vLLM would fall back to its generic Transformers backend, whose KV specs are not
+# the ones under test. One model type per KV-cache spec family the matrix covers.
+DEFAULT_ARCHITECTURES = {
+    "llama4_text": "Llama4ForCausalLM",  # chunked local + full attention
+    "llama4": "Llama4ForConditionalGeneration",
+    "llama": "LlamaForCausalLM",  # full attention
+    "mistral": "MistralForCausalLM",  # sliding window on every layer
+    "gemma3_text": "Gemma3ForCausalLM",  # interleaved sliding window / full
+    "deepseek_v2": "DeepseekV2ForCausalLM",  # MLA
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",  # Mamba2 + full attention
+}
 
 
 def default_cache_dir() -> Path:
@@ -44,12 +55,13 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def check_llama4_like(config: dict[str, Any], where: str) -> None:
+def check_buildable(config: dict[str, Any], where: str) -> None:
+    """A geometry this module can turn into a model directory vLLM will serve."""
     model_type = config.get("model_type")
-    if model_type not in LLAMA4_TYPES:
+    if model_type not in DEFAULT_ARCHITECTURES and not config.get("architectures"):
         raise BadInput(
-            f"{where}: model_type {model_type!r} is not Llama 4-like "
-            f"(expected one of {', '.join(LLAMA4_TYPES)})"
+            f"{where}: model_type {model_type!r} has no default vLLM architecture "
+            f"(known: {', '.join(DEFAULT_ARCHITECTURES)}); set \"architectures\""
         )
     text = text_config(config)
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
@@ -74,18 +86,6 @@ def chunked_local_layers(config: dict[str, Any]) -> list[int]:
         interval = int(text.get("no_rope_layer_interval", 4))
         no_rope = [int((i + 1) % interval != 0) for i in range(n)]
     return [i for i in range(n) if no_rope[i]]
-
-
-def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int | None = None) -> int:
-    """KV bytes one token occupies across all layers: layers x 2 x kv_heads x head_dim x dtype."""
-    text = text_config(config)
-    heads = int(text["num_attention_heads"])
-    kv_heads = int(text.get("num_key_value_heads") or heads)
-    head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
-    if dtype_bytes is None:
-        dtype = str(text.get("torch_dtype") or config.get("torch_dtype") or "bfloat16")
-        dtype_bytes = 4 if "32" in dtype else 2
-    return int(text["num_hidden_layers"]) * 2 * kv_heads * head_dim * dtype_bytes
 
 
 def geometry_key(config: dict[str, Any], weights: str, seed: int) -> str:
@@ -159,7 +159,7 @@ def build_model(
     seed: int = 0,
 ) -> Path:
     """Write (or reuse) the model directory for a geometry; returns its path."""
-    check_llama4_like(config, name)
+    check_buildable(config, name)
     cache = (cache_dir or default_cache_dir()) / "models"
     target = cache / f"{name}-{geometry_key(config, weights, seed)}"
     if (target / ".complete").is_file():

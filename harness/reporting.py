@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -174,3 +175,60 @@ class RoundtripProgress:
             f"loaded {_mb(d.loaded_bytes)}, gpu_hits {int(d.gpu_hits)}, ext_hits "
             f"{int(d.ext_hits)}/{int(d.ext_queries)} ({phase.seconds:.1f}s)",
             highlight=False, markup=False)
+
+
+MATRIX_STYLE = {"started": "green", "crashed": "red", "unsupported": "yellow",
+                "timeout": "yellow", "error": "magenta"}
+
+
+class MatrixProgress:
+    """One line per cell and per phase: cells take a minute or two each."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._rt = RoundtripProgress(console)
+
+    def cell_started(self, cell: Any, index: int, total: int) -> None:
+        self.console.print(f"[{index}/{total}] {cell.key} (vLLM {cell.vllm_version}): expect "
+                           f"{cell.expected_text()}", highlight=False, markup=False)
+
+    def cell_finished(self, cell: Any, index: int, total: int) -> None:
+        mark = "[green]ok[/]" if cell.matched else "[red]UNEXPECTED[/]"
+        self.console.print(f"{mark} {escape(cell.key)}: {escape(cell.observed_text())} "
+                           f"({cell.seconds:.0f}s)", highlight=False)
+
+    def status(self, message: str) -> None:
+        self._rt.status(message)
+
+    def request_done(self, completion: Any) -> None:
+        pass  # a matrix is many round trips: phases are enough
+
+    def phase_done(self, phase: Any) -> None:
+        self._rt.phase_done(phase)
+
+
+def matrix_table(cells: Sequence[Any]) -> Table:
+    """The matrix, cells that differ from their expectation first."""
+    table = Table(title="KV-cache spec family matrix", header_style="bold", show_lines=True)
+    for col in ("family", "model", "variant", "vLLM", "engine KV specs", "startup",
+                "round trip", "expected", "match"):
+        table.add_column(col, overflow="fold")
+    for c in cells:
+        start = Text(c.startup or "-", style=MATRIX_STYLE.get(c.startup, "white"))
+        if c.signature:
+            start.append(f"\n{c.signature}")
+        if c.startup == "unsupported" and c.message:
+            start.append(f"\n{c.message[:160]}")
+        if c.roundtrip == "pass":
+            rt = Text("pass", style="green")
+        elif c.roundtrip == "fail":
+            rt = Text("FAIL: " + ", ".join(c.failed_checks), style="bold red")
+        elif c.roundtrip == "error":
+            rt = Text(f"error: {c.why}", style="magenta")
+        else:
+            rt = Text("-")
+        match = (Text("yes", style="green") if c.matched else
+                 Text(f"NO: {c.why}", style="bold red"))
+        table.add_row(c.family, c.geometry, c.variant, c.vllm_version, c.specs, start, rt,
+                      c.expected_text(), match)
+    return table

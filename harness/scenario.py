@@ -196,6 +196,66 @@ class RoundtripScenario(FileScenario):
         return value
 
 
+Family = Literal["full-attention", "sliding-window", "chunked-local", "mamba-hybrid", "mla"]
+StartupOutcome = Literal["started", "crashed", "unsupported", "timeout", "error"]
+RoundtripOutcome = Literal["pass", "fail", "skip"]
+
+
+class MatrixEntry(StrictModel):
+    """One model geometry standing for a KV-cache spec family, with its own workload."""
+
+    family: Family
+    geometry: str
+    about: str = ""
+    # Replace the base scenario's server.extra_args (pool size, block size, ...).
+    server_args: list[str] | None = None
+    max_model_len: int | None = Field(None, gt=0)
+    target_tokens: list[int] | None = None
+    filler_tokens: int | None = Field(None, gt=0)
+    filler_margin: float | None = Field(None, ge=0.0, le=2.0)
+    offload_block_size: int | None = Field(None, gt=0)
+
+
+class CellExpectation(StrictModel):
+    """A rule for matrix cells; the first rule whose given fields all match wins.
+
+    ``startup`` is the verdict at launch: ``crashed`` means a crash in offloading code
+    (a bug the connector causes), ``unsupported`` a crash elsewhere (the build cannot
+    run the family at all; ``error`` must then occur in the crash's message). When the
+    server starts, ``roundtrip`` says whether every check must pass, or which checks
+    are known to fail (``failing_checks``, all others must pass).
+    """
+
+    family: Family | None = None
+    geometry: str | None = Field(None, description="geometry file stem, e.g. gemma3-interleaved")
+    variant: str | None = None
+    vllm: str | None = Field(None, description="PEP 440 specifier on the variant's vLLM version")
+    startup: StartupOutcome = "started"
+    known: int | None = Field(None, description="upstream issue the crash must be matched to")
+    error: str | None = Field(None, description="text the crash message must contain")
+    roundtrip: RoundtripOutcome = "pass"
+    failing_checks: list[str] = Field(default_factory=list)
+    issue: int | None = Field(None, description="upstream issue behind a known failure")
+    why: str = ""
+
+    _specifier = field_validator("vllm")(Expectation._specifier.__func__)  # type: ignore[attr-defined]
+
+
+class MatrixScenario(FileScenario):
+    name: str
+    description: str = ""
+    # The round trip every cell runs (server, offload, workload); entries override parts.
+    roundtrip: str = "roundtrip-cpu.toml"
+    variants: list[str] = Field(default_factory=lambda: ["stock", "current"], min_length=1)
+    entries: list[MatrixEntry] = Field(min_length=1)
+    expectations: list[CellExpectation] = Field(min_length=1)
+    known_crashes: list[KnownCrash] = Field(default_factory=list)
+
+
+def load_matrix(path: Path) -> MatrixScenario:
+    return _load(path, MatrixScenario)
+
+
 def load_roundtrip(path: Path) -> RoundtripScenario:
     return _load(path, RoundtripScenario)
 

@@ -102,5 +102,7 @@ def server_plan(
             penv.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(
                 str(i) for i in range(tensor_parallel)))
     penv["OFFLOAD_CHECK_PATCH"] = patch or "none"
+    # Report the KV-cache groups the engine built (harness.engine.specs); print-only.
+    penv["OFFLOAD_CHECK_REPORT_SPECS"] = "1"
     penv.update(server.env)
     return ServerPlan(env.python, model_path, served_model_name, args, penv)

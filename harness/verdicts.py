@@ -195,14 +195,18 @@ def expectation_for(ctx: RowContext, rules: Sequence[Expectation]) -> Expectatio
             continue
         if rule.chunked_local is not None and rule.chunked_local != ctx.chunked_local:
             continue
-        if rule.vllm is not None:
-            try:
-                if Version(ctx.vllm_version) not in SpecifierSet(rule.vllm, prereleases=True):
-                    continue
-            except InvalidVersion:
-                continue
+        if rule.vllm is not None and not version_matches(ctx.vllm_version, rule.vllm):
+            continue
         return rule
     return None
+
+
+def version_matches(version: str, specifier: str) -> bool:
+    """Whether a vLLM version satisfies a PEP 440 specifier (dev builds included)."""
+    try:
+        return Version(version) in SpecifierSet(specifier, prereleases=True)
+    except InvalidVersion:
+        return False
 
 
 def judge(

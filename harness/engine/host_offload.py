@@ -24,6 +24,8 @@ API server, EngineCore and worker processes.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -75,6 +77,8 @@ honestly report) only the first KV-cache group's bytes, the shape of a connector
 forgets a group (hybrid models), which the byte checks must catch."""
 
 _CORRUPT_XOR_MASK = 0x01
+# OFFLOAD_CHECK_TRACE=1: print every transfer job (group, blocks, bytes) to the server log.
+_TRACE = os.environ.get("OFFLOAD_CHECK_TRACE") == "1"
 
 
 def parse_fault_mode(value: Any) -> str:
@@ -327,6 +331,15 @@ class HostOffloadingWorker(OffloadingWorker):
                         data = torch.bitwise_xor(data, _CORRUPT_XOR_MASK)
                     engine[group.engine_block_ids, :page] = data
 
+        if _TRACE:
+            # One line per job: which blocks of which group moved, for diagnosing a byte
+            # check (harness greps nothing here; it is for people reading server.log).
+            groups = " ".join(f"g{g.group_idx}:{len(g.engine_block_ids)}@"
+                              f"{int(g.host_subs[0]) if len(g.host_subs) else 0}"
+                              for g in plan)
+            print(f"offload-check transfer: job={job_id} {'store' if to_host else 'load'} "
+                  f"bytes={num_bytes} {groups} block_indices="
+                  f"{list(engine_spec.block_indices)}", file=sys.stderr, flush=True)
         self._finished.append(
             TransferResult(
                 job_id=job_id,

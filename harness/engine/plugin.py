@@ -2,7 +2,9 @@
 
 vLLM loads this in every process it starts (API server, EngineCore, workers), which
 is the only place a patch can reach all of them. Without ``OFFLOAD_CHECK_PATCH`` it
-does nothing, so having the harness installed never changes a user's vLLM.
+does nothing, so having the harness installed never changes a user's vLLM. With
+``OFFLOAD_CHECK_REPORT_SPECS=1`` it also reports the KV-cache groups the engine built
+(``harness.engine.specs``), which only prints and changes no behaviour.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ logger = logging.getLogger("vllm.offload_check.plugin")
 
 
 def register() -> None:
+    if os.environ.get("OFFLOAD_CHECK_REPORT_SPECS") == "1":
+        from harness.engine.specs import install
+
+        install()
     patch = os.environ.get(ENV_PATCH, "").strip()
     if not patch or patch == "none":
         return

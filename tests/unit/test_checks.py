@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from harness import checks as ck
+from harness.kv_layout import KindLayout
 from harness.workload import Completion, first_divergence
+
+
+def exp_for(lengths, kinds, *, g=16, c=256, b=128, state=0):
+    return ck.expected_for(prompt_lengths=lengths, max_tokens=g, tokens_per_chunk=c,
+                           layout=[KindLayout(*k) for k in kinds], kv_block_size=b,
+                           mamba_state_bytes=state)
 
 
 def scout() -> ck.Expected:
     # 48 layers: 12 full (NoPE) + 36 chunked; 4096 B per layer per token; chunk 8192.
-    return ck.expected_for(prompt_lengths={"t": 1262}, max_tokens=2, tokens_per_chunk=16,
-                           attention_chunk_size=8192, full_bpt=12 * 4096,
-                           chunked_bpt=36 * 4096)
+    return exp_for({"t": 1262}, [("full", 12, 12 * 4096), ("chunked-local", 36, 36 * 4096,
+                                                            8192)], g=2, c=16, b=16)
 
 
 def test_pr_51161_arithmetic():
@@ -22,9 +28,7 @@ def test_pr_51161_arithmetic():
 
 
 def test_chunked_layers_need_only_the_current_attention_chunk():
-    exp = ck.expected_for(prompt_lengths={"a": 700, "b": 1000}, max_tokens=16,
-                          tokens_per_chunk=256, attention_chunk_size=512, full_bpt=256,
-                          chunked_bpt=768)
+    exp = exp_for({"a": 700, "b": 1000}, [("full", 1, 256), ("chunked-local", 3, 768, 512)])
     a, b = exp.targets
     assert (a.stored_tokens, a.hit_tokens, a.chunked_needed_tokens) == (512, 512, 0)
     assert (b.stored_tokens, b.hit_tokens, b.chunked_needed_tokens) == (768, 768, 256)
@@ -32,9 +36,43 @@ def test_chunked_layers_need_only_the_current_attention_chunk():
 
 
 def test_without_chunked_layers_everything_loads():
-    exp = ck.expected_for(prompt_lengths={"a": 700}, max_tokens=16, tokens_per_chunk=256,
-                          attention_chunk_size=None, full_bpt=1024, chunked_bpt=0)
+    exp = exp_for({"a": 700}, [("full", 4, 1024)])
     assert exp.loaded_bytes == exp.stored_bytes == 512 * 1024
+
+
+# Sliding window, Mamba and MLA: the figures derived in docs/offload-rules.md.
+def test_sliding_window_loads_only_what_the_window_reaches():
+    gemma = exp_for({"a": 700, "b": 1000}, [("sliding-window", 3, 768, 512), ("full", 1, 256)])
+    a, b = gemma.targets
+    assert (a.stored_bytes, a.hit_tokens, a.loaded_bytes) == (524_288, 512, 524_288)
+    # Measured on 0.32.0 (OFFLOAD_CHECK_TRACE): for 1000 tokens the window has left
+    # blocks 0-1 behind at the chunk boundary 768 before the store, so the sliding-window
+    # layers store chunks 1-2 only; the full layer stores all three.
+    assert b.stored_by_kind == {"sliding-window": 512, "full": 768}
+    assert (b.stored_bytes, b.hit_tokens, b.loaded_bytes) == (589_824, 768, 589_824)
+    assert gemma.stored_bytes == 1_114_112
+    narrow = exp_for({"a": 700, "b": 1000}, [("sliding-window", 3, 768, 384), ("full", 1, 256)])
+    assert [t.loaded_bytes for t in narrow.targets] == [425_984, 491_520]
+    pure = exp_for({"a": 700, "b": 1000}, [("sliding-window", 4, 1024, 512)])
+    assert [t.loaded_bytes for t in pure.targets] == [524_288, 524_288]
+
+
+def test_mamba_hits_only_on_a_chunk_aligned_state_checkpoint():
+    kinds = [("mamba", 2, 0), ("full", 2, 512)]
+    none = exp_for({"a": 700, "b": 1000}, kinds, state=19_840)
+    assert none.hit_tokens == 0 and none.loaded_bytes == 0  # checkpoints 640 and 896
+    assert none.stored_bytes == (512 + 768) * 512  # attention stores, Mamba does not
+    some = exp_for({"a": 600, "b": 800}, kinds, state=19_840)
+    a, b = some.targets
+    assert (a.hit_tokens, a.mamba_states_stored) == (512, 1)
+    assert a.loaded_bytes == 512 * 512 + 19_840 and a.stored_bytes == 512 * 512 + 19_840
+    assert (b.hit_tokens, b.loaded_bytes) == (768, 768 * 512 + 19_840)
+    assert ck.check_loaded(none, 0).detail.startswith("nothing")
+
+
+def test_mla_is_full_attention_at_its_latent_size():
+    exp = exp_for({"a": 700, "b": 1000}, [("mla", 4, 640)], b=16)
+    assert exp.stored_bytes == 327_680 + 491_520 == exp.loaded_bytes
 
 
 def test_checks_pass_on_exact_figures_and_fail_otherwise():

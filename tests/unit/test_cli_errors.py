@@ -63,11 +63,14 @@ def test_unknown_variant():
                           "unknown variant 'nightly'")
 
 
-def test_not_llama4_config(tmp_path):
-    cfg = tmp_path / "llama3.json"
-    cfg.write_text('{"model_type": "llama", "hidden_size": 64}')
+def test_unbuildable_config(tmp_path):
+    cfg = tmp_path / "gpt2.json"
+    cfg.write_text('{"model_type": "gpt2", "hidden_size": 64}')
     assert_one_line_error(run("crash-repro", "--config", str(cfg), "--variant", "current",
-                              "--dry-run"), "not Llama 4-like")
+                              "--dry-run"), "has no default vLLM architecture")
+    cfg.write_text('{"model_type": "llama", "hidden_size": 64}')
+    assert_one_line_error(run("roundtrip", "--config", str(cfg), "--dry-run"),
+                          "num_hidden_layers must be a positive integer")
 
 
 def test_busy_port():
@@ -83,10 +86,38 @@ def test_unknown_patch():
     assert_one_line_error(run("crash-repro", "--patch", "yolo", "--dry-run"), "unknown patch")
 
 
-def test_validate_shipped_scenario():
-    proc = run("validate", "scenarios/crash-repro.toml")
+def test_validate_every_shipped_scenario():
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "scenarios").glob("*.toml"))
+    proc = run("validate", *files)
     assert proc.returncode == 0, proc.stderr
-    assert "ok" in proc.stdout
+    assert proc.stdout.count(": ok (") == len(files)
+    assert "matrix: 12 cells over 5 families, all planned" in proc.stdout
+
+
+def test_matrix_bad_input(tmp_path):
+    assert_one_line_error(run("matrix", "--family", "transformer", "--dry-run"),
+                          "unknown family 'transformer'")
+    assert_one_line_error(run("matrix", "--geometry", "gpt2", "--dry-run"),
+                          "unknown geometry 'gpt2'")
+    text = (ROOT / "scenarios" / "matrix.toml").read_text()
+    path = scenario_copy(tmp_path, text.replace('family = "mla"\ngeometry',
+                                                'family = "mla"\nwindow = 3\ngeometry'))
+    (tmp_path / "roundtrip-cpu.toml").write_text(
+        (ROOT / "scenarios" / "roundtrip-cpu.toml").read_text())
+    assert_one_line_error(run("matrix", "--scenario", str(path), "--dry-run"),
+                          "entries.5.window")
+    bad = text.replace("target_tokens = [600, 700]", "target_tokens = [600, 4000]")
+    path.write_text(bad)
+    assert_one_line_error(run("matrix", "--scenario", str(path), "--dry-run"),
+                          "exceeds max_model_len")
+
+
+def test_matrix_dry_run_lists_cells_with_expectations():
+    proc = run("matrix", "--family", "chunked-local", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "chunked-local / llama4-roundtrip / stock (vLLM 0.27.1): expect crashed #51150" \
+        in proc.stdout
+    assert "2 cells" in proc.stdout
 
 
 @pytest.mark.parametrize("variant", ["stock", "current"])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import models
+from harness import kv_layout, models
 from harness.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,16 +27,21 @@ def test_kv_bytes_per_token_matches_the_prs_scout_arithmetic():
     scout = {"model_type": "llama4_text", "num_hidden_layers": 48, "num_attention_heads": 40,
              "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 5120,
              "vocab_size": 202048, "torch_dtype": "bfloat16"}
-    assert models.kv_bytes_per_token(scout) == 196_608
-    assert models.kv_bytes_per_token(scout) * 1248 == 245_366_784
-    assert models.kv_bytes_per_token(geometry("llama4-small-chunk")) == 1024
+    assert bytes_per_token(scout) == 196_608
+    assert bytes_per_token(scout) * 1248 == 245_366_784
+    assert bytes_per_token(geometry("llama4-small-chunk")) == 1024
 
 
-def test_not_llama4_is_refused():
-    with pytest.raises(BadInput, match="not Llama 4-like"):
-        models.check_llama4_like({"model_type": "llama", "hidden_size": 8}, "cfg")
+def bytes_per_token(config: dict) -> int:
+    return sum(k.bytes_per_token for k in kv_layout.predict(config))
+
+
+def test_unbuildable_configs_are_refused():
+    with pytest.raises(BadInput, match="no default vLLM architecture"):
+        models.check_buildable({"model_type": "gpt2", "hidden_size": 8}, "cfg")
     with pytest.raises(BadInput, match="hidden_size"):
-        models.check_llama4_like({"model_type": "llama4_text"}, "cfg")
+        models.check_buildable({"model_type": "llama4_text"}, "cfg")
+    models.check_buildable(geometry("llama4-small-chunk"), "cfg")
 
 
 def test_build_is_deterministic_and_cached(tmp_path):

