@@ -209,8 +209,15 @@ def check_stored(exp: Expected, cold_stored: float) -> CheckResult:
         "the first pass must offload every full chunk of every layer, at the config's "
         "KV bytes per token",
         "" if ok else ("nothing was stored" if cold_stored == 0 else
-                       f"measured {per_token:,.1f} B/token vs config {exp.kv_bytes_per_token}"),
+                       _byte_diff(exp, int(cold_stored) - exp.stored_bytes)),
     )
+
+
+def _byte_diff(exp: Expected, diff: int) -> str:
+    """A byte difference, and what it is worth in tokens of each layer kind."""
+    worth = [f"{diff // k.bytes_per_token:+,} tokens of the {k.kind} layers"
+             for k in exp.layout if k.bytes_per_token and diff % k.bytes_per_token == 0]
+    return f"off by {diff:+,} B" + (f" (= {' or '.join(worth)})" if worth else "")
 
 
 def check_filler_loaded_nothing(filler_loaded: float) -> CheckResult:

@@ -450,15 +450,22 @@ def _run_matrix(plan: object, results_dir: Path) -> int:
     run_dir.update_meta(base_scenario=str(plan.base.source),
                         cells=[c.key for c in plan.cells])
     done: list[mx.Cell] = []
+    writers: dict[str, RoundtripWriter] = {}
 
     def writer(cell: mx.Cell, cell_dir: Path) -> RoundtripWriter:
         assert cell.plan is not None
         sub = RunDirectory(cell_dir, "roundtrip")
         sub.update_meta(cell=cell.key, plan=cell.plan.describe())
-        return RoundtripWriter(sub, cell.plan, chart=False)
+        writers[cell.key] = RoundtripWriter(sub, cell.plan, chart=False)
+        return writers[cell.key]
 
     def on_cell(cell: mx.Cell) -> None:
         done.append(cell)
+        if cell.key in writers:
+            # The cell's own run.json ends like a roundtrip run's, with the cell's verdict.
+            writers[cell.key].run_dir.finish(
+                "finished", int(ExitCode.OK if cell.matched else ExitCode.MISMATCH),
+                passed=cell.roundtrip == "pass", cell_verdict=cell.record())
         cells = mx.ordered(done)
         records = [c.record() for c in cells]
         run_dir.write_csv("matrix.csv", records, list(records[0]))

@@ -167,6 +167,8 @@ def cell_scenario(base: RoundtripScenario, entry: MatrixEntry, geometry: Path,
         data["workload"]["filler_margin"] = entry.filler_margin
     if entry.offload_block_size is not None:
         data["offload"]["block_size"] = entry.offload_block_size
+    if entry.offload_cpu_bytes is not None:
+        data["offload"]["cpu_bytes_to_use"] = entry.offload_cpu_bytes
     scn = RoundtripScenario.model_validate(data)
     scn.source = base.source
     return scn
@@ -283,8 +285,11 @@ def run_cell(cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: Reporter,
         lines = err.log_path.read_text(errors="replace").splitlines()
         cell.startup_seconds = round(err.seconds, 2)
         _classify_crash(cell, lines, err, scn)
-    except BadInput:
-        raise
+    except BadInput as err:
+        # Found only once the server runs (e.g. a filler sized from the live pool that the
+        # CPU tier cannot hold): this cell's plan is impossible, the others may be fine.
+        cell.startup = "started" if log.is_file() else "error"
+        cell.roundtrip, cell.why = "error", f"impossible plan: {err}"
     except HarnessError as err:
         # Started, then the run broke (server died mid-phase, no answer): not a verdict.
         cell.startup = cell.startup or "started"

@@ -223,6 +223,9 @@ def matrix_table(cells: Sequence[Any]) -> Table:
             rt = Text("pass", style="green")
         elif c.roundtrip == "fail":
             rt = Text("FAIL: " + ", ".join(c.failed_checks), style="bold red")
+            first = next((k for k in c.checks if not k.passed), None)
+            if first is not None:
+                rt.append(f"\n{first.observed}"[:200])
         elif c.roundtrip == "error":
             rt = Text(f"error: {c.why}", style="magenta")
         else:

@@ -214,6 +214,7 @@ class MatrixEntry(StrictModel):
     filler_tokens: int | None = Field(None, gt=0)
     filler_margin: float | None = Field(None, ge=0.0, le=2.0)
     offload_block_size: int | None = Field(None, gt=0)
+    offload_cpu_bytes: int | None = Field(None, gt=0, description="offload.cpu_bytes_to_use")
 
 
 class CellExpectation(StrictModel):

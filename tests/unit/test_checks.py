@@ -51,6 +51,9 @@ def test_sliding_window_loads_only_what_the_window_reaches():
     assert b.stored_by_kind == {"sliding-window": 512, "full": 768}
     assert (b.stored_bytes, b.hit_tokens, b.loaded_bytes) == (589_824, 768, 589_824)
     assert gemma.stored_bytes == 1_114_112
+    # 0.27.1 stores chunk 0 as well: said in tokens of the kind that stored it.
+    extra = ck.check_stored(gemma, 1_114_112 + 256 * 768)
+    assert not extra.passed and "+256 tokens of the sliding-window layers" in extra.detail
     narrow = exp_for({"a": 700, "b": 1000}, [("sliding-window", 3, 768, 384), ("full", 1, 256)])
     assert [t.loaded_bytes for t in narrow.targets] == [425_984, 491_520]
     pure = exp_for({"a": 700, "b": 1000}, [("sliding-window", 4, 1024, 512)])
@@ -79,7 +82,7 @@ def test_checks_pass_on_exact_figures_and_fail_otherwise():
     exp = scout()
     assert ck.check_stored(exp, 245_366_784).passed
     assert not ck.check_stored(exp, 0).passed
-    assert "B/token" in ck.check_stored(exp, 245_366_784 - 196_608).detail
+    assert "off by -196,608 B" in ck.check_stored(exp, 245_366_784 - 196_608).detail
     assert ck.check_loaded(exp, 245_366_784).passed
     failed = ck.check_loaded(exp, 245_366_784 - 4096)
     assert not failed.passed and "-4,096" in failed.detail

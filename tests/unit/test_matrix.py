@@ -177,3 +177,33 @@ def test_mismatches_are_listed_first():
     a.matched, b.matched, c.matched = True, False, True
     a.geometry, b.geometry, c.geometry = "a", "b", "c"
     assert [x.geometry for x in ordered([a, b, c])] == ["b", "a", "c"]
+
+
+FIXTURE = ROOT / "tests" / "fixtures" / "matrix" / "20261130-102144-matrix-e4a2"
+
+
+def test_report_and_compare_read_a_real_matrix_run(tmp_path):
+    """A full `offload-check matrix` run's files (12 cells, two of them not as expected
+    under the scenario of the time): re-rendered, and compared with a changed copy."""
+    import shutil
+    import subprocess
+
+    import pandas as pd
+
+    from tests.conftest import CLI
+
+    proc = subprocess.run([*CLI, "report", str(FIXTURE)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "MLAAttentionSpec x4" in proc.stdout and "engine-survived" in proc.stdout
+
+    later = tmp_path / "later"
+    shutil.copytree(FIXTURE, later)
+    df = pd.read_csv(later / "matrix.csv", keep_default_na=False)
+    df.loc[(df.geometry == "granite-hybrid-mamba") & (df.variant == "current"),
+           ["roundtrip", "failed_checks"]] = ["pass", ""]
+    df.to_csv(later / "matrix.csv", index=False)
+    proc = subprocess.run([*CLI, "compare", str(FIXTURE), str(later)], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert "fail -> pass" in proc.stdout and "engine-survived -> " in proc.stdout
+    assert "1 row(s) changed" in proc.stdout, proc.stdout
