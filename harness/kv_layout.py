@@ -144,15 +144,19 @@ def parse_report(lines: list[str]) -> list[dict[str, Any]] | None:
     return None
 
 
-def from_engine(groups: list[dict[str, Any]]) -> list[KindLayout]:
-    """Aggregate the engine's groups per kind, in the same shape as ``predict``."""
+def from_engine(groups: list[dict[str, Any]], ranks: int = 1) -> list[KindLayout]:
+    """Aggregate the engine's groups per kind, in the same shape as ``predict``.
+
+    The engine reports one rank's pages (its share of the KV heads); the plan, like the
+    byte counters, is summed over the ``ranks`` of tensor parallelism.
+    """
     acc: dict[str, KindLayout] = {}
     for g in groups:
         kind = spec_kind(g)
         layers = int(g.get("layers") or 0)
         block = int(g.get("block_size") or 0)
         page = int(g.get("page_size_bytes") or 0)
-        bpt = 0 if kind == "mamba" or not block else page // block * layers
+        bpt = 0 if kind == "mamba" or not block else page // block * layers * ranks
         window = g.get("sliding_window") or g.get("attention_chunk_size")
         cur = acc.setdefault(kind, KindLayout(kind, 0, 0, window))
         cur.layers += layers

@@ -413,8 +413,8 @@ def _read_engine_layout(plan: RoundtripPlan, result: RoundtripResult, log: Path)
     result.engine_groups = groups
     if not groups:
         return
-    states = [g["state_bytes"] * int(g.get("layers") or 0) for g in groups
-              if kv_layout.spec_kind(g) == "mamba" and g.get("state_bytes")]
+    states = [g["state_bytes"] * int(g.get("layers") or 0) * plan.tensor_parallel
+              for g in groups if kv_layout.spec_kind(g) == "mamba" and g.get("state_bytes")]
     if states and sum(states) != plan.expected.mamba_state_bytes:
         plan.notes.append(f"Mamba state: the engine keeps {sum(states):,} B over all layers "
                           f"(the config at its dtype gives {plan.expected.mamba_state_bytes:,})")
@@ -534,7 +534,8 @@ def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[ck.CheckResul
         "GPUs; only replay vs warm must be identical")
     info.informational = True
     result.info_checks = [info]
-    layout = ([ck.check_layout(exp.layout, kv_layout.from_engine(result.engine_groups))]
+    layout = ([ck.check_layout(exp.layout, kv_layout.from_engine(result.engine_groups,
+                                                                 plan.tensor_parallel))]
               if result.engine_groups and exp.exact_load else [])
     return [
         *layout,

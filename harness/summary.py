@@ -197,6 +197,35 @@ def _crash_repro(run_dir: Path, run: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+MATRIX_COLUMNS = ["family", "model", "variant", "vLLM", "engine KV specs", "startup",
+                  "round trip", "expected", "match"]
+
+
+def _matrix(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    frame, problem = _read_csv(run_dir / "matrix.csv")
+    passed = None
+    if frame is not None and len(frame) and "matched" in frame.columns:
+        passed = all(_truthy(v) for v in frame["matched"])
+    extra = f"{run.get('cells_matched', '?')}/{len(run.get('cells') or [])} cells as expected"
+    lines = _headline(run_dir, run, _verdict(run, passed), extra)
+    if problem:
+        return [*lines, problem, ""]
+    assert frame is not None
+    rows = []
+    for _, row in frame.iterrows():  # matrix.csv lists mismatches first
+        start = _col(row, "startup") + (f": {_col(row, 'signature')}"
+                                         if _col(row, "signature") else "")
+        rt = _col(row, "roundtrip")
+        if rt == "fail":
+            rt = "FAIL " + _col(row, "failed_checks")
+        matched = _truthy(_col(row, "matched"))
+        rows.append([_col(row, "family"), _col(row, "geometry"), _col(row, "variant"),
+                     _col(row, "vllm_version"), _col(row, "spec_classes"), start, rt,
+                     _col(row, "expected"),
+                     "yes" if matched else f"**NO**: {_col(row, 'why')}"])
+    return [*lines, *_table(MATRIX_COLUMNS, rows), ""]
+
+
 def is_informational(row: pd.Series) -> bool:
     """A ``checks.csv`` row that is reported but never fails the run."""
     flag = _truthy(_col(row, "informational"))
@@ -277,7 +306,8 @@ def _section(run_dir: Path) -> list[str]:
     if problem:
         return [f"## `{run_dir.name}`: **UNREADABLE**", "", f"_{problem}_", ""]
     assert run is not None
-    render_one = {"crash-repro": _crash_repro, "roundtrip": _roundtrip}.get(
+    render_one = {"crash-repro": _crash_repro, "roundtrip": _roundtrip,
+                  "matrix": _matrix}.get(
         str(run.get("command")), _other)
     try:
         return render_one(run_dir, run)

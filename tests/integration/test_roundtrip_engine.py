@@ -69,7 +69,10 @@ def test_clean_run_results_files(clean_run):
     assert [r["phase"] for r in requests].count("replay") == 2
     assert all(r["token_ids"] for r in requests if r["phase"] != "filler")
     cases = ET.parse(run / "junit.xml").getroot().findall(".//testcase")
-    assert len(cases) == 7 and not ET.parse(run / "junit.xml").getroot().findall(".//failure")
+    # kv-layout, the six round-trip checks, and the baseline comparison.
+    assert cases[0].get("name") == "kv-layout" and len(cases) == 8
+    assert not ET.parse(run / "junit.xml").getroot().findall(".//failure")
+    assert meta["engine_kv_groups"][0]["spec"] == "ChunkedLocalAttentionSpec"
     assert "PASS" in (run / "report.md").read_text().splitlines()[0]
     assert "all checks passed" in out
 

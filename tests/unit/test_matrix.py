@@ -207,3 +207,21 @@ def test_report_and_compare_read_a_real_matrix_run(tmp_path):
                           text=True, timeout=120, cwd=ROOT)
     assert "fail -> pass" in proc.stdout and "engine-survived -> " in proc.stdout
     assert "1 row(s) changed" in proc.stdout, proc.stdout
+
+
+def test_step_summary_renders_a_matrix_run():
+    from harness import summary
+
+    text = summary.render([FIXTURE])
+    assert "## matrix `20261130-102144-matrix-e4a2`: **FAIL (exit 1)**" in text
+    assert "10/12 cells as expected" in text
+    assert text.count("**NO**") == 2 and "MLAAttentionSpec x4" in text
+
+
+def test_engine_pages_are_one_rank_and_the_plan_is_all_ranks():
+    # At TP 2 each rank holds one of the two KV heads: half the page, twice the ranks.
+    half = [dict(g, page_size_bytes=g["page_size_bytes"] // 2) for g in GEMMA_REPORT]
+    assert check_layout(kv_layout.predict(geometry("gemma3-interleaved")),
+                        kv_layout.from_engine(half, ranks=2)).passed
+    assert not check_layout(kv_layout.predict(geometry("gemma3-interleaved")),
+                            kv_layout.from_engine(half)).passed
