@@ -17,6 +17,7 @@ a row that matches, and a new one is a row that does not.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -263,8 +264,12 @@ def judge_cell(cell: Cell) -> None:
         f"failing checks {sorted(got)} differ from the expected {sorted(want)}")
 
 
+# Given a cell and its directory, the callback that persists its round trip's files.
+RecordFactory = Callable[["Cell", Path], Callable[[RoundtripResult], None]]
+
+
 def run_cell(cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: Reporter,
-             on_record: Any) -> None:
+             on_record: RecordFactory) -> None:
     """Launch, round-trip, classify; never raises for what the engine does."""
     assert cell.plan is not None
     t0 = time.monotonic()
@@ -304,8 +309,8 @@ def run_cell(cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: Reporter,
     judge_cell(cell)
 
 
-def execute_matrix(plan: MatrixPlan, out_dir: Path, reporter: Reporter, on_record: Any,
-                   on_cell: Any) -> None:
+def execute_matrix(plan: MatrixPlan, out_dir: Path, reporter: Reporter,
+                   on_record: RecordFactory, on_cell: Callable[[Cell], None]) -> None:
     """Run every cell in order, one server at a time; ``on_cell`` persists each verdict."""
     total = len(plan.cells)
     for i, cell in enumerate(plan.cells, 1):
