@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness import models as model_builder
+from harness.engine.specs import LOG_PREFIX as REPORT_PREFIX
 
 # Offloading-relevant kinds, in the order the scheduler's classifier tests them.
 KINDS = ("sliding-window", "chunked-local", "mamba", "mla", "full")
@@ -26,7 +27,6 @@ SPEC_KINDS = {  # spec class (or a base of it) -> kind; the first match in the M
     "MLAAttentionSpec": "mla",
     "FullAttentionSpec": "full",
 }
-REPORT_PREFIX = "offload-check kv-groups:"  # = harness.engine.specs.LOG_PREFIX
 
 
 @dataclass

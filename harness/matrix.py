@@ -42,7 +42,7 @@ from harness.scenario import (
     load_roundtrip,
     load_variants,
 )
-from harness.verdicts import crash_signature, parse_tracebacks, version_matches
+from harness.verdicts import crash_signature, version_matches
 
 # A root-cause traceback through any of these is a crash in offloading code.
 OFFLOAD_PATHS = ("kv_connector", "kv_offload", "kv_transfer", "harness/engine/")
@@ -224,9 +224,7 @@ def _classify_crash(cell: Cell, lines: list[str], err: StartupFailure,
         cell.signature = f"no /health after {err.seconds:.0f}s"
         return
     sig = crash_signature(lines, err.returncode, scn.known_crashes)
-    tracebacks = parse_tracebacks(lines)
-    paths = [f.path for f in tracebacks[0].frames] if tracebacks else []
-    in_offload = any(any(p in path for p in OFFLOAD_PATHS) for path in paths)
+    in_offload = any(any(p in path for p in OFFLOAD_PATHS) for path in sig.paths)
     cell.startup = "crashed" if in_offload else "unsupported"
     cell.signature, cell.message, cell.known_issue = sig.summary(), sig.message, sig.known
 

@@ -128,6 +128,7 @@ class CrashSignature:
     frame: str  # "vllm/.../file.py:function", or "" when no vLLM frame was seen
     process: str
     known: int | None = None
+    paths: tuple[str, ...] = ()  # every frame's file in the root-cause traceback
 
     def summary(self) -> str:
         where = f" in {self.frame}" if self.frame else ""
@@ -164,7 +165,8 @@ def crash_signature(
     frame_txt = f"{frame.vllm_relpath}:{frame.func}" if frame else ""
     # A bare ``assert`` has no message; the asserting line is the best one there is.
     message = root.message or (root.frames[-1].source if root.frames else "")
-    sig = CrashSignature(root.exception, message[:300], frame_txt, root.process)
+    sig = CrashSignature(root.exception, message[:300], frame_txt, root.process,
+                         paths=tuple(f.path for f in root.frames))
     for kc in known:
         funcs = {f.func for f in root.frames}
         if root.exception == kc.exception and funcs.intersection(kc.functions):
