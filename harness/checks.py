@@ -308,3 +308,26 @@ def check_outputs(pairs: list[tuple[str, Any]], name: str, why: str) -> CheckRes
     return CheckResult(
         name, not bad, f"{len(pairs)} identical outputs (text, token ids, logprobs)",
         f"{len(pairs) - len(bad)} identical", why, detail)
+
+
+def check_outputs_within(closeness: list[tuple[str, Any]], name: str, why: str,
+                         tol: float) -> CheckResult:
+    """``closeness``: (request name, ``workload.Closeness``) for each target; passes when
+    no output differs beyond ``tol`` (near-tie token flips are reported, not failed)."""
+    bad = [(req, c) for req, c in closeness if c.divergence is not None]
+    detail = ""
+    if bad:
+        req, c = bad[0]
+        div = c.divergence
+        detail = (f"{req}: difference beyond {tol:g} in {div.field} at position "
+                  f"{div.position}: {div.left!r} vs {div.right!r}")
+    worst = max((c.max_delta for _, c in closeness), default=0.0)
+    ties = [f"{req} token {c.near_tie}" for req, c in closeness if c.near_tie is not None]
+    observed = (f"{len(closeness) - len(bad)} within tolerance; max |logprob delta| "
+                f"{worst:.2g}" if worst else f"{len(closeness) - len(bad)} identical")
+    if ties:
+        observed += f"; near-tie flips at {', '.join(ties)}"
+    return CheckResult(
+        name, not bad,
+        f"{len(closeness)} outputs with the same tokens and logprobs within {tol:g} "
+        "(a near-tie may flip a token)", observed, why, detail)

@@ -123,19 +123,38 @@ def crash_repro_cmd(
     raise typer.Exit(_run_crash_repro(plan, results_dir, port))
 
 
+def _print_host() -> None:
+    """The environment fixes every server gets on this host (dry-runs show them)."""
+    from harness.engine.amx import ENV_AMX, planned_state
+
+    state = planned_state()
+    why = {"requested": "AMX tile permission requested in every vLLM process (vLLM's CPU "
+                        f"attention needs it and never asks; {ENV_AMX}=off to reproduce that)",
+           "off": f"AMX present but {ENV_AMX}=off: vLLM's CPU attention may die by SIGILL",
+           "not-needed": "no AMX on this CPU: nothing to request"}[state]
+    console.print(f"  host: amx_permission={state} ({why}); servers run with "
+                  "PYTHONFAULTHANDLER=1", highlight=False)
+
+
 def _print_plan(plan: object) -> None:
     from harness.crash_repro import RunPlan, backends
+    from harness.verdicts import known_label
 
     assert isinstance(plan, RunPlan)
-    console.print(f"[bold]scenario[/] {plan.scenario.name}: {len(plan.rows)} launches, "
-                  "one at a time")
+    skipped = sum(1 for r in plan.rows if r.skip_reason)
+    console.print(f"[bold]scenario[/] {plan.scenario.name}: {len(plan.rows) - skipped} launches, "
+                  "one at a time" + (f" ({skipped} rows skipped on this host)" if skipped else ""))
+    _print_host()
     for n, env in plan.environments.items():
         console.print(f"  variant {n}: vLLM {env.vllm_version} ({env.vllm_dist}) on "
                       f"{env.device}, offload backend {backends(plan)[n]}, python {env.python}",
                       highlight=False)
     for row in plan.rows:
-        exp = row.expected + (f" (#{row.expected_known})" if row.expected_known else "")
+        exp = row.expected + (f" ({known_label(row.expected_known)})"
+                              if row.expected_known else "")
         console.print(f"[bold]{row.key}[/] expect {exp}", highlight=False)
+        if row.skip_reason:
+            console.print(f"  skipped on this host: {row.skip_reason}", highlight=False)
         env_txt = " ".join(f"{k}={v}" for k, v in sorted(row.plan.env.items()))
         console.print(f"  env: {env_txt}", highlight=False, markup=False)
         console.print("  argv: " + json.dumps(row.plan.argv()), highlight=False, markup=False)
@@ -168,6 +187,7 @@ def _guard() -> Iterator[_Outcome]:
 
 def _open_run(results_dir: Path, command: str, scenario: Any) -> Any:
     """The run's directory, with what every run records about itself written at once."""
+    from harness.doctor import host_record
     from harness.environments import git_revision, host_platform
     from harness.launcher import install_signal_handlers
     from harness.results import RunDirectory, new_run_dir
@@ -179,7 +199,7 @@ def _open_run(results_dir: Path, command: str, scenario: Any) -> Any:
         raise _fail(HarnessError(f"cannot create results directory: {err}")) from None
     run_dir.update_meta(scenario=scenario.model_dump(mode="json"),
                         scenario_file=str(scenario.source), platform=host_platform(),
-                        git_revision=git_revision(REPO_ROOT))
+                        host=host_record(), git_revision=git_revision(REPO_ROOT))
     return run_dir
 
 
@@ -200,8 +220,8 @@ def _run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
     )
     columns = ["model", "variant", "vllm_version", "patch", "patch_status", "connector",
                "chunked_local", "outcome", "seconds", "signature", "exception", "frame",
-               "message", "known_issue", "answered", "answer", "returncode", "expected",
-               "expected_known", "matched", "why", "log", "command"]
+               "message", "known_issue", "answered", "answer", "returncode", "kernels",
+               "expected", "expected_known", "matched", "why", "log", "command"]
 
     def write_rows() -> None:
         done = [r for r in plan.rows if r.outcome]
@@ -323,6 +343,7 @@ def _print_roundtrip_plan(plan: object) -> None:
     exp = plan.expected
     console.print(f"[bold]roundtrip plan[/] {plan.scenario.name}: model {plan.model_ref}, "
                   f"variant {plan.variant}, TP {plan.tensor_parallel}", highlight=False)
+    _print_host()
     kinds = ", ".join(f"{k.kind} x{k.layers} {k.bytes_per_token:,} B/token"
                       + (f" window {k.window}" if k.window else "") for k in exp.layout)
     console.print(f"  KV layout: {kinds or 'unknown'}; offload chunk {exp.tokens_per_chunk} "
@@ -689,6 +710,43 @@ def _validate(kind: str, path: Path) -> str:
     models = load_models(scen, None)
     return (f"{len(scen.variants)} variants, {len(models)} models, "
             f"{len(scen.expectations)} expectation rules")
+
+
+@app.command("doctor")
+def doctor_cmd(
+    variants_file: Annotated[Path | None, typer.Option(
+        help="variants to check (TOML)", show_default="scenarios/variants.toml")] = None,
+    variant: Annotated[list[str] | None, typer.Option(
+        "--variant", "-v", help="only these variants (repeatable); default: all")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the checks as JSON")] = False,
+) -> None:
+    """Preflight: Python, CPU and AMX, memory, disk, loopback, model cache, each variant's
+    vLLM and engine plugin, GPU. Run it first; exit 0 when nothing fails."""
+    from rich.text import Text
+
+    from harness import doctor
+
+    try:
+        checks = doctor.run_checks(variants_file or _default_scenario("variants.toml"),
+                                   variant or None)
+    except HarnessError as err:
+        raise _fail(err) from None
+    code = doctor.exit_code(checks)
+    if as_json:
+        typer.echo(json.dumps({"checks": [c.record() for c in checks], "exit_code": code},
+                              indent=2))
+        raise typer.Exit(code)
+    width = max(len(c.name) for c in checks)
+    styles = {"ok": "green", "warn": "yellow", "fail": "red"}
+    for c in checks:
+        line = Text(f"{c.status:<4}", style=styles[c.status])
+        line.append(f"  {c.name:<{width}}  {c.detail}")
+        if c.fix:
+            line.append(f"  fix: {c.fix}")
+        console.print(line, highlight=False)
+    counts = {s: sum(1 for c in checks if c.status == s) for s in styles}
+    console.print(", ".join(f"{n} {s}" for s, n in counts.items()), highlight=False)
+    raise typer.Exit(code)
 
 
 def main() -> None:

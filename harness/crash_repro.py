@@ -14,9 +14,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from harness import engine_log
 from harness import models as model_builder
+from harness.engine.amx import cpu_flags
 from harness.engine.patches import LOG_PREFIX as PATCH_LOG_PREFIX
-from harness.environments import Environment, probe, require_plugin
+from harness.environments import Environment, cpu_name, probe, require_plugin
 from harness.errors import BadInput, HarnessError
 from harness.launcher import VllmServer
 from harness.scenario import (
@@ -51,7 +53,7 @@ class Row:
     chunked_local: bool
     plan: ServerPlan
     expected: str = ""
-    expected_known: int | None = None
+    expected_known: int | str | None = None
     expected_why: str = ""
     # outcome
     outcome: str = ""
@@ -60,11 +62,14 @@ class Row:
     exception: str = ""
     frame: str = ""
     message: str = ""
-    known_issue: int | None = None
+    known_issue: int | str | None = None
     answered: bool | None = None
     answer: str = ""
     returncode: int | None = None
     patch_status: str = ""
+    kernels: str = ""  # attention backend / ISA the engine chose (harness.engine_log)
+    # Why the row is not launched on this host (a CPU feature it lacks); "" = launch it.
+    skip_reason: str = ""
     matched: bool | None = None
     why: str = ""
     log: str = ""
@@ -79,6 +84,7 @@ class Row:
         data = asdict(self)
         data.pop("plan")
         data.pop("verdict_at")
+        data.pop("skip_reason")
         data["connector"] = "on" if self.connector else "off"
         data["patch"] = self.patch or "none"
         data["command"] = self.plan.argv()
@@ -142,10 +148,15 @@ def plan_run(
     models = load_models(scenario, configs)
     modes = connector_modes or list(scenario.connector)
     plan = RunPlan(scenario, variants, environments, models)
+    flags = cpu_flags()
     for entry in models:
         for n, variant in variants.items():
             env = environments[n]
             effective = effective_patch(patch, variant.patch)
+            only = scenario.variant_models.get(n)
+            if only is not None and entry.name not in {Path(m).stem for m in only}:
+                continue
+            missing = [f for f in variant.requires_cpu if f not in flags]
             for mode in modes:
                 on = mode == "on"
                 row = Row(
@@ -155,11 +166,15 @@ def plan_run(
                     plan=server_plan(
                         env=env, model_path=f"<{entry.name}>", served_model_name=entry.name,
                         server=scenario.server, offload=scenario.offload if on else None,
-                        patch=effective,
+                        patch=effective, amx=variant.amx,
                     ),
                 )
+                if missing:
+                    row.skip_reason = (f"needs a CPU with {', '.join(missing)}; this host "
+                                       f"({cpu_name()}) has none")
                 rule = expectation_for(
-                    RowContext(n, env.vllm_version, effective or "none", on, row.chunked_local),
+                    RowContext(n, env.vllm_version, effective or "none", on, row.chunked_local,
+                               entry.name),
                     scenario.expectations,
                 )
                 if rule is None:
@@ -227,6 +242,12 @@ def run_row(row: Row, scenario: CrashReproScenario, log_dir: Path,
                 row.answered = True
             except (HarnessError, KeyError, IndexError, TypeError) as err:
                 row.answered, row.answer = False, str(err)[:200]
+                # A dying engine answers HTTP 500 (or drops the connection) before its
+                # processes are gone: give it a moment, then tell a crash from a slow
+                # or wrong answer.
+                if not server.alive(grace_s=5.0) or _engine_died(log_path):
+                    row.outcome = "crashed-on-first-request"
+                    row.returncode = server.proc.returncode if server.proc else None
         elif ready.state == "timeout":
             row.outcome = "timeout"
             row.signature = f"no /health after {scenario.server.startup_timeout_s:g}s"
@@ -239,7 +260,8 @@ def run_row(row: Row, scenario: CrashReproScenario, log_dir: Path,
             row.returncode = code
     lines = log_path.read_text(errors="replace").splitlines()
     row.patch_status = _patch_status(lines) if row.patch else ""
-    if row.outcome == "crashed":
+    row.kernels = engine_log.describe(lines)
+    if row.outcome in ("crashed", "crashed-on-first-request"):
         sig = crash_signature(lines, row.returncode, scenario.known_crashes)
         row.exception, row.frame, row.message = sig.exception, sig.frame, sig.message
         row.known_issue, row.signature = sig.known, sig.summary()
@@ -247,6 +269,18 @@ def run_row(row: Row, scenario: CrashReproScenario, log_dir: Path,
     if row.patch and "failed" in row.patch_status and row.outcome == "started":
         row.why = "patch failed to apply"
     return row
+
+
+def _engine_died(log_path: Path) -> bool:
+    """Whether the log shows an engine process dead (a signal, a worker lost, a fatal
+    EngineCore error) rather than a request the engine merely refused."""
+    text = log_path.read_text(errors="replace")
+    return any(mark in text for mark in _DEATH_MARKS)
+
+
+# What vLLM (and Python's fault handler) print when an engine process is gone.
+_DEATH_MARKS = ("Fatal Python error:", "died unexpectedly", "EngineDeadError",
+                "EngineCore encountered a fatal error")
 
 
 def judge_row(row: Row) -> None:
@@ -266,6 +300,10 @@ def execute(plan: RunPlan, out_dir: Path, reporter: Reporter, port: int | None =
     total = len(plan.rows)
     for i, row in enumerate(plan.rows, 1):
         reporter.row_started(row, i, total)
+        if row.skip_reason:
+            row.outcome, row.matched, row.why, row.seconds = "skipped", True, row.skip_reason, 0.0
+            reporter.row_finished(row, i, total)
+            continue
         t0 = time.monotonic()
         run_row(row, plan.scenario, log_dir,
                 on_tick=lambda el, r=row: reporter.row_tick(r, el), port=port)

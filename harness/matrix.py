@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from harness import kv_layout
+from harness import engine_log, kv_layout
 from harness.checks import CheckResult
 from harness.environments import probe
 from harness.errors import BadInput, HarnessError
@@ -42,10 +42,14 @@ from harness.scenario import (
     load_roundtrip,
     load_variants,
 )
-from harness.verdicts import crash_signature, version_matches
+from harness.verdicts import crash_signature, known_label, version_matches
 
 # A root-cause traceback through any of these is a crash in offloading code.
-OFFLOAD_PATHS = ("kv_connector", "kv_offload", "kv_transfer", "harness/engine/")
+# Frames of offloading code: vLLM's, and the harness's offload backend and patches (its
+# report wrappers in harness/engine/specs.py only observe, so a crash through them is
+# still the engine's).
+OFFLOAD_PATHS = ("kv_connector", "kv_offload", "kv_transfer", "harness/engine/host_offload",
+                 "harness/engine/patches")
 
 
 @dataclass
@@ -64,8 +68,9 @@ class Cell:
     startup_seconds: float | None = None
     signature: str = ""
     message: str = ""
-    known_issue: int | None = None
+    known_issue: int | str | None = None
     specs: str = ""  # spec classes by layer count, as the engine reported them
+    kernels: str = ""  # attention backend / ISA the engine chose on this host
     engine_groups: list[dict[str, Any]] | None = None
     roundtrip: str = ""  # pass | fail | error | "" (not run)
     failed_checks: list[str] = field(default_factory=list)
@@ -86,7 +91,7 @@ class Cell:
     def expected_text(self) -> str:
         r = self.rule
         if r.startup != "started":
-            extra = f" #{r.known}" if r.known else ""
+            extra = f" {known_label(r.known)}" if r.known else ""
             return f"{r.startup}{extra}"
         if r.roundtrip == "fail":
             return "started, fails " + (", ".join(r.failing_checks) or "some check") + (
@@ -107,6 +112,7 @@ class Cell:
         return {
             "family": self.family, "geometry": self.geometry, "variant": self.variant,
             "vllm_version": self.vllm_version, "spec_classes": self.specs,
+            "kernels": self.kernels,
             "startup": self.startup, "startup_seconds": self.startup_seconds,
             "signature": self.signature, "message": self.message,
             "known_issue": "" if self.known_issue is None else str(self.known_issue),
@@ -170,6 +176,8 @@ def cell_scenario(base: RoundtripScenario, entry: MatrixEntry, geometry: Path,
         data["offload"]["block_size"] = entry.offload_block_size
     if entry.offload_cpu_bytes is not None:
         data["offload"]["cpu_bytes_to_use"] = entry.offload_cpu_bytes
+    if entry.pool_tokens is not None:
+        data["server"]["pool_tokens"] = entry.pool_tokens
     scn = RoundtripScenario.model_validate(data)
     scn.source = base.source
     return scn
@@ -238,7 +246,8 @@ def judge_cell(cell: Cell) -> None:
         return
     if r.startup != "started":
         if r.known is not None and cell.known_issue != r.known:
-            cell.matched, cell.why = False, f"crash does not match known issue #{r.known}"
+            cell.matched = False
+            cell.why = f"crash does not match known issue {known_label(r.known)}"
         elif r.error and r.error not in f"{cell.signature} {cell.message}":
             cell.matched, cell.why = False, f"crash message lacks {r.error!r}"
         else:
@@ -297,9 +306,10 @@ def run_cell(cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: Reporter,
         # Started, then the run broke (server died mid-phase, no answer): not a verdict.
         cell.startup = cell.startup or "started"
         cell.roundtrip, cell.why = "error", str(err)
-    if cell.engine_groups is None and log.is_file():
-        cell.engine_groups = kv_layout.parse_report(
-            log.read_text(errors="replace").splitlines())
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    if cell.engine_groups is None and lines:
+        cell.engine_groups = kv_layout.parse_report(lines)
+    cell.kernels = engine_log.describe(lines)
     cell.specs = (kv_layout.spec_summary(cell.engine_groups) if cell.engine_groups
                   else "not reported (crashed before the KV cache was built)"
                   if cell.startup in ("crashed", "unsupported") else "not reported")

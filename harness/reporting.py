@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.crash_repro import Row
+from harness.verdicts import known_label
 
 OUTCOME_STYLE = {"started": "green", "crashed": "red", "timeout": "yellow", "error": "magenta"}
 
@@ -82,10 +83,10 @@ def crash_repro_table(rows: Sequence[Row]) -> Table:
         sig = r.signature
         if r.frame:
             sig = f"{r.exception} in {r.frame.rsplit('/', 1)[-1]}"
-            sig += f" (known: #{r.known_issue})" if r.known_issue else ""
+            sig += f" (known: {known_label(r.known_issue)})" if r.known_issue else ""
         if r.outcome == "started":
             sig = "answered" if r.answered else f"no answer: {r.answer}"
-        expected = r.expected + (f" #{r.expected_known}" if r.expected_known else "")
+        expected = r.expected + (f" {known_label(r.expected_known)}" if r.expected_known else "")
         table.add_row(
             r.model, r.variant, r.vllm_version, r.patch or "-",
             "on" if r.connector else "off (control)",

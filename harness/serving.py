@@ -10,7 +10,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.engine.amx import ENV_AMX, fix_enabled
 from harness.environments import Environment
+from harness.errors import BadInput
 from harness.scenario import OffloadSettings, ServerSettings
 
 HOST_SPEC_NAME = "HostOffloadingSpec"
@@ -32,6 +34,9 @@ def offload_backend(settings: OffloadSettings, env: Environment) -> str:
 def kv_transfer_config(
     settings: OffloadSettings, env: Environment, fault: str | None = None
 ) -> dict[str, Any]:
+    if not isinstance(settings.cpu_bytes_to_use, int):
+        raise BadInput('offload.cpu_bytes_to_use = "auto" is sized from a round trip\'s '
+                       "pool and filler (server.pool_tokens); give a number of bytes here")
     extra: dict[str, Any] = {"cpu_bytes_to_use": settings.cpu_bytes_to_use}
     if settings.block_size is not None:
         extra["block_size"] = settings.block_size
@@ -77,7 +82,12 @@ def server_plan(
     fault: str | None = None,
     local_model: bool = True,
     extra_args: list[str] | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    amx: str = "auto",
 ) -> ServerPlan:
+    """The argv and environment of one server; ``kv_cache_memory_bytes`` sizes the pool
+    in bytes (a token intent times KV bytes per token), which holds the same number of
+    tokens whatever block size the engine picks on this machine."""
     args = ["--max-model-len", str(server.max_model_len)]
     if server.load_format:
         args += ["--load-format", server.load_format]
@@ -85,6 +95,8 @@ def server_plan(
         args += ["--tensor-parallel-size", str(tensor_parallel)]
     if env.device != "cpu" and server.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", str(server.gpu_memory_utilization)]
+    if kv_cache_memory_bytes is not None:
+        args += ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]
     if offload is not None:
         args += ["--kv-transfer-config", json.dumps(kv_transfer_config(offload, env, fault),
                                                     sort_keys=True)]
@@ -95,13 +107,22 @@ def server_plan(
         # Models made locally must never trigger a hub lookup (there is no hub here).
         penv.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     if env.device == "cpu":
-        penv["VLLM_CPU_KVCACHE_SPACE"] = f"{server.cpu_kvcache_space_gib:g}"
+        if kv_cache_memory_bytes is None:
+            # vLLM's CPU platform lets this variable override --kv-cache-memory-bytes,
+            # so it is set only when the pool is not sized in bytes.
+            penv["VLLM_CPU_KVCACHE_SPACE"] = f"{server.cpu_kvcache_space_gib:g}"
         if tensor_parallel > 1:
             # One OpenMP core per CPU worker; without it TP>1 refuses to start on
             # machines with a single NUMA node (see FACTS.md).
             penv.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(
                 str(i) for i in range(tensor_parallel)))
     penv["OFFLOAD_CHECK_PATCH"] = patch or "none"
+    # AMX tile permission in every vLLM process (harness.engine.amx): an environment
+    # fix, on unless the variant or the user (OFFLOAD_CHECK_AMX=off) switches it off.
+    penv[ENV_AMX] = "off" if amx == "off" or not fix_enabled() else "on"
+    # A process killed by a signal (SIGILL in a kernel, SIGSEGV) leaves its Python stack
+    # in the log instead of vanishing; harness.verdicts reads it as the root cause.
+    penv["PYTHONFAULTHANDLER"] = "1"
     # Report the KV-cache groups the engine built (harness.engine.specs); print-only.
     penv["OFFLOAD_CHECK_REPORT_SPECS"] = "1"
     penv.update(server.env)

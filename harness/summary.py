@@ -181,7 +181,8 @@ def _crash_repro(run_dir: Path, run: dict[str, Any]) -> list[str]:
         expected = _col(row, "expected")
         known = _num(_col(row, "expected_known"), "")
         if expected and known:
-            expected += f" (#{known})"
+            # known_label's spelling, inline: this module imports nothing from the harness.
+            expected += f" (#{known})" if known.isdigit() else f" ({known})"
         matched = _truthy(_col(row, "matched"))
         rows.append([_col(row, "model"), _col(row, "variant"), _col(row, "vllm_version"),
                      _col(row, "connector"), _col(row, "outcome"),

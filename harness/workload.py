@@ -130,3 +130,59 @@ def first_divergence(a: Completion, b: Completion) -> Divergence | None:
                 return Divergence(f"logprobs.{key}", min(len(xa), len(xb)), len(xa), len(xb))
         return Divergence("logprobs", None, la, lb)
     return None
+
+
+@dataclass
+class Closeness:
+    """How two outputs of different processes compare under a logprob tolerance."""
+
+    divergence: Divergence | None  # beyond tolerance (a real difference), or None
+    max_delta: float = 0.0  # largest |logprob difference| seen where tokens agreed
+    near_tie: int | None = None  # token position where a near-tie flipped the choice
+
+
+def _top(c: Completion, i: int) -> dict[str, float]:
+    tops = (c.logprobs or {}).get("top_logprobs") or []
+    return dict(tops[i] or {}) if i < len(tops) else {}
+
+
+def within_tolerance(a: Completion, b: Completion, tol: float) -> Closeness:
+    """Compare two greedy outputs whose numerics may differ by up to ``tol`` per logprob.
+
+    Two processes need not compute bit-identically (bf16 accumulation order changes
+    with kernels and block placement): on an AMX host two servers of one build gave
+    logprobs up to 0.0039 apart and, at an exact tie, picked different tokens. So token
+    ids must agree and logprobs stay within ``tol``, except at a near-tie: where both
+    outputs list both candidates within ``tol`` of each other, a different choice is
+    numerics, not a bug, and the rest (conditioned on different tokens) is not compared.
+    """
+    la, lb = a.logprobs or {}, b.logprobs or {}
+    ta, tb = la.get("tokens") or [], lb.get("tokens") or []
+    pa, pb = la.get("token_logprobs") or [], lb.get("token_logprobs") or []
+    out = Closeness(None)
+    for i, (xa, xb) in enumerate(zip(a.token_ids, b.token_ids, strict=False)):
+        top_a, top_b = _top(a, i), _top(b, i)
+        if xa != xb:
+            sa, sb = (ta[i] if i < len(ta) else None), (tb[i] if i < len(tb) else None)
+            tie = sa != sb and all(s in top for s in (sa, sb) for top in (top_a, top_b)) and all(
+                abs(top[sa] - top[sb]) <= tol for top in (top_a, top_b))  # type: ignore[index]
+            if tie:
+                out.near_tie = i
+                return out
+            out.divergence = Divergence("token_ids", i, a.token_ids[i:i + 8],
+                                        b.token_ids[i:i + 8])
+            return out
+        pairs = [(pa[i], pb[i])] if i < len(pa) and i < len(pb) else []
+        pairs += [(v, top_b[k]) for k, v in top_a.items() if k in top_b]
+        for x, y in pairs:
+            if x is None or y is None:
+                continue
+            delta = abs(float(x) - float(y))
+            out.max_delta = max(out.max_delta, delta)
+            if delta > tol:
+                out.divergence = Divergence("logprobs", i, x, y)
+                return out
+    if len(a.token_ids) != len(b.token_ids):
+        n = min(len(a.token_ids), len(b.token_ids))
+        out.divergence = Divergence("token_ids", n, len(a.token_ids), len(b.token_ids))
+    return out

@@ -67,14 +67,17 @@ FAULT_DROP_STORE = "drop-store"
 FAULT_NO_LOAD = "no-load"
 FAULT_PARTIAL_STORE = "partial-store"
 FAULT_PARTIAL_LOAD = "partial-load"
+FAULT_SEGV = "segv-in-worker"
 FAULT_MODES: tuple[str, ...] = (
     FAULT_NONE, FAULT_CORRUPT_LOAD, FAULT_DROP_STORE, FAULT_NO_LOAD,
-    FAULT_PARTIAL_STORE, FAULT_PARTIAL_LOAD,
+    FAULT_PARTIAL_STORE, FAULT_PARTIAL_LOAD, FAULT_SEGV,
 )
 """Accepted fault modes. corrupt-load, drop-store and no-load report success and the full
 byte count, so only the output check can catch them; partial-store / partial-load move (and
 honestly report) only the first KV-cache group's bytes, the shape of a connector that
-forgets a group (hybrid models), which the byte checks must catch."""
+forgets a group (hybrid models), which the byte checks must catch. segv-in-worker reads
+address 0 on the worker's first step, the way a broken copy kernel dies: the harness must
+name the signal and the vLLM frame, not report a server that "did not answer"."""
 
 _CORRUPT_XOR_MASK = 0x01
 # OFFLOAD_CHECK_TRACE=1: print every transfer job (group, blocks, bytes) to the server log.
@@ -371,6 +374,10 @@ class HostOffloadingWorker(OffloadingWorker):
         return self._transfer(job_id, dst_spec, src_spec, to_host=False)
 
     def get_finished(self) -> list[TransferResult]:
+        if self.fault == FAULT_SEGV:
+            import ctypes
+
+            ctypes.string_at(0)  # SIGSEGV: a real invalid read, in vLLM's worker step
         results = list(self._finished)
         self._finished.clear()
         return results

@@ -2,9 +2,13 @@
 
 vLLM loads this in every process it starts (API server, EngineCore, workers), which
 is the only place a patch can reach all of them. Without ``OFFLOAD_CHECK_PATCH`` it
-does nothing, so having the harness installed never changes a user's vLLM. With
-``OFFLOAD_CHECK_REPORT_SPECS=1`` it also reports the KV-cache groups the engine built
-(``harness.engine.specs``), which only prints and changes no behaviour.
+applies no patch, so having the harness installed never changes a user's vLLM's
+code. With ``OFFLOAD_CHECK_REPORT_SPECS=1`` it also reports the KV-cache groups the
+engine built (``harness.engine.specs``), which only prints and changes no behaviour.
+
+One environment fix runs first, whatever the patch: on CPUs with AMX the process
+asks Linux for AMX tile permission (``harness.engine.amx``), which vLLM's CPU
+attention needs and never asks for; ``OFFLOAD_CHECK_AMX=off`` switches it off.
 """
 
 from __future__ import annotations
@@ -19,10 +23,16 @@ logger = logging.getLogger("vllm.offload_check.plugin")
 
 
 def register() -> None:
+    from harness.engine.amx import apply_in_process
+    from harness.engine.crash_handler import rearm
+
+    rearm()
+    apply_in_process()
     if os.environ.get("OFFLOAD_CHECK_REPORT_SPECS") == "1":
-        from harness.engine.specs import install
+        from harness.engine.specs import install, install_kernel_report
 
         install()
+        install_kernel_report()
     patch = os.environ.get(ENV_PATCH, "").strip()
     if not patch or patch == "none":
         return

@@ -114,3 +114,68 @@ def install() -> bool:
             factory.create_connector = classmethod(create_connector)
         installed = True
     return installed
+
+
+# The kernels the engine chose; like the KV-group report, read from inside vLLM because
+# the choice depends on the CPU (vLLM's CPU attention runs its ``amx`` ISA on AMX hosts,
+# ``vec`` elsewhere; its MLA runs the AMX kernel with 128-token blocks or the reference
+# one with 16), so the same scenario runs different code on different machines.
+KERNEL_PREFIX = "offload-check kernel:"
+CPU_ATTN_MODULE = "vllm.v1.attention.backends.cpu_attn"
+_SEEN: set[str] = set()
+
+
+def _kernel(key: str, value: object) -> None:
+    line = f"{key}={value}"
+    if line in _SEEN:
+        return
+    _SEEN.add(line)
+    print(f"{KERNEL_PREFIX} {line} pid={os.getpid()}", file=sys.stderr, flush=True)
+
+
+def _wrap_attn_isa() -> None:
+    """Report the ISA vLLM's CPU attention picks (its metadata builder calls this)."""
+    module = sys.modules.get(CPU_ATTN_MODULE)
+    if module is None:
+        import importlib
+
+        module = importlib.import_module(CPU_ATTN_MODULE)
+    orig = getattr(module, "_get_attn_isa", None)
+    if orig is None or getattr(orig, MARK, False):
+        return
+
+    @functools.wraps(orig)
+    def _get_attn_isa(*args: Any, **kwargs: Any) -> Any:
+        isa = orig(*args, **kwargs)
+        _kernel("attention_isa", isa)
+        return isa
+
+    setattr(_get_attn_isa, MARK, True)
+    module._get_attn_isa = _get_attn_isa
+
+
+def install_kernel_report() -> bool:
+    """Wrap the platform's attention-backend choice; False where it cannot be reached."""
+    try:
+        from vllm.platforms import current_platform
+    except Exception:
+        return False
+    orig = getattr(current_platform, "get_attn_backend_cls", None)
+    if orig is None or getattr(orig, MARK, False):
+        return orig is not None
+
+    @functools.wraps(orig)
+    def get_attn_backend_cls(*args: Any, **kwargs: Any) -> Any:
+        path = orig(*args, **kwargs)
+        _kernel("attention_backend", str(path).rsplit(".", 1)[-1])
+        if "cpu_attn" in str(path):
+            try:
+                _wrap_attn_isa()
+            except Exception as err:  # the report must never be what breaks the engine
+                _kernel("attention_isa", f"unknown ({type(err).__name__})")
+        return path
+
+    setattr(get_attn_backend_cls, MARK, True)
+    # An instance attribute: vLLM calls it through ``current_platform``.
+    current_platform.get_attn_backend_cls = get_attn_backend_cls
+    return True

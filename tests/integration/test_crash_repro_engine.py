@@ -18,10 +18,15 @@ import pandas as pd
 import psutil
 import pytest
 
+from harness.engine.amx import has_amx
 from tests.conftest import CLI, ROOT, run_cli, vllm_processes, wait_for_engine
 
 pytestmark = pytest.mark.engine
 MODELS = ROOT / "scenarios" / "models"
+# The default matrix: 2 models x 3 variants x connector on/off, plus current-no-amx on
+# the small-chunk model (launched only on AMX hosts, skipped elsewhere).
+DEFAULT_ROWS = 14
+LAUNCHED = DEFAULT_ROWS if has_amx() else DEFAULT_ROWS - 2
 
 
 def crash_repro(results: Path, *args: str, timeout: float = 1800) -> tuple[int, Path, str]:
@@ -34,7 +39,7 @@ def outcomes(run: Path) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def default_matrix(tmp_path_factory):
-    """The whole default matrix, as `make crash-repro` runs it (12 launches)."""
+    """The whole default matrix, as `make crash-repro` runs it (12 launches, 14 on AMX)."""
     results = tmp_path_factory.mktemp("results")
     return crash_repro(results)
 
@@ -50,7 +55,7 @@ def test_default_matrix_verdicts(default_matrix, model):
     code, run, stdout = default_matrix
     assert code == 0, stdout
     df = outcomes(run)
-    assert len(df) == 12
+    assert len(df) == DEFAULT_ROWS
 
     stock = row(df, model, "stock", "on")
     assert stock.outcome == "crashed"
@@ -66,11 +71,64 @@ def test_default_matrix_verdicts(default_matrix, model):
     current = row(df, model, "current", "on")
     assert current.outcome == "started" and str(current.answered) == "True"
     assert current.vllm_version == "0.32.0"
+    # Which attention kernel ran is recorded, whatever this CPU made vLLM choose.
+    assert current.kernels.startswith("CPUAttentionBackend/"), current.kernels
 
     for variant in ("stock", "stock+fix", "current"):
         control = row(df, model, variant, "off")
         assert control.outcome == "started" and str(control.answered) == "True", variant
     assert all(str(m) == "True" for m in df.matched)
+
+
+def test_amx_sigill_row_follows_the_host(default_matrix):
+    """The upstream AMX SIGILL (not an offloading bug): reproduced with the harness's fix
+    switched off where the CPU has AMX, skipped with the reason where it has none."""
+    _, run, _ = default_matrix
+    df = outcomes(run)
+    rows = df[df.variant == "current-no-amx"]
+    assert sorted(rows.model) == ["llama4-small-chunk"] * 2
+    for _, r in rows.iterrows():
+        assert r.expected == "crashed-on-first-request" and str(r.matched) == "True"
+        if has_amx():
+            assert r.outcome == "crashed-on-first-request", r.why
+            assert r.signature.startswith(
+                "SIGILL in vllm/_custom_ops.py:cpu_attention_with_kv_cache"), r.signature
+            assert r.known_issue == "amx-sigill"
+        else:
+            assert r.outcome == "skipped"
+            assert "needs a CPU with amx_tile" in r.why
+
+
+def test_worker_sigsegv_is_a_first_request_crash_with_its_stack(tmp_path):
+    """Seeded fault: the host backend reads address 0 in the worker's first step. The
+    verdict must name the signal, the dying vLLM frame and the process, not report a
+    server that merely "did not answer"."""
+    scen = tmp_path / "segv.toml"
+    scen.write_text(f"""
+name = "segv"
+variants_file = "{ROOT}/scenarios/variants.toml"
+variants = ["current"]
+models = ["{MODELS}/llama4-small-chunk.json"]
+connector = ["on"]
+[server]
+load_format = "dummy"
+extra_args = ["--enforce-eager"]
+[offload]
+cpu_bytes_to_use = 268435456
+extra_config = {{ offload_check_fault = "segv-in-worker" }}
+[[expectations]]
+outcome = "crashed-on-first-request"
+""")
+    code, run, stdout = crash_repro(tmp_path / "results", "--scenario", str(scen))
+    df = outcomes(run)
+    assert code == 0, stdout
+    r = df.iloc[0]
+    assert r.outcome == "crashed-on-first-request"
+    assert r.exception == "SIGSEGV"
+    assert r.frame == ("vllm/distributed/kv_transfer/kv_connector/v1/offloading/worker.py:"
+                       "get_finished")
+    assert r.signature.endswith("(worker)"), r.signature
+    assert "Fatal Python error: Segmentation fault" in Path(r.log).read_text()
 
 
 def test_default_matrix_results_files(default_matrix):
@@ -83,9 +141,11 @@ def test_default_matrix_results_files(default_matrix):
     assert meta["scenario"]["name"] == "crash-repro"
     assert meta["platform"]["cpu"]
     suite = ET.parse(run / "junit.xml").getroot().find("testsuite")
-    assert suite is not None and suite.get("tests") == "12" and suite.get("failures") == "0"
+    assert suite is not None and suite.get("tests") == str(DEFAULT_ROWS)
+    assert suite.get("failures") == "0"
     logs = list((run / "logs").glob("*.log"))
-    assert len(logs) == 12
+    assert len(logs) == LAUNCHED
+    assert meta["host"]["amx_permission"] == ("requested" if has_amx() else "not-needed")
     assert "all rows as expected" in stdout
 
 

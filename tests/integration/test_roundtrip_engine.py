@@ -47,7 +47,7 @@ def test_clean_run_passes_every_check(clean_run):
     code, run, out = clean_run
     assert code == 0, out
     assert failed(run) == set()
-    assert "baseline-output-identical" in checks(run)
+    assert "baseline-output-equivalent" in checks(run)
     phases = pd.read_csv(run / "phases.csv").set_index("phase")
     assert phases.loc["cold", "d_stored_bytes"] == 1_310_720
     assert phases.loc["replay", "d_loaded_bytes"] == 524_288
@@ -92,6 +92,19 @@ def test_host_backend_faults_are_caught(tmp_path, fault, caught_by):
     detail = pd.read_csv(run / "checks.csv").set_index("name").loc[
         "replay-output-identical", "detail"]
     assert "first difference" in detail
+
+
+def test_worker_killed_by_a_signal_is_caught_with_its_cause(tmp_path):
+    """The host backend reads address 0 in the worker's first step: the round trip fails
+    engine-survived, naming the signal and the dying vLLM frame, not "no answer"."""
+    code, run, out = roundtrip(tmp_path, "--fault", "segv-in-worker")
+    assert code == 1, out
+    df = pd.read_csv(run / "checks.csv").set_index("name")
+    assert list(df.index) == ["engine-survived"] and not df.loc["engine-survived", "passed"]
+    assert df.loc["engine-survived", "observed"].startswith(
+        "SIGSEGV in vllm/distributed/kv_transfer/kv_connector/v1/offloading/worker.py:"
+        "get_finished (worker)"), df.loc["engine-survived", "observed"]
+    assert "cold phase" in df.loc["engine-survived", "detail"]
 
 
 def test_off_by_one_chunk_lookup_is_caught_by_the_hit_and_byte_checks(tmp_path):

@@ -53,7 +53,9 @@ def test_missing_interpreter(tmp_path):
     path = scenario_copy(tmp_path, SCENARIO)
     (tmp_path / "variants.toml").write_text('[variants.current]\npython = "/nope/bin/python"\n'
                                             '[variants.stock]\npython = "/nope/bin/python"\n'
-                                            '[variants."stock+fix"]\npython = "/nope/bin/python"\n')
+                                            '[variants."stock+fix"]\npython = "/nope/bin/python"\n'
+                                            '[variants.current-no-amx]\n'
+                                            'python = "/nope/bin/python"\n')
     assert_one_line_error(run("crash-repro", "--scenario", str(path), "--dry-run"),
                           "interpreter not found: /nope/bin/python")
 
