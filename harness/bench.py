@@ -19,14 +19,16 @@ import statistics
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harness import crash_repro
-from harness.crash_repro import ServerPlan
 from harness.environments import probe
 from harness.launcher import _signal_group, free_port, server_slot
 from harness.scenario import CrashReproScenario
+from harness.serving import ServerPlan
 
 
 @dataclass
@@ -103,7 +105,7 @@ def bare_time(row_plan: ServerPlan, log_path: Path, timeout_s: float) -> float:
 
 
 def run_crash_repro_bench(scenario: CrashReproScenario, cases: list[Case], repeats: int,
-                          out_dir: Path, progress=print) -> list[Case]:
+                          out_dir: Path, progress: Callable[[str], None] = print) -> list[Case]:
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     for case in cases:
@@ -141,7 +143,7 @@ class _Silent:
     def request_done(self, completion: object) -> None: ...
 
 
-def run_roundtrip_bench(scenario_path: Path, out_dir: Path) -> dict[str, object]:
+def run_roundtrip_bench(scenario_path: Path, out_dir: Path) -> dict[str, Any]:
     """One clean round trip: filler efficiency and harness wall time vs engine work.
 
     The denominator is what no harness can avoid: the server's own start (launch to

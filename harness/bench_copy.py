@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 import torch
 from vllm.v1.kv_offload.base import (
@@ -57,7 +58,7 @@ def _blocks_equal(matrix: torch.Tensor, ids: list[int], expected: torch.Tensor) 
     return all(torch.equal(matrix[block], expected[i]) for i, block in enumerate(ids))
 
 
-def measure_host_copy(repeats: int = 5, total_bytes: int = 64 * 2**20) -> dict[str, object]:
+def measure_host_copy(repeats: int = 5, total_bytes: int = 64 * 2**20) -> dict[str, Any]:
     """Time ``HostOffloadingWorker`` store+load against a plain torch copy, interleaved.
 
     ``total_bytes`` is the KV volume of one store (rounded down to whole host chunks per

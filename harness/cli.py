@@ -697,9 +697,9 @@ def _validate(kind: str, path: Path) -> str:
     if kind == "roundtrip":
         from harness.roundtrip import plan_roundtrip
 
-        plan = plan_roundtrip(load_roundtrip(path))
-        return (f"variant {plan.variant}, {len(plan.targets)} targets, expects "
-                f"{plan.expected.stored_bytes:,} B stored")
+        rt_plan = plan_roundtrip(load_roundtrip(path))
+        return (f"variant {rt_plan.variant}, {len(rt_plan.targets)} targets, expects "
+                f"{rt_plan.expected.stored_bytes:,} B stored")
     from harness.crash_repro import load_models
 
     scen = load_crash_repro(path)

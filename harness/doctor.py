@@ -114,12 +114,12 @@ def _gib(n: float) -> str:
 
 
 def check_python(version: Sequence[int], executable: str = "") -> Check:
-    """The harness's own interpreter: pyproject needs 3.10, the environments are built on 3.11."""
+    """The harness's own interpreter: it needs 3.11 (tomllib); the environments use 3.11."""
     text = ".".join(str(p) for p in version[:3])
     where = f" ({executable})" if executable else ""
     fix = "recreate the environments on 3.11: `make clean && make setup PYTHON=python3.11`"
-    if tuple(version[:2]) < (3, 10):
-        return Check("python", "fail", f"Python {text}{where}: offload-check needs >= 3.10", fix)
+    if tuple(version[:2]) < (3, 11):
+        return Check("python", "fail", f"Python {text}{where}: offload-check needs >= 3.11", fix)
     if tuple(version[:2]) != (3, 11):
         return Check(
             "python",
@@ -563,7 +563,7 @@ def run_checks(variants_file: Path, variant_names: Sequence[str] | None = None) 
     cache = default_cache_dir()
     flags = cpu_flags()
     checks = [
-        check_python(sys.version_info, sys.executable),
+        check_python(sys.version_info[:3], sys.executable),  # the int part (no releaselevel)
         check_cpu(flags, cpu_name(), platform.machine()),
         check_amx(flags),
         check_memory(_read_meminfo()),

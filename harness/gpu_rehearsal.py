@@ -614,7 +614,7 @@ def _resolve_layout(vllm_config: Any, specs: list[Any], workers: int) -> None:
 def uses_vllm_offload_spec(launch: PlannedLaunch) -> bool:
     """vLLM's own spec (CPUOffloadingSpec) serves this launch, not the harness's host one."""
     kv = launch.intended.get("kv_transfer_config")
-    return bool(kv) and "spec_name" not in kv["kv_connector_extra_config"]
+    return bool(kv and "spec_name" not in kv["kv_connector_extra_config"])
 
 
 def rehearse(

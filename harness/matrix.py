@@ -288,6 +288,8 @@ def run_cell(cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: Reporter,
         build_local_model(cell.plan)
         result: RoundtripResult = execute(cell.plan, cell_dir, reporter,
                                           on_record(cell, cell_dir))
+        # execute launched the server (no url), so it timed the start.
+        assert result.startup_seconds is not None
         cell.startup, cell.startup_seconds = "started", round(result.startup_seconds, 2)
         cell.engine_groups = result.engine_groups
         cell.checks = result.checks

@@ -7,11 +7,12 @@ reports through plain callbacks so it can be driven from tests or other tools.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import TracebackType
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -31,7 +32,7 @@ class CrashReproProgress:
             TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
             console=console, transient=True,
         )
-        self.task: int | None = None
+        self.task: TaskID | None = None
 
         # A live display only makes sense on a terminal; in CI logs and pipes it would
         # hold every line back until the end, so there each row is a plain line.
@@ -42,9 +43,10 @@ class CrashReproProgress:
             self.progress.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self.live:
-            self.progress.__exit__(*exc)
+            self.progress.__exit__(exc_type, exc, tb)
 
     def row_started(self, row: Row, index: int, total: int) -> None:
         if not self.live:

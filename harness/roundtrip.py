@@ -451,6 +451,7 @@ def execute(plan: RoundtripPlan, out_dir: Path, reporter: Reporter,
             result.startup_seconds = _start(server, plan, reporter, "server")
             base = server.url
         else:
+            assert url is not None  # server is None only in attach mode, which gives url
             base = url.rstrip("/")
         ep = _Endpoint(base, server)
         if server is not None:

@@ -159,13 +159,18 @@ class FileScenario(StrictModel):
         return Path(os.path.normpath(self.source.parent / path))
 
 
+def _both_connector_modes() -> list[ConnectorMode]:
+    # A typed function, not a lambda: mypy infers ``lambda: ["on", "off"]`` as list[str].
+    return ["on", "off"]
+
+
 class CrashReproScenario(FileScenario):
     name: str
     description: str = ""
     variants_file: str = "variants.toml"
     variants: list[str] = Field(min_length=1)
     models: list[str] = Field(min_length=1)
-    connector: list[ConnectorMode] = Field(default_factory=lambda: ["on", "off"], min_length=1)
+    connector: list[ConnectorMode] = Field(default_factory=_both_connector_modes, min_length=1)
     # Variants that run only some of the models (model files as in ``models``), e.g. a
     # reproduction of an engine bug that needs one geometry; others run every model.
     variant_models: dict[str, list[str]] = Field(default_factory=dict)

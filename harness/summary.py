@@ -131,7 +131,8 @@ def _headline(run_dir: Path, run: dict[str, Any], verdict: str, extra: str = "")
     command = run.get("command") or "run"
     lines = [f"## {command} `{run_dir.name}`: **{verdict}**", ""]
     facts = []
-    scenario = run.get("scenario") if isinstance(run.get("scenario"), dict) else {}
+    raw_scenario = run.get("scenario")
+    scenario = raw_scenario if isinstance(raw_scenario, dict) else {}
     if scenario.get("name"):
         facts.append(f"scenario `{scenario['name']}`")
     if isinstance(run.get("argv"), list):
@@ -246,8 +247,9 @@ def _roundtrip(run_dir: Path, run: dict[str, Any]) -> list[str]:
         counted = f"{ok}/{len(gating)} checks passed"
         if passed is None and gating:
             passed = ok == len(gating)
-    plan = run.get("plan") if isinstance(run.get("plan"), dict) else {}
-    variant = run.get("variant") if isinstance(run.get("variant"), dict) else {}
+    raw_plan, raw_variant = run.get("plan"), run.get("variant")
+    plan = raw_plan if isinstance(raw_plan, dict) else {}
+    variant = raw_variant if isinstance(raw_variant, dict) else {}
     facts = [counted]
     if variant.get("vllm_version"):
         facts.append(f"vLLM {variant['vllm_version']} ({variant.get('vllm_dist', '?')}) on "
@@ -280,11 +282,11 @@ def _roundtrip(run_dir: Path, run: dict[str, Any]) -> list[str]:
     elif checks is not None:
         rows = []
         for _, r in checks.iterrows():
-            ok = _truthy(_col(r, "passed"))
+            row_ok = _truthy(_col(r, "passed"))
             if is_informational(r):
-                result = "info: same" if ok else "info: differs"
+                result = "info: same" if row_ok else "info: differs"
             else:
-                result = "pass" if ok else "**FAIL**"
+                result = "pass" if row_ok else "**FAIL**"
             rows.append([_col(r, "name"), result, _col(r, "expected"), _col(r, "observed"),
                          _col(r, "detail")])
         lines += _table(CHECK_COLUMNS, rows)

@@ -103,3 +103,53 @@ def wait_for_engine(before: set[int], proc: subprocess.Popen, timeout: float = 1
         time.sleep(0.5)
     proc.kill()
     pytest.fail("the server never spawned its engine")
+
+
+# --- test tiers and the launch budget ---------------------------------------------------
+# Server launches are what a tier costs (30-90 s each on 2 cores), so each engine test
+# declares its own with @pytest.mark.launches(n), and module fixtures that several tests
+# share declare theirs here (counted once however many tests use them). The totals are
+# printed after collection and kept equal to the README's table by tests/unit/test_tiers.py.
+FIXTURE_LAUNCHES: dict[str, int] = {
+    "small_chunk_matrix": 6,  # crash-repro on llama4-small-chunk (+2 on AMX hosts)
+    "default_matrix": 12,  # the whole `make crash-repro` (+2 on AMX hosts)
+    "clean_run": 2,  # roundtrip --baseline: the connector server and the baseline server
+    "subset": 6,  # matrix: three geometries x stock/current
+    "rest_of_matrix": 6,  # matrix: the other three geometries x stock/current
+}
+LAUNCH_SUMMARY = "offload-check: {n} server launches in {tests} tests"
+
+
+def _shared_fixtures(item: pytest.Item) -> set[str]:
+    """Shared fixtures a test uses: by name, or named by a parameter value (tests that
+    take one of several fixtures through ``request.getfixturevalue``)."""
+    names = set(getattr(item, "fixturenames", ()))
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        names.update(v for v in callspec.params.values() if isinstance(v, str))
+    return names & FIXTURE_LAUNCHES.keys()
+
+
+def launch_count(items: list[pytest.Item]) -> int:
+    """Server launches the selected tests make (on a host without AMX)."""
+    own = 0
+    shared: set[str] = set()
+    for item in items:
+        marker = item.get_closest_marker("launches")
+        if marker is not None:
+            own += int(marker.args[0])
+        shared |= _shared_fixtures(item)
+    return own + sum(FIXTURE_LAUNCHES[f] for f in shared)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """An engine test that declares no launches would make the budget silently wrong."""
+    bad = [i.nodeid for i in items if i.get_closest_marker("engine")
+           and i.get_closest_marker("launches") is None and not _shared_fixtures(i)]
+    if bad:
+        raise pytest.UsageError(f"engine tests without @pytest.mark.launches(n): {bad}")
+
+
+def pytest_report_collectionfinish(config: pytest.Config, start_path: Path,
+                                   items: list[pytest.Item]) -> str:
+    return LAUNCH_SUMMARY.format(n=launch_count(items), tests=len(items))

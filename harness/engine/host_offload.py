@@ -423,7 +423,7 @@ class HostOffloadingSpec(CPUOffloadingSpec):
         # which only rank 0 stores, would leave the other ranks nothing to load.
         return False
 
-    def create_worker(self, kv_caches: CanonicalKVCaches) -> HostOffloadingWorker:  # type: ignore[override]
+    def create_worker(self, kv_caches: CanonicalKVCaches) -> HostOffloadingWorker:
         return HostOffloadingWorker(
             kv_caches=kv_caches,
             blocks_per_chunk=self.blocks_per_chunk,

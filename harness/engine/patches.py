@@ -70,7 +70,7 @@ def _has_chunked_branch(fn: Callable[..., Any]) -> bool:
         return False
 
 
-def _wrap(orig: Callable[..., Any], patch: str, chunked_cls: type) -> Callable[..., Any]:
+def _wrap(orig: Callable[..., Any], patch: str, chunked_cls: type[Any]) -> Callable[..., Any]:
     if patch == "chunked-local-fix":
 
         def window(kv_cache_spec: Any, tokens_per_chunk: int, *args: Any, **kwargs: Any) -> Any:

@@ -135,7 +135,7 @@ def _kernel(key: str, value: object) -> None:
 
 def _wrap_attn_isa() -> None:
     """Report the ISA vLLM's CPU attention picks (its metadata builder calls this)."""
-    module = sys.modules.get(CPU_ATTN_MODULE)
+    module: Any = sys.modules.get(CPU_ATTN_MODULE)  # a vLLM module: patched by attribute
     if module is None:
         import importlib
 

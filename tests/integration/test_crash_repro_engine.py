@@ -24,9 +24,11 @@ from tests.conftest import CLI, ROOT, run_cli, vllm_processes, wait_for_engine
 pytestmark = pytest.mark.engine
 MODELS = ROOT / "scenarios" / "models"
 # The default matrix: 2 models x 3 variants x connector on/off, plus current-no-amx on
-# the small-chunk model (launched only on AMX hosts, skipped elsewhere).
-DEFAULT_ROWS = 14
-LAUNCHED = DEFAULT_ROWS if has_amx() else DEFAULT_ROWS - 2
+# the small-chunk model (launched only on AMX hosts, skipped elsewhere). The PR tier runs
+# the small-chunk model's rows; the nightly tier the whole of `make crash-repro`.
+AMX_ROWS = 2
+ROWS = {"small_chunk_matrix": 6 + AMX_ROWS, "default_matrix": 12 + AMX_ROWS}
+nightly = pytest.mark.nightly
 
 
 def crash_repro(results: Path, *args: str, timeout: float = 1800) -> tuple[int, Path, str]:
@@ -44,18 +46,30 @@ def default_matrix(tmp_path_factory):
     return crash_repro(results)
 
 
+@pytest.fixture(scope="module")
+def small_chunk_matrix(tmp_path_factory):
+    """Every variant on the small-chunk model (6 launches, 8 on AMX): each startup verdict
+    kind, the #51150 crash and its fix, controls, and the AMX row."""
+    results = tmp_path_factory.mktemp("results")
+    return crash_repro(results, "--config", str(MODELS / "llama4-small-chunk.json"))
+
+
 def row(df: pd.DataFrame, model: str, variant: str, connector: str) -> pd.Series:
     hit = df[(df.model == model) & (df.variant == variant) & (df.connector == connector)]
     assert len(hit) == 1, df[["model", "variant", "connector"]]
     return hit.iloc[0]
 
 
-@pytest.mark.parametrize("model", ["llama4-issue-51150", "llama4-small-chunk"])
-def test_default_matrix_verdicts(default_matrix, model):
-    code, run, stdout = default_matrix
+@pytest.mark.parametrize(("matrix", "model"), [
+    ("small_chunk_matrix", "llama4-small-chunk"),
+    pytest.param("default_matrix", "llama4-issue-51150", marks=nightly),
+    pytest.param("default_matrix", "llama4-small-chunk", marks=nightly),
+])
+def test_matrix_verdicts(request, matrix, model):
+    code, run, stdout = request.getfixturevalue(matrix)
     assert code == 0, stdout
     df = outcomes(run)
-    assert len(df) == DEFAULT_ROWS
+    assert len(df) == ROWS[matrix]
 
     stock = row(df, model, "stock", "on")
     assert stock.outcome == "crashed"
@@ -80,10 +94,10 @@ def test_default_matrix_verdicts(default_matrix, model):
     assert all(str(m) == "True" for m in df.matched)
 
 
-def test_amx_sigill_row_follows_the_host(default_matrix):
+def test_amx_sigill_row_follows_the_host(small_chunk_matrix):
     """The upstream AMX SIGILL (not an offloading bug): reproduced with the harness's fix
     switched off where the CPU has AMX, skipped with the reason where it has none."""
-    _, run, _ = default_matrix
+    _, run, _ = small_chunk_matrix
     df = outcomes(run)
     rows = df[df.variant == "current-no-amx"]
     assert sorted(rows.model) == ["llama4-small-chunk"] * 2
@@ -99,6 +113,7 @@ def test_amx_sigill_row_follows_the_host(default_matrix):
             assert "needs a CPU with amx_tile" in r.why
 
 
+@pytest.mark.launches(1)
 def test_worker_sigsegv_is_a_first_request_crash_with_its_stack(tmp_path):
     """Seeded fault: the host backend reads address 0 in the worker's first step. The
     verdict must name the signal, the dying vLLM frame and the process, not report a
@@ -131,8 +146,11 @@ outcome = "crashed-on-first-request"
     assert "Fatal Python error: Segmentation fault" in Path(r.log).read_text()
 
 
-def test_default_matrix_results_files(default_matrix):
-    _, run, stdout = default_matrix
+@pytest.mark.parametrize("matrix", ["small_chunk_matrix",
+                                    pytest.param("default_matrix", marks=nightly)])
+def test_matrix_results_files(request, matrix):
+    _, run, stdout = request.getfixturevalue(matrix)
+    rows, launched = ROWS[matrix], ROWS[matrix] - (0 if has_amx() else AMX_ROWS)
     meta = json.loads((run / "run.json").read_text())
     assert meta["status"] == "finished" and meta["exit_code"] == 0
     assert meta["variants"]["stock"]["vllm_version"] == "0.27.1"
@@ -141,14 +159,16 @@ def test_default_matrix_results_files(default_matrix):
     assert meta["scenario"]["name"] == "crash-repro"
     assert meta["platform"]["cpu"]
     suite = ET.parse(run / "junit.xml").getroot().find("testsuite")
-    assert suite is not None and suite.get("tests") == str(DEFAULT_ROWS)
+    assert suite is not None and suite.get("tests") == str(rows)
     assert suite.get("failures") == "0"
     logs = list((run / "logs").glob("*.log"))
-    assert len(logs) == LAUNCHED
+    assert len(logs) == launched
     assert meta["host"]["amx_permission"] == ("requested" if has_amx() else "not-needed")
     assert "all rows as expected" in stdout
 
 
+@nightly
+@pytest.mark.launches(1)
 def test_floor_mutant_starts_on_stock(tmp_path):
     """The mutant is not a crash: only the round trip can catch it."""
     code, run, _ = crash_repro(tmp_path, "--variant", "stock", "--patch", "chunked-local-floor",
@@ -159,6 +179,8 @@ def test_floor_mutant_starts_on_stock(tmp_path):
     assert df.outcome.tolist() == ["started"] and df.patch_status.tolist() == ["applied"]
 
 
+@nightly
+@pytest.mark.launches(1)
 def test_no_chunked_layers_starts_on_stock(tmp_path):
     """Expectations follow the config: attention_chunk_size null means no #51150."""
     code, run, _ = crash_repro(tmp_path, "--variant", "stock",
@@ -169,6 +191,7 @@ def test_no_chunked_layers_starts_on_stock(tmp_path):
     assert df.outcome.tolist() == ["started"] and str(df.answered[0]) == "True"
 
 
+@pytest.mark.launches(1)
 def test_wrong_expectation_is_reported_as_a_mismatch(tmp_path):
     """Seeded fault: a stock build where the scenario expects a start must fail the run."""
     scen_dir = tmp_path / "scen"
@@ -191,6 +214,7 @@ def test_wrong_expectation_is_reported_as_a_mismatch(tmp_path):
     assert failure is not None and "expected started, got crashed" in failure.get("message", "")
 
 
+@pytest.mark.launches(1)
 def test_startup_timeout_tears_everything_down(tmp_path):
     code, run, _ = crash_repro(tmp_path, "--variant", "current", "--connector", "off",
                                "--config", str(MODELS / "llama4-small-chunk.json"),
@@ -200,6 +224,7 @@ def test_startup_timeout_tears_everything_down(tmp_path):
     assert df.outcome.tolist() == ["timeout"]
 
 
+@pytest.mark.launches(1)
 def test_ctrl_c_stops_servers_and_keeps_results(tmp_path):
     proc = subprocess.Popen([*CLI, "crash-repro", "--results-dir", str(tmp_path),
                              "--variant", "current", "--connector", "off",
@@ -219,6 +244,7 @@ def test_ctrl_c_stops_servers_and_keeps_results(tmp_path):
     assert meta["status"] == "interrupted"
 
 
+@pytest.mark.launches(1)
 def test_sigkilled_harness_leaves_no_server(tmp_path):
     """Even a harness killed with SIGKILL (no handler runs) takes its server with it."""
     proc = subprocess.Popen([*CLI, "crash-repro", "--results-dir", str(tmp_path),

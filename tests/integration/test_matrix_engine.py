@@ -122,6 +122,7 @@ def test_results_files(subset):
         assert (Path(d) / "logs" / "server.log").is_file()
 
 
+@pytest.mark.launches(1)
 def test_a_wrong_expectation_fails_the_run_and_is_listed_first(tmp_path):
     """Seeded fault: Gemma 3 served with --disable-sliding-window, expected to pass.
 
@@ -150,3 +151,30 @@ def test_a_wrong_expectation_fails_the_run_and_is_listed_first(tmp_path):
     assert row.spec_classes == "FullAttentionSpec x4"
     assert "kv-layout" in row.failed_checks.split()
     assert "NO:" in out and "some cells not as expected" in out
+
+
+# The cells the PR tier leaves out: full attention (the base of every other test), the
+# plain sliding window and the Mamba2 hybrid, on both builds.
+REST = ["--geometry", "llama3-full", "--geometry", "mistral-swa",
+        "--geometry", "granite-hybrid-mamba"]
+
+
+@pytest.fixture(scope="module")
+def rest_of_matrix(tmp_path_factory):
+    return matrix(tmp_path_factory.mktemp("matrix-rest"), *REST)
+
+
+@pytest.mark.nightly
+def test_rest_of_matrix_matches_every_expectation(rest_of_matrix):
+    code, run, out = rest_of_matrix
+    assert code == 0, out
+    df = cells(run)
+    assert len(df) == 6 and df.matched.astype(str).eq("True").all(), df[["geometry", "why"]]
+    stock_swa = cell(df, "mistral-swa", "stock")
+    assert stock_swa.startup == "crashed" and "not divisible by tokens_per_hash" in (
+        stock_swa.message)
+    mamba = cell(df, "granite-hybrid-mamba", "current")
+    assert (mamba.startup, mamba.roundtrip, mamba.failed_checks) == (
+        "started", "fail", "engine-survived")
+    full = cell(df, "llama3-full", "current")
+    assert (full.roundtrip, full.spec_classes) == ("pass", "FullAttentionSpec x4")

@@ -62,7 +62,7 @@ def never(*_a: object, **_k: object) -> Any:
 
 @pytest.mark.parametrize(
     ("version", "status"),
-    [((3, 11, 7), "ok"), ((3, 12, 1), "warn"), ((3, 10, 0), "warn"), ((3, 9, 18), "fail")],
+    [((3, 11, 7), "ok"), ((3, 12, 1), "warn"), ((3, 10, 0), "fail"), ((3, 9, 18), "fail")],
 )
 def test_python_version(version, status):
     check = doctor.check_python(version)
