@@ -51,26 +51,35 @@ class Case:
 
     def record(self) -> dict[str, object]:
         return {
-            "case": self.name, "variant": self.variant, "config": self.config,
-            "connector": self.connector, "outcomes": ",".join(sorted(set(self.outcomes))),
+            "case": self.name,
+            "variant": self.variant,
+            "config": self.config,
+            "connector": self.connector,
+            "outcomes": ",".join(sorted(set(self.outcomes))),
             "harness_median_s": round(statistics.median(self.harness_s), 2),
             "bare_median_s": round(statistics.median(self.bare_s), 2),
             "harness_s": [round(x, 2) for x in self.harness_s],
             "bare_s": [round(x, 2) for x in self.bare_s],
             "harness_overhead_s": [round(x, 2) for x in self.overhead_s],
             "harness_overhead_median_s": round(statistics.median(self.overhead_s), 2),
-            "ratio": round(self.ratio, 3), "target": self.target,
+            "ratio": round(self.ratio, 3),
+            "target": self.target,
             "within_target": self.ratio < self.target,
         }
 
 
-def harness_time(scenario: CrashReproScenario, case: Case,
-                 log_dir: Path) -> tuple[float, str, float]:
+def harness_time(
+    scenario: CrashReproScenario, case: Case, log_dir: Path
+) -> tuple[float, str, float]:
     """Wall time from 'run crash-repro for this row' to the row's verdict."""
     probe.cache_clear()  # pay the interpreter probe, as a fresh CLI run does
     t0 = time.perf_counter()
-    plan = crash_repro.plan_run(scenario, variant_names=[case.variant],
-                                configs=[case.config], connector_modes=[case.connector])
+    plan = crash_repro.plan_run(
+        scenario,
+        variant_names=[case.variant],
+        configs=[case.config],
+        connector_modes=[case.connector],
+    )
     crash_repro.build_models(plan)
     row = plan.rows[0]
     crash_repro.run_row(row, scenario, log_dir)
@@ -84,8 +93,14 @@ def bare_time(row_plan: ServerPlan, log_path: Path, timeout_s: float) -> float:
     env = {**os.environ, **row_plan.env}
     with server_slot(), log_path.open("wb") as log:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(row_plan.argv(port), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            row_plan.argv(port),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
         try:
             while time.perf_counter() - t0 < timeout_s:
                 if proc.poll() is not None:
@@ -104,20 +119,28 @@ def bare_time(row_plan: ServerPlan, log_path: Path, timeout_s: float) -> float:
             proc.wait()
 
 
-def run_crash_repro_bench(scenario: CrashReproScenario, cases: list[Case], repeats: int,
-                          out_dir: Path, progress: Callable[[str], None] = print) -> list[Case]:
+def run_crash_repro_bench(
+    scenario: CrashReproScenario,
+    cases: list[Case],
+    repeats: int,
+    out_dir: Path,
+    progress: Callable[[str], None] = print,
+) -> list[Case]:
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     for case in cases:
-        plan = crash_repro.plan_run(scenario, variant_names=[case.variant],
-                                    configs=[case.config], connector_modes=[case.connector])
+        plan = crash_repro.plan_run(
+            scenario,
+            variant_names=[case.variant],
+            configs=[case.config],
+            connector_modes=[case.connector],
+        )
         crash_repro.build_models(plan)
         row_plan = plan.rows[0].plan
         # One unmeasured launch first: the first start of an environment pays cold caches
         # (seen: 13 s more in config resolution), which would land on whichever side
         # happens to go first.
-        bare_time(row_plan, log_dir / f"{case.name}-warmup.log",
-                  scenario.server.startup_timeout_s)
+        bare_time(row_plan, log_dir / f"{case.name}-warmup.log", scenario.server.startup_timeout_s)
         progress(f"{case.name}: warm-up launch done")
         for i in range(repeats):
             # ABBA ordering: each side goes first equally often.
@@ -125,13 +148,17 @@ def run_crash_repro_bench(scenario: CrashReproScenario, cases: list[Case], repea
             for side in order:
                 if side == "harness":
                     seconds, outcome, overhead = harness_time(
-                        scenario, case, log_dir / f"{case.name}-h{i}")
+                        scenario, case, log_dir / f"{case.name}-h{i}"
+                    )
                     case.harness_s.append(seconds)
                     case.outcomes.append(outcome)
                     case.overhead_s.append(overhead)
                 else:
-                    seconds = bare_time(row_plan, log_dir / f"{case.name}-bare{i}.log",
-                                        scenario.server.startup_timeout_s)
+                    seconds = bare_time(
+                        row_plan,
+                        log_dir / f"{case.name}-bare{i}.log",
+                        scenario.server.startup_timeout_s,
+                    )
                     case.bare_s.append(seconds)
                 progress(f"{case.name} #{i + 1} {side}: {seconds:.1f}s")
     return cases
@@ -161,10 +188,12 @@ def run_roundtrip_bench(scenario_path: Path, out_dir: Path) -> dict[str, Any]:
     floor = (result.startup_seconds or 0.0) + result.generation_seconds
     return {
         "passed": result.passed,
-        "pool_tokens": plan.pool_tokens, "filler_tokens": plan.filler_tokens,
+        "pool_tokens": plan.pool_tokens,
+        "filler_tokens": plan.filler_tokens,
         "filler_over_pool": round(plan.filler_tokens / (plan.pool_tokens or 1), 3),
         "filler_target": 1.5,
-        "wall_s": round(wall, 2), "startup_s": round(result.startup_seconds or 0.0, 2),
+        "wall_s": round(wall, 2),
+        "startup_s": round(result.startup_seconds or 0.0, 2),
         "generation_s": round(result.generation_seconds, 2),
         "wall_over_engine": round(wall / floor, 3) if floor else None,
         "wall_target": 1.3,

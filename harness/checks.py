@@ -117,14 +117,18 @@ class Expected:
         """Expected replay bytes per kind, summed over the targets."""
         out: dict[str, int] = {}
         for kind in self.layout:
-            per = (self.mamba_state_bytes if kind.kind == "mamba" else kind.bytes_per_token)
+            per = self.mamba_state_bytes if kind.kind == "mamba" else kind.bytes_per_token
             out[kind.kind] = sum(t.loaded_by_kind.get(kind.kind, 0) for t in self.targets) * per
         return out
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data.update(stored_bytes=self.stored_bytes, hit_tokens=self.hit_tokens,
-                    loaded_bytes=self.loaded_bytes, loaded_by_kind=self.loaded_split())
+        data.update(
+            stored_bytes=self.stored_bytes,
+            hit_tokens=self.hit_tokens,
+            loaded_bytes=self.loaded_bytes,
+            loaded_by_kind=self.loaded_split(),
+        )
         return data
 
     def recompute(self, prompt_lengths: dict[str, int], max_tokens: int) -> None:
@@ -157,17 +161,28 @@ class Expected:
 
 
 def expected_for(
-    *, prompt_lengths: dict[str, int], max_tokens: int, tokens_per_chunk: int,
-    layout: list[KindLayout], kv_block_size: int | None = None,
+    *,
+    prompt_lengths: dict[str, int],
+    max_tokens: int,
+    tokens_per_chunk: int,
+    layout: list[KindLayout],
+    kv_block_size: int | None = None,
     mamba_state_bytes: int = 0,
 ) -> Expected:
     by_kind = {k.kind: k for k in layout}
     attn = sum(k.bytes_per_token for k in layout if k.kind in ATTENTION_KINDS)
     full = sum(k.bytes_per_token for k in layout if k.kind in ("full", "mla"))
     chunked = by_kind.get("chunked-local")
-    exp = Expected(attn, full, chunked.bytes_per_token if chunked else 0, tokens_per_chunk,
-                   chunked.window if chunked else None, kv_block_size=kv_block_size or 0,
-                   layout=list(layout), mamba_state_bytes=mamba_state_bytes)
+    exp = Expected(
+        attn,
+        full,
+        chunked.bytes_per_token if chunked else 0,
+        tokens_per_chunk,
+        chunked.window if chunked else None,
+        kv_block_size=kv_block_size or 0,
+        layout=list(layout),
+        mamba_state_bytes=mamba_state_bytes,
+    )
     exp.recompute(prompt_lengths, max_tokens)
     return exp
 
@@ -197,33 +212,49 @@ def check_stored(exp: Expected, cold_stored: float) -> CheckResult:
     per_token = (cold_stored - mamba) / tokens if tokens else 0.0
     ok = int(cold_stored) == exp.stored_bytes and exp.stored_bytes > 0
     how = f"{tokens} tokens x {exp.kv_bytes_per_token} B"
-    trimmed = {k.kind: sum(t.stored_by_kind.get(k.kind, 0) for t in exp.targets)
-               for k in exp.layout if k.kind == "sliding-window"}
+    trimmed = {
+        k.kind: sum(t.stored_by_kind.get(k.kind, 0) for t in exp.targets)
+        for k in exp.layout
+        if k.kind == "sliding-window"
+    }
     if any(n != tokens for n in trimmed.values()):
         how += f", sliding-window layers {trimmed['sliding-window']} tokens"
     if exp.mamba_state_bytes:
         how += f" + {states} Mamba states x {exp.mamba_state_bytes:,} B"
     return CheckResult(
-        "cold-stored-bytes", ok, f"{_fmt_bytes(exp.stored_bytes)} ({how})",
+        "cold-stored-bytes",
+        ok,
+        f"{_fmt_bytes(exp.stored_bytes)} ({how})",
         f"{_fmt_bytes(cold_stored)} ({per_token:,.1f} B/token measured)",
         "the first pass must offload every full chunk of every layer, at the config's "
         "KV bytes per token",
-        "" if ok else ("nothing was stored" if cold_stored == 0 else
-                       _byte_diff(exp, int(cold_stored) - exp.stored_bytes)),
+        ""
+        if ok
+        else (
+            "nothing was stored"
+            if cold_stored == 0
+            else _byte_diff(exp, int(cold_stored) - exp.stored_bytes)
+        ),
     )
 
 
 def _byte_diff(exp: Expected, diff: int) -> str:
     """A byte difference, and what it is worth in tokens of each layer kind."""
-    worth = [f"{diff // k.bytes_per_token:+,} tokens of the {k.kind} layers"
-             for k in exp.layout if k.bytes_per_token and diff % k.bytes_per_token == 0]
+    worth = [
+        f"{diff // k.bytes_per_token:+,} tokens of the {k.kind} layers"
+        for k in exp.layout
+        if k.bytes_per_token and diff % k.bytes_per_token == 0
+    ]
     return f"off by {diff:+,} B" + (f" (= {' or '.join(worth)})" if worth else "")
 
 
 def check_filler_loaded_nothing(filler_loaded: float) -> CheckResult:
     ok = filler_loaded == 0
     return CheckResult(
-        "filler-loaded-nothing", ok, "0 B", _fmt_bytes(filler_loaded),
+        "filler-loaded-nothing",
+        ok,
+        "0 B",
+        _fmt_bytes(filler_loaded),
         "unrelated prompts share no prefix with the targets: any load is a false hit",
     )
 
@@ -231,12 +262,16 @@ def check_filler_loaded_nothing(filler_loaded: float) -> CheckResult:
 def check_evicted(replay_gpu_hits: float) -> CheckResult:
     ok = replay_gpu_hits == 0
     return CheckResult(
-        "gpu-cache-evicted", ok, "0 GPU prefix-cache hit tokens on replay",
+        "gpu-cache-evicted",
+        ok,
+        "0 GPU prefix-cache hit tokens on replay",
         f"{int(replay_gpu_hits)} tokens",
         "the replay must come from the connector, so the filler must have evicted the "
         "targets from the GPU prefix cache",
-        "" if ok else "the filler was too small to evict the GPU pool; the replay was "
-                      "served from GPU memory and proves nothing about offloading",
+        ""
+        if ok
+        else "the filler was too small to evict the GPU pool; the replay was "
+        "served from GPU memory and proves nothing about offloading",
     )
 
 
@@ -245,21 +280,34 @@ def check_loaded(exp: Expected, replay_loaded: float) -> CheckResult:
         bound = exp.hit_tokens * exp.kv_bytes_per_token
         ok = 0 < replay_loaded <= bound
         return CheckResult(
-            "replay-loaded-bytes", ok, f"0 < loaded <= {bound:,} B (layer kinds unknown: "
-            "pass --config for the exact figure)", _fmt_bytes(replay_loaded),
+            "replay-loaded-bytes",
+            ok,
+            f"0 < loaded <= {bound:,} B (layer kinds unknown: pass --config for the exact figure)",
+            _fmt_bytes(replay_loaded),
             "the replay must load back what it hits, and never more",
-            "" if ok else ("nothing was loaded back" if replay_loaded == 0 else
-                           "more bytes loaded than the hit can need"))
+            ""
+            if ok
+            else (
+                "nothing was loaded back"
+                if replay_loaded == 0
+                else "more bytes loaded than the hit can need"
+            ),
+        )
     ok = int(replay_loaded) == exp.loaded_bytes and exp.loaded_bytes > 0
     detail = ""
     if not ok:
-        detail = ("nothing was loaded back" if replay_loaded == 0 else
-                  "nothing could be loaded: no target has an external hit" if
-                  exp.loaded_bytes == 0 else
-                  f"off by {int(replay_loaded) - exp.loaded_bytes:+,} B")
+        detail = (
+            "nothing was loaded back"
+            if replay_loaded == 0
+            else "nothing could be loaded: no target has an external hit"
+            if exp.loaded_bytes == 0
+            else f"off by {int(replay_loaded) - exp.loaded_bytes:+,} B"
+        )
     split = " + ".join(f"{kind} {n:,}" for kind, n in exp.loaded_split().items())
     return CheckResult(
-        "replay-loaded-bytes", ok, f"{_fmt_bytes(exp.loaded_bytes)} ({split})",
+        "replay-loaded-bytes",
+        ok,
+        f"{_fmt_bytes(exp.loaded_bytes)} ({split})",
         _fmt_bytes(replay_loaded),
         "the replay must load back exactly what its hit needs: all of it for full "
         "attention, only what a window still reaches for chunked-local and sliding-window "
@@ -272,29 +320,44 @@ def check_ext_hits(exp: Expected, replay_ext_hits: float) -> CheckResult:
     ok = int(replay_ext_hits) == exp.hit_tokens
     per = ", ".join(f"{t.hit_tokens}/{t.prompt_tokens}" for t in exp.targets)
     return CheckResult(
-        "replay-external-hits", ok, f"{exp.hit_tokens} tokens ({per})",
+        "replay-external-hits",
+        ok,
+        f"{exp.hit_tokens} tokens ({per})",
         f"{int(replay_ext_hits)} tokens",
         "the connector must serve every block-aligned prompt token but the last",
-        "" if ok else ("fewer hits than stored: chunks stored but not found (or a window "
-                       "rounded down)" if replay_ext_hits < exp.hit_tokens else
-                       "more hits than possible: double counting"),
+        ""
+        if ok
+        else (
+            "fewer hits than stored: chunks stored but not found (or a window rounded down)"
+            if replay_ext_hits < exp.hit_tokens
+            else "more hits than possible: double counting"
+        ),
     )
 
 
 def check_layout(predicted: list[KindLayout], engine: list[KindLayout]) -> CheckResult:
     """The engine built the KV-cache kinds the config implies (no silent reclassification)."""
+
     def fmt(layout: list[KindLayout]) -> str:
-        return ", ".join(f"{k.kind} x{k.layers} ({k.bytes_per_token} B/token"
-                         + (f", window {k.window}" if k.window else "") + ")" for k in layout)
+        return ", ".join(
+            f"{k.kind} x{k.layers} ({k.bytes_per_token} B/token"
+            + (f", window {k.window}" if k.window else "")
+            + ")"
+            for k in layout
+        )
 
     want = [(k.kind, k.layers, k.bytes_per_token, k.window) for k in predicted]
     got = [(k.kind, k.layers, k.bytes_per_token, k.window) for k in engine]
     ok = want == got
     return CheckResult(
-        "kv-layout", ok, fmt(predicted), fmt(engine) or "no report",
+        "kv-layout",
+        ok,
+        fmt(predicted),
+        fmt(engine) or "no report",
         "the byte rules depend on each layer's spec kind: a layer the engine built as another "
         "kind (say a sliding window built as full attention) changes what must be offloaded",
-        "" if ok else "the engine's KV-cache groups differ from what the config implies")
+        "" if ok else "the engine's KV-cache groups differ from what the config implies",
+    )
 
 
 def check_outputs(pairs: list[tuple[str, Any]], name: str, why: str) -> CheckResult:
@@ -303,15 +366,23 @@ def check_outputs(pairs: list[tuple[str, Any]], name: str, why: str) -> CheckRes
     detail = ""
     if bad:
         req, div = bad[0]
-        detail = (f"{req}: first difference in {div.field} at position {div.position}: "
-                  f"{div.left!r} vs {div.right!r}")
+        detail = (
+            f"{req}: first difference in {div.field} at position {div.position}: "
+            f"{div.left!r} vs {div.right!r}"
+        )
     return CheckResult(
-        name, not bad, f"{len(pairs)} identical outputs (text, token ids, logprobs)",
-        f"{len(pairs) - len(bad)} identical", why, detail)
+        name,
+        not bad,
+        f"{len(pairs)} identical outputs (text, token ids, logprobs)",
+        f"{len(pairs) - len(bad)} identical",
+        why,
+        detail,
+    )
 
 
-def check_outputs_within(closeness: list[tuple[str, Any]], name: str, why: str,
-                         tol: float) -> CheckResult:
+def check_outputs_within(
+    closeness: list[tuple[str, Any]], name: str, why: str, tol: float
+) -> CheckResult:
     """``closeness``: (request name, ``workload.Closeness``) for each target; passes when
     no output differs beyond ``tol`` (near-tie token flips are reported, not failed)."""
     bad = [(req, c) for req, c in closeness if c.divergence is not None]
@@ -319,15 +390,25 @@ def check_outputs_within(closeness: list[tuple[str, Any]], name: str, why: str,
     if bad:
         req, c = bad[0]
         div = c.divergence
-        detail = (f"{req}: difference beyond {tol:g} in {div.field} at position "
-                  f"{div.position}: {div.left!r} vs {div.right!r}")
+        detail = (
+            f"{req}: difference beyond {tol:g} in {div.field} at position "
+            f"{div.position}: {div.left!r} vs {div.right!r}"
+        )
     worst = max((c.max_delta for _, c in closeness), default=0.0)
     ties = [f"{req} token {c.near_tie}" for req, c in closeness if c.near_tie is not None]
-    observed = (f"{len(closeness) - len(bad)} within tolerance; max |logprob delta| "
-                f"{worst:.2g}" if worst else f"{len(closeness) - len(bad)} identical")
+    observed = (
+        f"{len(closeness) - len(bad)} within tolerance; max |logprob delta| {worst:.2g}"
+        if worst
+        else f"{len(closeness) - len(bad)} identical"
+    )
     if ties:
         observed += f"; near-tie flips at {', '.join(ties)}"
     return CheckResult(
-        name, not bad,
+        name,
+        not bad,
         f"{len(closeness)} outputs with the same tokens and logprobs within {tol:g} "
-        "(a near-tie may flip a token)", observed, why, detail)
+        "(a near-tie may flip a token)",
+        observed,
+        why,
+        detail,
+    )

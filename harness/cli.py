@@ -51,8 +51,12 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="print the version and exit")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
 ) -> None:
     """Prove vLLM's KV-cache offloading is correct on Llama 4 models."""
 
@@ -69,29 +73,45 @@ def _fail(err: HarnessError) -> typer.Exit:
 
 @app.command("crash-repro")
 def crash_repro_cmd(
-    scenario: Annotated[Path | None, typer.Option(
-        help="crash-repro scenario (TOML)", show_default="scenarios/crash-repro.toml")] = None,
-    variant: Annotated[list[str] | None, typer.Option(
-        "--variant", "-v", help="vLLM variant(s) to run (repeatable); default: the scenario's")
+    scenario: Annotated[
+        Path | None,
+        typer.Option(help="crash-repro scenario (TOML)", show_default="scenarios/crash-repro.toml"),
     ] = None,
-    patch: Annotated[str | None, typer.Option(
-        help="patch applied inside vLLM for every variant: chunked-local-fix, "
-             "chunked-local-floor, hits-minus-chunk or none (overrides the variants' own)")
+    variant: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--variant", "-v", help="vLLM variant(s) to run (repeatable); default: the scenario's"
+        ),
     ] = None,
-    config: Annotated[list[Path] | None, typer.Option(
-        "--config", "-c", help="model config.json to use instead of the scenario's (repeatable)")
+    patch: Annotated[
+        str | None,
+        typer.Option(
+            help="patch applied inside vLLM for every variant: chunked-local-fix, "
+            "chunked-local-floor, hits-minus-chunk or none (overrides the variants' own)"
+        ),
     ] = None,
-    connector: Annotated[ConnectorChoice, typer.Option(
-        help="launch with the offloading connector on, off (control) or both")
+    config: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--config", "-c", help="model config.json to use instead of the scenario's (repeatable)"
+        ),
+    ] = None,
+    connector: Annotated[
+        ConnectorChoice,
+        typer.Option(help="launch with the offloading connector on, off (control) or both"),
     ] = ConnectorChoice.both,
-    results_dir: Annotated[Path, typer.Option(help="where run directories are created")
-                           ] = Path("results"),
-    port: Annotated[int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")
-                    ] = None,
-    timeout: Annotated[float | None, typer.Option(help="startup timeout per server, seconds")
-                       ] = None,
-    dry_run: Annotated[bool, typer.Option(help="print the plan and commands; launch nothing")
-                       ] = False,
+    results_dir: Annotated[Path, typer.Option(help="where run directories are created")] = Path(
+        "results"
+    ),
+    port: Annotated[
+        int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="startup timeout per server, seconds")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option(help="print the plan and commands; launch nothing")
+    ] = False,
 ) -> None:
     """Launch vLLM with offloading on weight-free Llama 4 configs: which builds start, which crash.
 
@@ -111,8 +131,11 @@ def crash_repro_cmd(
             check_port_free(port)
         modes = None if connector is ConnectorChoice.both else [connector.value]
         plan = crash_repro.plan_run(
-            scen, variant_names=variant or None, patch=patch,
-            configs=[str(c) for c in config] if config else None, connector_modes=modes,
+            scen,
+            variant_names=variant or None,
+            patch=patch,
+            configs=[str(c) for c in config] if config else None,
+            connector_modes=modes,
         )
     except HarnessError as err:
         raise _fail(err) from None
@@ -128,12 +151,16 @@ def _print_host() -> None:
     from harness.engine.amx import ENV_AMX, planned_state
 
     state = planned_state()
-    why = {"requested": "AMX tile permission requested in every vLLM process (vLLM's CPU "
-                        f"attention needs it and never asks; {ENV_AMX}=off to reproduce that)",
-           "off": f"AMX present but {ENV_AMX}=off: vLLM's CPU attention may die by SIGILL",
-           "not-needed": "no AMX on this CPU: nothing to request"}[state]
-    console.print(f"  host: amx_permission={state} ({why}); servers run with "
-                  "PYTHONFAULTHANDLER=1", highlight=False)
+    why = {
+        "requested": "AMX tile permission requested in every vLLM process (vLLM's CPU "
+        f"attention needs it and never asks; {ENV_AMX}=off to reproduce that)",
+        "off": f"AMX present but {ENV_AMX}=off: vLLM's CPU attention may die by SIGILL",
+        "not-needed": "no AMX on this CPU: nothing to request",
+    }[state]
+    console.print(
+        f"  host: amx_permission={state} ({why}); servers run with PYTHONFAULTHANDLER=1",
+        highlight=False,
+    )
 
 
 def _print_plan(plan: object) -> None:
@@ -142,16 +169,19 @@ def _print_plan(plan: object) -> None:
 
     assert isinstance(plan, RunPlan)
     skipped = sum(1 for r in plan.rows if r.skip_reason)
-    console.print(f"[bold]scenario[/] {plan.scenario.name}: {len(plan.rows) - skipped} launches, "
-                  "one at a time" + (f" ({skipped} rows skipped on this host)" if skipped else ""))
+    console.print(
+        f"[bold]scenario[/] {plan.scenario.name}: {len(plan.rows) - skipped} launches, "
+        "one at a time" + (f" ({skipped} rows skipped on this host)" if skipped else "")
+    )
     _print_host()
     for n, env in plan.environments.items():
-        console.print(f"  variant {n}: vLLM {env.vllm_version} ({env.vllm_dist}) on "
-                      f"{env.device}, offload backend {backends(plan)[n]}, python {env.python}",
-                      highlight=False)
+        console.print(
+            f"  variant {n}: vLLM {env.vllm_version} ({env.vllm_dist}) on "
+            f"{env.device}, offload backend {backends(plan)[n]}, python {env.python}",
+            highlight=False,
+        )
     for row in plan.rows:
-        exp = row.expected + (f" ({known_label(row.expected_known)})"
-                              if row.expected_known else "")
+        exp = row.expected + (f" ({known_label(row.expected_known)})" if row.expected_known else "")
         console.print(f"[bold]{row.key}[/] expect {exp}", highlight=False)
         if row.skip_reason:
             console.print(f"  skipped on this host: {row.skip_reason}", highlight=False)
@@ -197,9 +227,13 @@ def _open_run(results_dir: Path, command: str, scenario: Any) -> Any:
         run_dir = RunDirectory(new_run_dir(results_dir, command), command)
     except OSError as err:
         raise _fail(HarnessError(f"cannot create results directory: {err}")) from None
-    run_dir.update_meta(scenario=scenario.model_dump(mode="json"),
-                        scenario_file=str(scenario.source), platform=host_platform(),
-                        host=host_record(), git_revision=git_revision(REPO_ROOT))
+    run_dir.update_meta(
+        scenario=scenario.model_dump(mode="json"),
+        scenario_file=str(scenario.source),
+        platform=host_platform(),
+        host=host_record(),
+        git_revision=git_revision(REPO_ROOT),
+    )
     return run_dir
 
 
@@ -211,30 +245,69 @@ def _run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
     assert isinstance(plan, crash_repro.RunPlan)
     run_dir = _open_run(results_dir, "crash-repro", plan.scenario)
     run_dir.update_meta(
-        variants={n: {**v.model_dump(), **plan.environments[n].as_dict(),
-                      "offload_backend": crash_repro.backends(plan)[n]}
-                  for n, v in plan.variants.items()},
-        models=[{"name": m.name, "config_file": m.config_path,
-                 "chunked_local_layers": m.chunked_local_layers} for m in plan.models],
+        variants={
+            n: {
+                **v.model_dump(),
+                **plan.environments[n].as_dict(),
+                "offload_backend": crash_repro.backends(plan)[n],
+            }
+            for n, v in plan.variants.items()
+        },
+        models=[
+            {
+                "name": m.name,
+                "config_file": m.config_path,
+                "chunked_local_layers": m.chunked_local_layers,
+            }
+            for m in plan.models
+        ],
         gpus=sorted({g for e in plan.environments.values() for g in e.gpus}),
     )
-    columns = ["model", "variant", "vllm_version", "patch", "patch_status", "connector",
-               "chunked_local", "outcome", "seconds", "signature", "exception", "frame",
-               "message", "known_issue", "answered", "answer", "returncode", "kernels",
-               "expected", "expected_known", "matched", "why", "log", "command"]
+    columns = [
+        "model",
+        "variant",
+        "vllm_version",
+        "patch",
+        "patch_status",
+        "connector",
+        "chunked_local",
+        "outcome",
+        "seconds",
+        "signature",
+        "exception",
+        "frame",
+        "message",
+        "known_issue",
+        "answered",
+        "answer",
+        "returncode",
+        "kernels",
+        "expected",
+        "expected_known",
+        "matched",
+        "why",
+        "log",
+        "command",
+    ]
 
     def write_rows() -> None:
         done = [r for r in plan.rows if r.outcome]
         run_dir.write_csv("outcomes.csv", [r.record() for r in done], columns)
-        cases = [JUnitCase(
-            classname=f"crash-repro.{r.model}",
-            name=f"{r.variant} connector={'on' if r.connector else 'off'}",
-            seconds=r.seconds or 0.0,
-            failure=None if r.matched else (r.why or "mismatch"),
-            stdout=f"outcome={r.outcome} {r.signature}\nlog={r.log}",
-            properties={"outcome": r.outcome, "expected": r.expected,
-                        "vllm_version": r.vllm_version},
-        ) for r in done]
+        cases = [
+            JUnitCase(
+                classname=f"crash-repro.{r.model}",
+                name=f"{r.variant} connector={'on' if r.connector else 'off'}",
+                seconds=r.seconds or 0.0,
+                failure=None if r.matched else (r.why or "mismatch"),
+                stdout=f"outcome={r.outcome} {r.signature}\nlog={r.log}",
+                properties={
+                    "outcome": r.outcome,
+                    "expected": r.expected,
+                    "vllm_version": r.vllm_version,
+                },
+            )
+            for r in done
+        ]
         run_dir.write_text("junit.xml", junit_xml("crash-repro", cases))
 
     class Reporter(CrashReproProgress):
@@ -253,52 +326,80 @@ def _run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
             write_rows()
     status, code = outcome.status, outcome.code
     done = [r for r in plan.rows if r.outcome]
-    run_dir.finish(status, int(code), summary={
-        "rows": len(plan.rows), "done": len(done),
-        "matched": sum(1 for r in done if r.matched),
-        "mismatched": sum(1 for r in done if not r.matched),
-    })
+    run_dir.finish(
+        status,
+        int(code),
+        summary={
+            "rows": len(plan.rows),
+            "done": len(done),
+            "matched": sum(1 for r in done if r.matched),
+            "mismatched": sum(1 for r in done if not r.matched),
+        },
+    )
     if done:
         console.print(crash_repro_table(done))
     bad = sum(1 for r in done if not r.matched)
-    verdict = "[green]all rows as expected[/]" if not bad and status == "finished" else (
-        f"[red]{bad} row(s) not as expected[/]" if bad else f"[yellow]{status}[/]")
+    verdict = (
+        "[green]all rows as expected[/]"
+        if not bad and status == "finished"
+        else (f"[red]{bad} row(s) not as expected[/]" if bad else f"[yellow]{status}[/]")
+    )
     console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
     return int(code)
 
 
 @app.command("roundtrip")
 def roundtrip_cmd(
-    scenario: Annotated[Path | None, typer.Option(
-        help="roundtrip scenario (TOML)", show_default="scenarios/roundtrip-cpu.toml")] = None,
-    variant: Annotated[str | None, typer.Option(help="vLLM variant (default: scenario's)")
-                       ] = None,
-    patch: Annotated[str | None, typer.Option(
-        help="patch inside vLLM: chunked-local-fix, chunked-local-floor, hits-minus-chunk "
-             "or none")] = None,
-    config: Annotated[Path | None, typer.Option(help="model geometry (config.json) to use")
-                      ] = None,
-    tp: Annotated[int | None, typer.Option("--tp", min=1, help="tensor parallel size")] = None,
-    fault: Annotated[str | None, typer.Option(
-        help="seeded fault in the host backend: corrupt-load, drop-store, no-load, "
-             "partial-store, partial-load")] = None,
-    filler_count: Annotated[int | None, typer.Option(
-        min=0, help="send exactly this many filler prompts instead of sizing from the pool")
+    scenario: Annotated[
+        Path | None,
+        typer.Option(help="roundtrip scenario (TOML)", show_default="scenarios/roundtrip-cpu.toml"),
     ] = None,
-    url: Annotated[str | None, typer.Option(help="attach to a running server instead")
-                   ] = None,
-    results_dir: Annotated[Path, typer.Option(help="where run directories are created")
-                           ] = Path("results"),
-    port: Annotated[int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")
-                    ] = None,
-    dry_run: Annotated[bool, typer.Option(help="print the plan and command; launch nothing")
-                       ] = False,
-    baseline: Annotated[bool, typer.Option(
-        help="also run the targets on a second server without the connector and compare")
+    variant: Annotated[str | None, typer.Option(help="vLLM variant (default: scenario's)")] = None,
+    patch: Annotated[
+        str | None,
+        typer.Option(
+            help="patch inside vLLM: chunked-local-fix, chunked-local-floor, hits-minus-chunk "
+            "or none"
+        ),
+    ] = None,
+    config: Annotated[Path | None, typer.Option(help="model geometry (config.json) to use")] = None,
+    tp: Annotated[int | None, typer.Option("--tp", min=1, help="tensor parallel size")] = None,
+    fault: Annotated[
+        str | None,
+        typer.Option(
+            help="seeded fault in the host backend: corrupt-load, drop-store, no-load, "
+            "partial-store, partial-load"
+        ),
+    ] = None,
+    filler_count: Annotated[
+        int | None,
+        typer.Option(
+            min=0, help="send exactly this many filler prompts instead of sizing from the pool"
+        ),
+    ] = None,
+    url: Annotated[str | None, typer.Option(help="attach to a running server instead")] = None,
+    results_dir: Annotated[Path, typer.Option(help="where run directories are created")] = Path(
+        "results"
+    ),
+    port: Annotated[
+        int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option(help="print the plan and command; launch nothing")
     ] = False,
-    engine_arg: Annotated[list[str] | None, typer.Option(
-        "--engine-arg", help="extra argument passed to the server, e.g. "
-                             "--engine-arg=--distributed-executor-backend=ray (repeatable)")
+    baseline: Annotated[
+        bool,
+        typer.Option(
+            help="also run the targets on a second server without the connector and compare"
+        ),
+    ] = False,
+    engine_arg: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--engine-arg",
+            help="extra argument passed to the server, e.g. "
+            "--engine-arg=--distributed-executor-backend=ray (repeatable)",
+        ),
     ] = None,
 ) -> None:
     """Offload, evict with unrelated traffic, replay: bytes, hits and output must be exact.
@@ -321,17 +422,24 @@ def roundtrip_cmd(
         if url:
             plan = rt.attach_plan(scen, url, str(config) if config else None)
         else:
-            plan = rt.plan_roundtrip(scen, variant=variant, patch=patch,
-                                     config=str(config) if config else None, tp=tp,
-                                     fault=fault, extra_args=engine_arg)
+            plan = rt.plan_roundtrip(
+                scen,
+                variant=variant,
+                patch=patch,
+                config=str(config) if config else None,
+                tp=tp,
+                fault=fault,
+                extra_args=engine_arg,
+            )
     except HarnessError as err:
         raise _fail(err) from None
     if dry_run:
         _print_roundtrip_plan(plan)
         raise typer.Exit(0)
     if baseline and url:
-        raise _fail(HarnessError("--baseline launches its own server; it cannot be combined "
-                                 "with --url"))
+        raise _fail(
+            HarnessError("--baseline launches its own server; it cannot be combined with --url")
+        )
     raise typer.Exit(_run_roundtrip(plan, results_dir, url, port, baseline))
 
 
@@ -341,26 +449,45 @@ def _print_roundtrip_plan(plan: object) -> None:
     assert isinstance(plan, RoundtripPlan)
     d = plan.describe()
     exp = plan.expected
-    console.print(f"[bold]roundtrip plan[/] {plan.scenario.name}: model {plan.model_ref}, "
-                  f"variant {plan.variant}, TP {plan.tensor_parallel}", highlight=False)
+    console.print(
+        f"[bold]roundtrip plan[/] {plan.scenario.name}: model {plan.model_ref}, "
+        f"variant {plan.variant}, TP {plan.tensor_parallel}",
+        highlight=False,
+    )
     _print_host()
-    kinds = ", ".join(f"{k.kind} x{k.layers} {k.bytes_per_token:,} B/token"
-                      + (f" window {k.window}" if k.window else "") for k in exp.layout)
-    console.print(f"  KV layout: {kinds or 'unknown'}; offload chunk {exp.tokens_per_chunk} "
-                  f"tokens, KV block {exp.kv_block_size}", highlight=False)
+    kinds = ", ".join(
+        f"{k.kind} x{k.layers} {k.bytes_per_token:,} B/token"
+        + (f" window {k.window}" if k.window else "")
+        for k in exp.layout
+    )
+    console.print(
+        f"  KV layout: {kinds or 'unknown'}; offload chunk {exp.tokens_per_chunk} "
+        f"tokens, KV block {exp.kv_block_size}",
+        highlight=False,
+    )
     if exp.mamba_state_bytes:
-        console.print(f"  Mamba state {exp.mamba_state_bytes:,} B over all Mamba layers",
-                      highlight=False)
+        console.print(
+            f"  Mamba state {exp.mamba_state_bytes:,} B over all Mamba layers", highlight=False
+        )
     for t in exp.targets:
         need = ", ".join(f"{kind} {n}" for kind, n in t.loaded_by_kind.items())
-        console.print(f"  {t.name}: {t.prompt_tokens} tokens -> stores {t.stored_tokens}, "
-                      f"replay hit {t.hit_tokens}; each layer loads back ({need}) "
-                      f"= {t.loaded_bytes:,} B", highlight=False)
-    console.print(f"  expected: stored {exp.stored_bytes:,} B, loaded {exp.loaded_bytes:,} B, "
-                  f"external hits {exp.hit_tokens} tokens", highlight=False)
-    console.print(f"  filler: sized at launch from the live pool x "
-                  f"{1 + plan.scenario.workload.filler_margin:g}; CPU tier capacity "
-                  f"~{plan.cpu_capacity_tokens} tokens", highlight=False)
+        console.print(
+            f"  {t.name}: {t.prompt_tokens} tokens -> stores {t.stored_tokens}, "
+            f"replay hit {t.hit_tokens}; each layer loads back ({need}) "
+            f"= {t.loaded_bytes:,} B",
+            highlight=False,
+        )
+    console.print(
+        f"  expected: stored {exp.stored_bytes:,} B, loaded {exp.loaded_bytes:,} B, "
+        f"external hits {exp.hit_tokens} tokens",
+        highlight=False,
+    )
+    console.print(
+        f"  filler: sized at launch from the live pool x "
+        f"{1 + plan.scenario.workload.filler_margin:g}; CPU tier capacity "
+        f"~{plan.cpu_capacity_tokens} tokens",
+        highlight=False,
+    )
     for note in plan.notes:
         console.print(f"  note: {note}", highlight=False)
     if plan.server is not None:
@@ -369,8 +496,9 @@ def _print_roundtrip_plan(plan: object) -> None:
         console.print("  argv: " + json.dumps(d["server_argv"]), highlight=False, markup=False)
 
 
-def _run_roundtrip(plan: object, results_dir: Path, url: str | None, port: int | None,
-                   baseline: bool = False) -> int:
+def _run_roundtrip(
+    plan: object, results_dir: Path, url: str | None, port: int | None, baseline: bool = False
+) -> int:
     from harness import roundtrip as rt
     from harness.reporting import RoundtripProgress, checks_table, phase_table
     from harness.roundtrip_files import RoundtripWriter
@@ -379,16 +507,26 @@ def _run_roundtrip(plan: object, results_dir: Path, url: str | None, port: int |
     run_dir = _open_run(results_dir, "roundtrip", plan.scenario)
     run_dir.update_meta(
         variant={"name": plan.variant, **(plan.env.as_dict() if plan.env else {"url": url})},
-        plan=plan.describe())
+        plan=plan.describe(),
+    )
     on_record = RoundtripWriter(run_dir, plan)
 
-    console.print(f"[bold]roundtrip[/] {plan.scenario.name} on {plan.model_ref} "
-                  f"(variant {plan.variant})", highlight=False)
+    console.print(
+        f"[bold]roundtrip[/] {plan.scenario.name} on {plan.model_ref} (variant {plan.variant})",
+        highlight=False,
+    )
     result = None
     with _guard() as outcome:
         rt.build_local_model(plan)
-        result = rt.execute(plan, run_dir.path, RoundtripProgress(console), on_record,
-                            url=url, port=port, baseline=baseline)
+        result = rt.execute(
+            plan,
+            run_dir.path,
+            RoundtripProgress(console),
+            on_record,
+            url=url,
+            port=port,
+            baseline=baseline,
+        )
         if not result.passed:
             outcome.code = ExitCode.MISMATCH
     code = outcome.code
@@ -397,10 +535,8 @@ def _run_roundtrip(plan: object, results_dir: Path, url: str | None, port: int |
         if result.phases:
             console.print(phase_table([p.record() for p in result.phases]))
         if result.checks:
-            console.print(checks_table([c.record() for c in
-                                        (*result.checks, *result.info_checks)]))
-        verdict = ("[green]all checks passed[/]" if result.passed
-                   else "[red]some checks failed[/]")
+            console.print(checks_table([c.record() for c in (*result.checks, *result.info_checks)]))
+        verdict = "[green]all checks passed[/]" if result.passed else "[red]some checks failed[/]"
         console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
     else:
         console.print(f"results so far: {run_dir.path}", highlight=False)
@@ -416,20 +552,35 @@ class BenchPart(str, Enum):
 
 @app.command("matrix")
 def matrix_cmd(
-    scenario: Annotated[Path | None, typer.Option(
-        help="matrix scenario (TOML)", show_default="scenarios/matrix.toml")] = None,
-    family: Annotated[list[str] | None, typer.Option(
-        "--family", "-f", help="only these families (repeatable): full-attention, "
-                               "sliding-window, chunked-local, mamba-hybrid, mla")] = None,
-    variant: Annotated[list[str] | None, typer.Option(
-        "--variant", "-v", help="only these vLLM variants (repeatable)")] = None,
-    geometry: Annotated[list[str] | None, typer.Option(
-        "--geometry", "-g", help="only these model geometries, by file stem (repeatable)")
+    scenario: Annotated[
+        Path | None,
+        typer.Option(help="matrix scenario (TOML)", show_default="scenarios/matrix.toml"),
     ] = None,
-    results_dir: Annotated[Path, typer.Option(help="where run directories are created")
-                           ] = Path("results"),
-    dry_run: Annotated[bool, typer.Option(help="print the cells and expectations; launch "
-                                               "nothing")] = False,
+    family: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--family",
+            "-f",
+            help="only these families (repeatable): full-attention, "
+            "sliding-window, chunked-local, mamba-hybrid, mla",
+        ),
+    ] = None,
+    variant: Annotated[
+        list[str] | None,
+        typer.Option("--variant", "-v", help="only these vLLM variants (repeatable)"),
+    ] = None,
+    geometry: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--geometry", "-g", help="only these model geometries, by file stem (repeatable)"
+        ),
+    ] = None,
+    results_dir: Annotated[Path, typer.Option(help="where run directories are created")] = Path(
+        "results"
+    ),
+    dry_run: Annotated[
+        bool, typer.Option(help="print the cells and expectations; launch nothing")
+    ] = False,
 ) -> None:
     """Every KV-cache spec family x vLLM variant: engine spec classes, startup, round trip.
 
@@ -441,20 +592,26 @@ def matrix_cmd(
 
     try:
         scen = load_matrix(scenario or _default_scenario("matrix.toml"))
-        plan = mx.plan_matrix(scen, families=family or None, variants=variant or None,
-                              geometries=geometry or None)
+        plan = mx.plan_matrix(
+            scen, families=family or None, variants=variant or None, geometries=geometry or None
+        )
     except HarnessError as err:
         raise _fail(err) from None
     if dry_run:
-        console.print(f"[bold]matrix[/] {scen.name}: {len(plan.cells)} cells, one server at a "
-                      "time", highlight=False)
+        console.print(
+            f"[bold]matrix[/] {scen.name}: {len(plan.cells)} cells, one server at a time",
+            highlight=False,
+        )
         for cell in plan.cells:
             assert cell.plan is not None
             exp = cell.plan.expected
-            console.print(f"  {cell.key} (vLLM {cell.vllm_version}): expect "
-                          f"{cell.expected_text()}; plan stores {exp.stored_bytes:,} B, loads "
-                          f"{exp.loaded_bytes:,} B, hits {exp.hit_tokens} tokens",
-                          highlight=False, markup=False)
+            console.print(
+                f"  {cell.key} (vLLM {cell.vllm_version}): expect "
+                f"{cell.expected_text()}; plan stores {exp.stored_bytes:,} B, loads "
+                f"{exp.loaded_bytes:,} B, hits {exp.hit_tokens} tokens",
+                highlight=False,
+                markup=False,
+            )
         raise typer.Exit(0)
     raise typer.Exit(_run_matrix(plan, results_dir))
 
@@ -468,8 +625,7 @@ def _run_matrix(plan: object, results_dir: Path) -> int:
 
     assert isinstance(plan, mx.MatrixPlan)
     run_dir = _open_run(results_dir, "matrix", plan.scenario)
-    run_dir.update_meta(base_scenario=str(plan.base.source),
-                        cells=[c.key for c in plan.cells])
+    run_dir.update_meta(base_scenario=str(plan.base.source), cells=[c.key for c in plan.cells])
     done: list[mx.Cell] = []
     writers: dict[str, RoundtripWriter] = {}
 
@@ -485,20 +641,32 @@ def _run_matrix(plan: object, results_dir: Path) -> int:
         if cell.key in writers:
             # The cell's own run.json ends like a roundtrip run's, with the cell's verdict.
             writers[cell.key].run_dir.finish(
-                "finished", int(ExitCode.OK if cell.matched else ExitCode.MISMATCH),
-                passed=cell.roundtrip == "pass", cell_verdict=cell.record())
+                "finished",
+                int(ExitCode.OK if cell.matched else ExitCode.MISMATCH),
+                passed=cell.roundtrip == "pass",
+                cell_verdict=cell.record(),
+            )
         cells = mx.ordered(done)
         records = [c.record() for c in cells]
         run_dir.write_csv("matrix.csv", records, list(records[0]))
-        cases = [JUnitCase(
-            classname=f"matrix.{c.family}", name=f"{c.geometry} / {c.variant}",
-            seconds=c.seconds,
-            failure=None if c.matched or c.roundtrip == "error" else
-            f"expected {c.expected_text()}, observed {c.observed_text()}: {c.why}",
-            error=f"{c.why}" if c.roundtrip == "error" and not c.matched else None,
-            properties={"spec_classes": c.specs, "vllm_version": c.vllm_version,
-                        "startup": c.startup, "roundtrip": c.roundtrip})
-            for c in cells]
+        cases = [
+            JUnitCase(
+                classname=f"matrix.{c.family}",
+                name=f"{c.geometry} / {c.variant}",
+                seconds=c.seconds,
+                failure=None
+                if c.matched or c.roundtrip == "error"
+                else f"expected {c.expected_text()}, observed {c.observed_text()}: {c.why}",
+                error=f"{c.why}" if c.roundtrip == "error" and not c.matched else None,
+                properties={
+                    "spec_classes": c.specs,
+                    "vllm_version": c.vllm_version,
+                    "startup": c.startup,
+                    "roundtrip": c.roundtrip,
+                },
+            )
+            for c in cells
+        ]
         run_dir.write_text("junit.xml", junit_xml("matrix", cases))
         run_dir.write_text("report.md", matrix_report(cells, {"results_dir": str(run_dir.path)}))
 
@@ -507,12 +675,19 @@ def _run_matrix(plan: object, results_dir: Path) -> int:
         if any(not c.matched for c in done):
             outcome.code = ExitCode.MISMATCH
     code = outcome.code
-    run_dir.finish(outcome.status, int(code), cells_run=len(done),
-                   cells_matched=sum(1 for c in done if c.matched))
+    run_dir.finish(
+        outcome.status,
+        int(code),
+        cells_run=len(done),
+        cells_matched=sum(1 for c in done if c.matched),
+    )
     if done:
         console.print(matrix_table(mx.ordered(done)))
-    verdict = ("[green]every cell as expected[/]" if done and all(c.matched for c in done)
-               else "[red]some cells not as expected[/]")
+    verdict = (
+        "[green]every cell as expected[/]"
+        if done and all(c.matched for c in done)
+        else "[red]some cells not as expected[/]"
+    )
     console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
     return int(code)
 
@@ -521,10 +696,10 @@ def _run_matrix(plan: object, results_dir: Path) -> int:
 def bench_cmd(
     repeats: Annotated[int, typer.Option(min=1, help="launches per side and case")] = 3,
     only: Annotated[BenchPart, typer.Option(help="run one part only")] = BenchPart.all,
-    config: Annotated[Path | None, typer.Option(help="model config (default: small-chunk)")
-                      ] = None,
-    results_dir: Annotated[Path, typer.Option(help="where run directories are created")
-                           ] = Path("results"),
+    config: Annotated[Path | None, typer.Option(help="model config (default: small-chunk)")] = None,
+    results_dir: Annotated[Path, typer.Option(help="where run directories are created")] = Path(
+        "results"
+    ),
 ) -> None:
     """Benchmarks as ratios measured side by side in one run (the machines are noisy).
 
@@ -552,47 +727,85 @@ def bench_cmd(
 
             say("host backend copy throughput vs plain torch copy ...")
             copy = measure_host_copy()
-            figures.append({"figure": "host copy throughput / plain torch copy",
-                            "value": copy["ratio"], "target": ">= 0.6",
-                            "ok": float(copy["ratio"]) >= 0.6, "detail": copy})
+            figures.append(
+                {
+                    "figure": "host copy throughput / plain torch copy",
+                    "value": copy["ratio"],
+                    "target": ">= 0.6",
+                    "ok": float(copy["ratio"]) >= 0.6,
+                    "detail": copy,
+                }
+            )
         if only in (BenchPart.all, BenchPart.roundtrip):
             say("one clean round trip ...")
-            rtb = run_roundtrip_bench(_default_scenario("roundtrip-cpu.toml"),
-                                      run_dir.path / "roundtrip")
-            figures.append({"figure": "filler tokens / GPU pool tokens",
-                            "value": rtb["filler_over_pool"], "target": "<= 1.5",
-                            "ok": float(rtb["filler_over_pool"]) <= 1.5, "detail": rtb})
-            figures.append({"figure": "roundtrip wall / (server start + generation)",
-                            "value": rtb["wall_over_engine"], "target": "<= 1.3",
-                            "ok": float(rtb["wall_over_engine"] or 99) <= 1.3, "detail": rtb})
+            rtb = run_roundtrip_bench(
+                _default_scenario("roundtrip-cpu.toml"), run_dir.path / "roundtrip"
+            )
+            figures.append(
+                {
+                    "figure": "filler tokens / GPU pool tokens",
+                    "value": rtb["filler_over_pool"],
+                    "target": "<= 1.5",
+                    "ok": float(rtb["filler_over_pool"]) <= 1.5,
+                    "detail": rtb,
+                }
+            )
+            figures.append(
+                {
+                    "figure": "roundtrip wall / (server start + generation)",
+                    "value": rtb["wall_over_engine"],
+                    "target": "<= 1.3",
+                    "ok": float(rtb["wall_over_engine"] or 99) <= 1.3,
+                    "detail": rtb,
+                }
+            )
         if only in (BenchPart.all, BenchPart.crash_repro):
             scen = load_crash_repro(_default_scenario("crash-repro.toml"))
             cfg = str(config or scen.resolve("models/llama4-small-chunk.json"))
-            cases = [Case("start (current, connector on)", "current", cfg, "on"),
-                     Case("crash (stock, connector on)", "stock", cfg, "on")]
-            run_crash_repro_bench(scen, cases, repeats, run_dir.path / "crash-repro",
-                                  progress=say)
+            cases = [
+                Case("start (current, connector on)", "current", cfg, "on"),
+                Case("crash (stock, connector on)", "stock", cfg, "on"),
+            ]
+            run_crash_repro_bench(scen, cases, repeats, run_dir.path / "crash-repro", progress=say)
             for c in cases:
                 rec = c.record()
-                figures.append({"figure": f"crash-repro time to verdict / bare launch: "
-                                          f"{c.name}", "value": rec["ratio"],
-                                "target": "< 1.10", "ok": bool(rec["within_target"]),
-                                "detail": rec})
-                figures.append({"figure": f"  harness seconds outside the server: {c.name}",
-                                "value": rec["harness_overhead_median_s"], "target": "-",
-                                "ok": True, "detail": rec})
+                figures.append(
+                    {
+                        "figure": f"crash-repro time to verdict / bare launch: {c.name}",
+                        "value": rec["ratio"],
+                        "target": "< 1.10",
+                        "ok": bool(rec["within_target"]),
+                        "detail": rec,
+                    }
+                )
+                figures.append(
+                    {
+                        "figure": f"  harness seconds outside the server: {c.name}",
+                        "value": rec["harness_overhead_median_s"],
+                        "target": "-",
+                        "ok": True,
+                        "detail": rec,
+                    }
+                )
     except HarnessError as err:
         raise _fail(err) from None
     run_dir.write_json("bench.json", figures)
-    run_dir.write_csv("bench.csv", [{k: v for k, v in f.items() if k != "detail"}
-                                    for f in figures], ["figure", "value", "target", "ok"])
+    run_dir.write_csv(
+        "bench.csv",
+        [{k: v for k, v in f.items() if k != "detail"} for f in figures],
+        ["figure", "value", "target", "ok"],
+    )
     run_dir.finish("finished", 0)
     table = Table(title="benchmarks (ratios measured side by side in this run)")
     for col in ("figure", "value", "target", "ok"):
         table.add_column(col)
     for f in figures:
-        table.add_row(str(f["figure"]), str(f["value"]), str(f["target"]),
-                      "[green]yes[/]" if f["ok"] else "[red]no[/]")
+        table.add_row(
+            str(f["figure"]),
+            str(f["value"]),
+            str(f["target"]),
+            "[green]yes[/]" if f["ok"] else "[red]no[/]",
+        )
     console.print(table)
     console.print(f"results: {run_dir.path}", highlight=False)
 
@@ -616,24 +829,57 @@ def report_cmd(
         meta = _read_run(run_dir)
     except HarnessError as err:
         raise _fail(err) from None
-    console.print(f"[bold]{meta.get('command')}[/] {run_dir}: status {meta.get('status')}, "
-                  f"exit code {meta.get('exit_code')}", highlight=False)
+    console.print(
+        f"[bold]{meta.get('command')}[/] {run_dir}: status {meta.get('status')}, "
+        f"exit code {meta.get('exit_code')}",
+        highlight=False,
+    )
     if meta.get("command") == "roundtrip":
         if (run_dir / "phases.csv").is_file():
             console.print(phase_table(pd.read_csv(run_dir / "phases.csv").to_dict("records")))
         if (run_dir / "checks.csv").is_file():
-            console.print(checks_table(pd.read_csv(run_dir / "checks.csv")
-                                       .to_dict("records")))
+            console.print(checks_table(pd.read_csv(run_dir / "checks.csv").to_dict("records")))
     elif meta.get("command") == "matrix" and (run_dir / "matrix.csv").is_file():
         df = pd.read_csv(run_dir / "matrix.csv", keep_default_na=False)
-        console.print(frame_table("KV-cache spec family matrix", df.to_dict("records"), [
-            "family", "geometry", "variant", "vllm_version", "spec_classes", "startup",
-            "roundtrip", "failed_checks", "expected", "matched", "why"]))
+        console.print(
+            frame_table(
+                "KV-cache spec family matrix",
+                df.to_dict("records"),
+                [
+                    "family",
+                    "geometry",
+                    "variant",
+                    "vllm_version",
+                    "spec_classes",
+                    "startup",
+                    "roundtrip",
+                    "failed_checks",
+                    "expected",
+                    "matched",
+                    "why",
+                ],
+            )
+        )
     elif (run_dir / "outcomes.csv").is_file():
         df = pd.read_csv(run_dir / "outcomes.csv", keep_default_na=False)
-        console.print(frame_table("crash-repro", df.to_dict("records"), [
-            "model", "variant", "vllm_version", "patch", "connector", "outcome", "signature",
-            "seconds", "expected", "matched"]))
+        console.print(
+            frame_table(
+                "crash-repro",
+                df.to_dict("records"),
+                [
+                    "model",
+                    "variant",
+                    "vllm_version",
+                    "patch",
+                    "connector",
+                    "outcome",
+                    "signature",
+                    "seconds",
+                    "expected",
+                    "matched",
+                ],
+            )
+        )
 
 
 @app.command("compare")
@@ -675,9 +921,15 @@ def validate_cmd(
     try:
         for path in paths:
             data = read_toml(path)
-            kind = ("matrix" if "entries" in data else "roundtrip" if "geometry" in data
-                    else "variants" if isinstance(data.get("variants"), dict)
-                    else "crash-repro")
+            kind = (
+                "matrix"
+                if "entries" in data
+                else "roundtrip"
+                if "geometry" in data
+                else "variants"
+                if isinstance(data.get("variants"), dict)
+                else "crash-repro"
+            )
             console.print(f"{path}: ok ({kind}: {_validate(kind, path)})", highlight=False)
     except HarnessError as err:
         raise _fail(err) from None
@@ -698,8 +950,10 @@ def _validate(kind: str, path: Path) -> str:
         from harness.roundtrip import plan_roundtrip
 
         rt_plan = plan_roundtrip(load_roundtrip(path))
-        return (f"variant {rt_plan.variant}, {len(rt_plan.targets)} targets, expects "
-                f"{rt_plan.expected.stored_bytes:,} B stored")
+        return (
+            f"variant {rt_plan.variant}, {len(rt_plan.targets)} targets, expects "
+            f"{rt_plan.expected.stored_bytes:,} B stored"
+        )
     from harness.crash_repro import load_models
 
     scen = load_crash_repro(path)
@@ -708,16 +962,22 @@ def _validate(kind: str, path: Path) -> str:
     if missing:
         raise HarnessError(f"{path}: variant {missing[0]!r} is not in {scen.variants_file}")
     models = load_models(scen, None)
-    return (f"{len(scen.variants)} variants, {len(models)} models, "
-            f"{len(scen.expectations)} expectation rules")
+    return (
+        f"{len(scen.variants)} variants, {len(models)} models, "
+        f"{len(scen.expectations)} expectation rules"
+    )
 
 
 @app.command("doctor")
 def doctor_cmd(
-    variants_file: Annotated[Path | None, typer.Option(
-        help="variants to check (TOML)", show_default="scenarios/variants.toml")] = None,
-    variant: Annotated[list[str] | None, typer.Option(
-        "--variant", "-v", help="only these variants (repeatable); default: all")] = None,
+    variants_file: Annotated[
+        Path | None,
+        typer.Option(help="variants to check (TOML)", show_default="scenarios/variants.toml"),
+    ] = None,
+    variant: Annotated[
+        list[str] | None,
+        typer.Option("--variant", "-v", help="only these variants (repeatable); default: all"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the checks as JSON")] = False,
 ) -> None:
     """Preflight: Python, CPU and AMX, memory, disk, loopback, model cache, each variant's
@@ -727,14 +987,16 @@ def doctor_cmd(
     from harness import doctor
 
     try:
-        checks = doctor.run_checks(variants_file or _default_scenario("variants.toml"),
-                                   variant or None)
+        checks = doctor.run_checks(
+            variants_file or _default_scenario("variants.toml"), variant or None
+        )
     except HarnessError as err:
         raise _fail(err) from None
     code = doctor.exit_code(checks)
     if as_json:
-        typer.echo(json.dumps({"checks": [c.record() for c in checks], "exit_code": code},
-                              indent=2))
+        typer.echo(
+            json.dumps({"checks": [c.record() for c in checks], "exit_code": code}, indent=2)
+        )
         raise typer.Exit(code)
     width = max(len(c.name) for c in checks)
     styles = {"ok": "green", "warn": "yellow", "fail": "red"}

@@ -112,15 +112,20 @@ class RunPlan:
 
 def load_models(scenario: CrashReproScenario, configs: list[str] | None) -> list[ModelEntry]:
     entries = []
-    paths = [Path(p) for p in configs] if configs else [scenario.resolve(m)
-                                                         for m in scenario.models]
+    paths = (
+        [Path(p) for p in configs] if configs else [scenario.resolve(m) for m in scenario.models]
+    )
     for path in paths:
         config = load_model_config(path)
         model_builder.check_buildable(config, str(path))
-        entries.append(ModelEntry(
-            name=path.stem, config_path=str(path), config=config,
-            chunked_local_layers=model_builder.chunked_local_layers(config),
-        ))
+        entries.append(
+            ModelEntry(
+                name=path.stem,
+                config_path=str(path),
+                config=config,
+                chunked_local_layers=model_builder.chunked_local_layers(config),
+            )
+        )
     names = [e.name for e in entries]
     if len(set(names)) != len(names):
         raise BadInput(f"model configs must have distinct file names, got {names}")
@@ -161,28 +166,42 @@ def plan_run(
             for mode in modes:
                 on = mode == "on"
                 row = Row(
-                    model=entry.name, variant=n, connector=on, patch=effective,
+                    model=entry.name,
+                    variant=n,
+                    connector=on,
+                    patch=effective,
                     vllm_version=env.vllm_version,
                     chunked_local=bool(entry.chunked_local_layers),
                     plan=server_plan(
-                        env=env, model_path=f"<{entry.name}>", served_model_name=entry.name,
-                        server=scenario.server, offload=scenario.offload if on else None,
-                        patch=effective, amx=variant.amx,
+                        env=env,
+                        model_path=f"<{entry.name}>",
+                        served_model_name=entry.name,
+                        server=scenario.server,
+                        offload=scenario.offload if on else None,
+                        patch=effective,
+                        amx=variant.amx,
                     ),
                 )
                 if missing:
-                    row.skip_reason = (f"needs a CPU with {', '.join(missing)}; this host "
-                                       f"({cpu_name()}) has none")
+                    row.skip_reason = (
+                        f"needs a CPU with {', '.join(missing)}; this host ({cpu_name()}) has none"
+                    )
                 rule = expectation_for(
-                    RowContext(n, env.vllm_version, effective or "none", on, row.chunked_local,
-                               entry.name),
+                    RowContext(
+                        n, env.vllm_version, effective or "none", on, row.chunked_local, entry.name
+                    ),
                     scenario.expectations,
                 )
                 if rule is None:
-                    raise BadInput(f"{scenario.source}: no expectation rule matches {row.key}; "
-                                   "add a catch-all [[expectations]] entry")
+                    raise BadInput(
+                        f"{scenario.source}: no expectation rule matches {row.key}; "
+                        "add a catch-all [[expectations]] entry"
+                    )
                 row.expected, row.expected_known, row.expected_why = (
-                    rule.outcome, rule.known, rule.why)
+                    rule.outcome,
+                    rule.known,
+                    rule.why,
+                )
                 plan.rows.append(row)
     return plan
 
@@ -190,8 +209,9 @@ def plan_run(
 def build_models(plan: RunPlan, cache_dir: Path | None = None) -> None:
     for entry in plan.models:
         weights = "dummy" if plan.scenario.server.load_format == "dummy" else "random"
-        entry.path = str(model_builder.build_model(entry.config, entry.name, cache_dir,
-                                                   weights=weights))
+        entry.path = str(
+            model_builder.build_model(entry.config, entry.name, cache_dir, weights=weights)
+        )
     paths = {e.name: e.path for e in plan.models}
     for row in plan.rows:
         row.plan.model = paths[row.model]
@@ -208,16 +228,27 @@ def _patch_status(lines: list[str]) -> str:
     return ",".join(sorted(statuses))
 
 
-def run_row(row: Row, scenario: CrashReproScenario, log_dir: Path,
-            on_tick: Callable[[float], None] | None = None, port: int | None = None) -> Row:
+def run_row(
+    row: Row,
+    scenario: CrashReproScenario,
+    log_dir: Path,
+    on_tick: Callable[[float], None] | None = None,
+    port: int | None = None,
+) -> Row:
     """Launch one server, classify how it ends, always tear it down."""
     safe = f"{row.model}__{row.variant}__connector-{'on' if row.connector else 'off'}"
     safe = safe.replace("/", "_").replace("+", "plus")
     log_path = log_dir / f"{safe}.log"
     row.log = str(log_path)
-    server = VllmServer(python=row.plan.python, model=row.plan.model, log_path=log_path,
-                        args=row.plan.args, env=row.plan.env, port=port,
-                        served_model_name=row.plan.served_model_name)
+    server = VllmServer(
+        python=row.plan.python,
+        model=row.plan.model,
+        log_path=log_path,
+        args=row.plan.args,
+        env=row.plan.env,
+        port=port,
+        served_model_name=row.plan.served_model_name,
+    )
     try:
         server.start()
     except BadInput:
@@ -226,19 +257,24 @@ def run_row(row: Row, scenario: CrashReproScenario, log_dir: Path,
         row.outcome, row.why = "error", str(err)
         return row
     try:
-        ready = server.wait_ready(scenario.server.startup_timeout_s,
-                                  scenario.server.health_poll_s, on_tick)
+        ready = server.wait_ready(
+            scenario.server.startup_timeout_s, scenario.server.health_poll_s, on_tick
+        )
         row.seconds = round(ready.seconds, 2)
         row.verdict_at = time.perf_counter()
         if ready.state == "started":
             row.outcome = "started"
             try:
-                resp = server.request("/v1/completions", {
-                    "model": row.plan.served_model_name,
-                    "prompt": scenario.server.probe_prompt,
-                    "max_tokens": scenario.server.probe_max_tokens,
-                    "temperature": 0.0,
-                }, timeout_s=120)
+                resp = server.request(
+                    "/v1/completions",
+                    {
+                        "model": row.plan.served_model_name,
+                        "prompt": scenario.server.probe_prompt,
+                        "max_tokens": scenario.server.probe_max_tokens,
+                        "temperature": 0.0,
+                    },
+                    timeout_s=120,
+                )
                 row.answer = str(resp["choices"][0]["text"])
                 row.answered = True
             except (HarnessError, KeyError, IndexError, TypeError) as err:
@@ -280,8 +316,12 @@ def _engine_died(log_path: Path) -> bool:
 
 
 # What vLLM (and Python's fault handler) print when an engine process is gone.
-_DEATH_MARKS = ("Fatal Python error:", "died unexpectedly", "EngineDeadError",
-                "EngineCore encountered a fatal error")
+_DEATH_MARKS = (
+    "Fatal Python error:",
+    "died unexpectedly",
+    "EngineDeadError",
+    "EngineCore encountered a fatal error",
+)
 
 
 def judge_row(row: Row) -> None:
@@ -306,10 +346,15 @@ def execute(plan: RunPlan, out_dir: Path, reporter: Reporter, port: int | None =
             reporter.row_finished(row, i, total)
             continue
         t0 = time.monotonic()
-        run_row(row, plan.scenario, log_dir,
-                # partial binds this row now, as the lambda's default did (mypy cannot
-                # type a lambda with a default argument against Callable[[float], None])
-                on_tick=functools.partial(reporter.row_tick, row), port=port)
+        run_row(
+            row,
+            plan.scenario,
+            log_dir,
+            # partial binds this row now, as the lambda's default did (mypy cannot
+            # type a lambda with a default argument against Callable[[float], None])
+            on_tick=functools.partial(reporter.row_tick, row),
+            port=port,
+        )
         if row.seconds is None:
             row.seconds = round(time.monotonic() - t0, 2)
         judge_row(row)

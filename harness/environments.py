@@ -88,13 +88,17 @@ def probe(python: str) -> Environment:
     exe = resolve_interpreter(python)
     try:
         proc = subprocess.run(
-            [exe, "-c", _PROBE], capture_output=True, text=True, timeout=120,
+            [exe, "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            timeout=120,
             stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.TimeoutExpired) as err:
         raise BadInput(f"cannot run interpreter {exe}: {err}") from None
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("OFFLOAD_CHECK_PROBE ")),
-                None)
+    line = next(
+        (ln for ln in proc.stdout.splitlines() if ln.startswith("OFFLOAD_CHECK_PROBE ")), None
+    )
     if proc.returncode != 0 or line is None:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise BadInput(f"interpreter {exe} failed to report its environment: {tail}")
@@ -117,8 +121,10 @@ def probe(python: str) -> Environment:
 def require_plugin(variant: str, patch: str | None, env: Environment) -> None:
     """A patch is applied by the engine plugin, so it must be installed where vLLM runs."""
     if patch and not env.harness_plugin:
-        raise BadInput(f"variant {variant}: patch {patch} needs the harness installed in "
-                       f"{env.python} (run `make setup`)")
+        raise BadInput(
+            f"variant {variant}: patch {patch} needs the harness installed in "
+            f"{env.python} (run `make setup`)"
+        )
 
 
 def cpu_name() -> str:
@@ -137,12 +143,18 @@ def git_revision(start: Path) -> str | None:
     if git is None:
         return None
     try:
-        rev = subprocess.run([git, "rev-parse", "HEAD"], cwd=start, capture_output=True,
-                             text=True, timeout=10)
+        rev = subprocess.run(
+            [git, "rev-parse", "HEAD"], cwd=start, capture_output=True, text=True, timeout=10
+        )
         if rev.returncode != 0:
             return None
-        dirty = subprocess.run([git, "status", "--porcelain", "--untracked-files=no"],
-                               cwd=start, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            [git, "status", "--porcelain", "--untracked-files=no"],
+            cwd=start,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
         return None

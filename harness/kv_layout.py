@@ -43,8 +43,9 @@ class KindLayout:
 
 
 def _dtype_bytes(text: dict[str, Any], config: dict[str, Any]) -> int:
-    dtype = str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype")
-                or "bfloat16")
+    dtype = str(
+        text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "bfloat16"
+    )
     return 4 if "32" in dtype else 2
 
 
@@ -95,8 +96,13 @@ def predict(config: dict[str, Any]) -> list[KindLayout]:
             bpt = 0
         else:
             bpt = _attention_bpt(text, dtype)
-        window = (int(text["sliding_window"]) if kind == "sliding-window" else
-                  int(text["attention_chunk_size"]) if kind == "chunked-local" else None)
+        window = (
+            int(text["sliding_window"])
+            if kind == "sliding-window"
+            else int(text["attention_chunk_size"])
+            if kind == "chunked-local"
+            else None
+        )
         out.append(KindLayout(kind, n, n * bpt, window))
     return out
 
@@ -116,8 +122,11 @@ def mamba_state_bytes(config: dict[str, Any]) -> int:
     d_state = int(text.get("mamba_d_state", 128))
     conv_dim = d_inner + 2 * int(text.get("mamba_n_groups", 1)) * d_state
     conv = (int(text.get("mamba_d_conv", 4)) - 1) * conv_dim
-    ssm = int(text["mamba_n_heads"]) * int(text.get("mamba_d_head") or d_inner //
-                                            int(text["mamba_n_heads"])) * d_state
+    ssm = (
+        int(text["mamba_n_heads"])
+        * int(text.get("mamba_d_head") or d_inner // int(text["mamba_n_heads"]))
+        * d_state
+    )
     return layers * (conv + ssm) * dtype
 
 

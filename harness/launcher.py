@@ -111,10 +111,15 @@ class VllmServer:
     def command(self) -> list[str]:
         """The exact argv, as a list: nothing ever goes through a shell."""
         cmd = [
-            self.python, "-m", API_SERVER_MODULE,
-            "--model", self.model,
-            "--host", HOST,
-            "--port", str(self.port if self.port is not None else 0),
+            self.python,
+            "-m",
+            API_SERVER_MODULE,
+            "--model",
+            self.model,
+            "--host",
+            HOST,
+            "--port",
+            str(self.port if self.port is not None else 0),
         ]
         if self.served_model_name:
             cmd += ["--served-model-name", self.served_model_name]
@@ -193,8 +198,9 @@ class VllmServer:
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return False
 
-    def request(self, path: str, payload: dict[str, Any] | None = None,
-                timeout_s: float = 120.0) -> Any:
+    def request(
+        self, path: str, payload: dict[str, Any] | None = None, timeout_s: float = 120.0
+    ) -> Any:
         """POST (or GET without payload) JSON to the server; raises HarnessError on failure."""
         return http_json(f"{self.url}{path}", payload, timeout_s)
 
@@ -248,7 +254,9 @@ class VllmServer:
 def http_json(url: str, payload: dict[str, Any] | None = None, timeout_s: float = 120.0) -> Any:
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(
-        url, data=data, headers={"Content-Type": "application/json"},
+        url,
+        data=data,
+        headers={"Content-Type": "application/json"},
         method="GET" if payload is None else "POST",
     )
     try:
@@ -276,7 +284,9 @@ def _start_reaper(server_pgid: int) -> subprocess.Popen[bytes] | None:
         return None
     return subprocess.Popen(
         [sys.executable, "-m", "harness.reaper", str(me), started, str(server_pgid)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
 

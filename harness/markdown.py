@@ -22,8 +22,12 @@ def roundtrip_report(result: Any, meta: dict[str, Any]) -> str:
     env = plan.env
     lines += [
         f"- model: `{plan.model_ref}` (served as `{plan.served_name}`)",
-        f"- variant: `{plan.variant}`" + (f", vLLM {env.vllm_version} ({env.vllm_dist}) on "
-                                         f"{env.device}" if env else " (attached server)"),
+        f"- variant: `{plan.variant}`"
+        + (
+            f", vLLM {env.vllm_version} ({env.vllm_dist}) on {env.device}"
+            if env
+            else " (attached server)"
+        ),
         f"- patch: `{plan.patch or 'none'}`, fault: `{plan.fault}`, TP: {plan.tensor_parallel}",
         f"- KV block {plan.kv_block_size} tokens, offload chunk {plan.tokens_per_chunk} tokens",
         f"- pool {plan.pool_tokens} tokens; filler {plan.filler_tokens} tokens "
@@ -36,23 +40,53 @@ def roundtrip_report(result: Any, meta: dict[str, Any]) -> str:
     rows = []
     for p in result.phases:
         d, t = p.delta, p.total
-        rows.append([p.phase, p.requests, f"{int(d.stored_bytes):,}", f"{int(d.loaded_bytes):,}",
-                     int(d.gpu_hits), f"{int(d.ext_hits)}/{int(d.ext_queries)}",
-                     f"{int(t.stored_bytes):,}", f"{int(t.loaded_bytes):,}",
-                     f"{int(t.ext_hits)}/{int(t.ext_queries)}"])
-    lines.append(_table(["phase", "requests", "stored B", "loaded B", "gpu hits",
-                         "ext hits/queries", "cum stored B", "cum loaded B",
-                         "cum ext hits/queries"], rows))
+        rows.append(
+            [
+                p.phase,
+                p.requests,
+                f"{int(d.stored_bytes):,}",
+                f"{int(d.loaded_bytes):,}",
+                int(d.gpu_hits),
+                f"{int(d.ext_hits)}/{int(d.ext_queries)}",
+                f"{int(t.stored_bytes):,}",
+                f"{int(t.loaded_bytes):,}",
+                f"{int(t.ext_hits)}/{int(t.ext_queries)}",
+            ]
+        )
+    lines.append(
+        _table(
+            [
+                "phase",
+                "requests",
+                "stored B",
+                "loaded B",
+                "gpu hits",
+                "ext hits/queries",
+                "cum stored B",
+                "cum loaded B",
+                "cum ext hits/queries",
+            ],
+            rows,
+        )
+    )
     lines += ["", "## Checks", ""]
-    rows = [[c.name, "pass" if c.passed else "**FAIL**", c.expected, c.observed,
-             c.detail or c.why] for c in result.checks]
-    rows += [[c.name, "same" if c.passed else "differs", c.expected, c.observed,
-              c.detail or c.why] for c in result.info_checks]
+    rows = [
+        [c.name, "pass" if c.passed else "**FAIL**", c.expected, c.observed, c.detail or c.why]
+        for c in result.checks
+    ]
+    rows += [
+        [c.name, "same" if c.passed else "differs", c.expected, c.observed, c.detail or c.why]
+        for c in result.info_checks
+    ]
     lines.append(_table(["check", "result", "expected", "observed", "why / detail"], rows))
     if plan.notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in plan.notes]
-    lines += ["", "Cold vs warm output is informational: on GPUs a full prefill and a "
-              "prefix-cached pass may differ numerically; replay vs warm must not.", ""]
+    lines += [
+        "",
+        "Cold vs warm output is informational: on GPUs a full prefill and a "
+        "prefix-cached pass may differ numerically; replay vs warm must not.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -60,17 +94,49 @@ def matrix_report(cells: Sequence[Any], meta: dict[str, Any]) -> str:
     """``report.md`` of a matrix run: the table first (mismatches on top), then details."""
     bad = [c for c in cells if c.matched is False]
     verdict = "every cell as expected" if not bad else f"{len(bad)} cell(s) NOT as expected"
-    lines = [f"# offload-check matrix: {verdict}", "",
-             f"- results: `{meta.get('results_dir', '')}`", ""]
+    lines = [
+        f"# offload-check matrix: {verdict}",
+        "",
+        f"- results: `{meta.get('results_dir', '')}`",
+        "",
+    ]
     rows = []
     for c in cells:
         start = c.startup + (f": {c.signature}" if c.signature else "")
-        rt = {"pass": "pass", "fail": "**FAIL** " + ", ".join(c.failed_checks),
-              "error": f"error: {c.why}"}.get(c.roundtrip, "-")
-        rows.append([c.family, c.geometry, c.variant, c.vllm_version, c.specs, start, rt,
-                     c.expected_text(), "yes" if c.matched else f"**NO**: {c.why}"])
-    lines.append(_table(["family", "model", "variant", "vLLM", "engine KV specs", "startup",
-                         "round trip", "expected", "match"], rows))
+        rt = {
+            "pass": "pass",
+            "fail": "**FAIL** " + ", ".join(c.failed_checks),
+            "error": f"error: {c.why}",
+        }.get(c.roundtrip, "-")
+        rows.append(
+            [
+                c.family,
+                c.geometry,
+                c.variant,
+                c.vllm_version,
+                c.specs,
+                start,
+                rt,
+                c.expected_text(),
+                "yes" if c.matched else f"**NO**: {c.why}",
+            ]
+        )
+    lines.append(
+        _table(
+            [
+                "family",
+                "model",
+                "variant",
+                "vLLM",
+                "engine KV specs",
+                "startup",
+                "round trip",
+                "expected",
+                "match",
+            ],
+            rows,
+        )
+    )
     details = [c for c in cells if c.message or any(not k.passed for k in c.checks)]
     if details:
         lines += ["", "## Details", ""]
@@ -80,7 +146,9 @@ def matrix_report(cells: Sequence[Any], meta: dict[str, Any]) -> str:
             lines += ["", f"Crash: `{c.signature}`", "", f"> {c.message}"]
         for k in c.checks:
             if not k.passed:
-                lines += ["", f"- `{k.name}`: expected {k.expected}, observed {k.observed}. "
-                              f"{k.detail}"]
+                lines += [
+                    "",
+                    f"- `{k.name}`: expected {k.expected}, observed {k.observed}. {k.detail}",
+                ]
         lines += ["", f"Cell results: `{c.cell_dir}`", ""]
     return "\n".join(lines) + "\n"

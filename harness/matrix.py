@@ -48,8 +48,13 @@ from harness.verdicts import crash_signature, known_label, version_matches
 # Frames of offloading code: vLLM's, and the harness's offload backend and patches (its
 # report wrappers in harness/engine/specs.py only observe, so a crash through them is
 # still the engine's).
-OFFLOAD_PATHS = ("kv_connector", "kv_offload", "kv_transfer", "harness/engine/host_offload",
-                 "harness/engine/patches")
+OFFLOAD_PATHS = (
+    "kv_connector",
+    "kv_offload",
+    "kv_transfer",
+    "harness/engine/host_offload",
+    "harness/engine/patches",
+)
 
 
 @dataclass
@@ -94,8 +99,11 @@ class Cell:
             extra = f" {known_label(r.known)}" if r.known else ""
             return f"{r.startup}{extra}"
         if r.roundtrip == "fail":
-            return "started, fails " + (", ".join(r.failing_checks) or "some check") + (
-                f" #{r.issue}" if r.issue else "")
+            return (
+                "started, fails "
+                + (", ".join(r.failing_checks) or "some check")
+                + (f" #{r.issue}" if r.issue else "")
+            )
         return "started, round trip passes"
 
     def observed_text(self) -> str:
@@ -110,17 +118,27 @@ class Cell:
     def record(self) -> dict[str, Any]:
         """One row of matrix.csv (documented in results/README.md)."""
         return {
-            "family": self.family, "geometry": self.geometry, "variant": self.variant,
-            "vllm_version": self.vllm_version, "spec_classes": self.specs,
+            "family": self.family,
+            "geometry": self.geometry,
+            "variant": self.variant,
+            "vllm_version": self.vllm_version,
+            "spec_classes": self.specs,
             "kernels": self.kernels,
-            "startup": self.startup, "startup_seconds": self.startup_seconds,
-            "signature": self.signature, "message": self.message,
+            "startup": self.startup,
+            "startup_seconds": self.startup_seconds,
+            "signature": self.signature,
+            "message": self.message,
             "known_issue": "" if self.known_issue is None else str(self.known_issue),
-            "roundtrip": self.roundtrip, "failed_checks": " ".join(self.failed_checks),
-            "expected": self.expected_text(), "observed": self.observed_text(),
-            "expected_issue": "" if (self.rule.known or self.rule.issue) is None else
-            str(self.rule.known or self.rule.issue),
-            "matched": self.matched, "why": self.why, "seconds": round(self.seconds, 2),
+            "roundtrip": self.roundtrip,
+            "failed_checks": " ".join(self.failed_checks),
+            "expected": self.expected_text(),
+            "observed": self.observed_text(),
+            "expected_issue": ""
+            if (self.rule.known or self.rule.issue) is None
+            else str(self.rule.known or self.rule.issue),
+            "matched": self.matched,
+            "why": self.why,
+            "seconds": round(self.seconds, 2),
             "cell_dir": self.cell_dir,
         }
 
@@ -140,8 +158,9 @@ class Reporter(Protocol):
     def request_done(self, completion: Any) -> None: ...
 
 
-def rule_for(scn: MatrixScenario, family: str, geometry: str, variant: str,
-             version: str) -> CellExpectation:
+def rule_for(
+    scn: MatrixScenario, family: str, geometry: str, variant: str, version: str
+) -> CellExpectation:
     for rule in scn.expectations:
         if rule.family is not None and rule.family != family:
             continue
@@ -152,16 +171,20 @@ def rule_for(scn: MatrixScenario, family: str, geometry: str, variant: str,
         if rule.vllm is not None and not version_matches(version, rule.vllm):
             continue
         return rule
-    raise BadInput(f"{scn.source}: no expectation matches {family} / {geometry} / {variant}; "
-                   "add a catch-all [[expectations]] entry")
+    raise BadInput(
+        f"{scn.source}: no expectation matches {family} / {geometry} / {variant}; "
+        "add a catch-all [[expectations]] entry"
+    )
 
 
-def cell_scenario(base: RoundtripScenario, entry: MatrixEntry, geometry: Path,
-                  variant: str) -> RoundtripScenario:
+def cell_scenario(
+    base: RoundtripScenario, entry: MatrixEntry, geometry: Path, variant: str
+) -> RoundtripScenario:
     """The base round trip with the entry's geometry and overrides."""
     data = base.model_dump()
-    data.update(geometry=str(geometry), variant=variant, hub_model=None,
-                name=f"matrix-{geometry.stem}")
+    data.update(
+        geometry=str(geometry), variant=variant, hub_model=None, name=f"matrix-{geometry.stem}"
+    )
     if entry.server_args is not None:
         data["server"]["extra_args"] = list(entry.server_args)
     if entry.max_model_len is not None:
@@ -183,9 +206,13 @@ def cell_scenario(base: RoundtripScenario, entry: MatrixEntry, geometry: Path,
     return scn
 
 
-def plan_matrix(scn: MatrixScenario, *, families: list[str] | None = None,
-                variants: list[str] | None = None,
-                geometries: list[str] | None = None) -> MatrixPlan:
+def plan_matrix(
+    scn: MatrixScenario,
+    *,
+    families: list[str] | None = None,
+    variants: list[str] | None = None,
+    geometries: list[str] | None = None,
+) -> MatrixPlan:
     """Every cell with its expectation and round-trip plan; refuses bad input at once."""
     base = load_roundtrip(scn.resolve(scn.roundtrip))
     known_variants = load_variants(base.resolve(base.variants_file))
@@ -211,8 +238,13 @@ def plan_matrix(scn: MatrixScenario, *, families: list[str] | None = None,
             continue
         geometry = scn.resolve(entry.geometry)
         for n in names:
-            cell = Cell(entry.family, stem, n, versions[n],
-                        rule_for(scn, entry.family, stem, n, versions[n]))
+            cell = Cell(
+                entry.family,
+                stem,
+                n,
+                versions[n],
+                rule_for(scn, entry.family, stem, n, versions[n]),
+            )
             try:
                 cell.plan = plan_roundtrip(cell_scenario(base, entry, geometry, n), variant=n)
             except BadInput as err:
@@ -225,8 +257,7 @@ def plan_matrix(scn: MatrixScenario, *, families: list[str] | None = None,
     return plan
 
 
-def _classify_crash(cell: Cell, lines: list[str], err: StartupFailure,
-                    scn: MatrixScenario) -> None:
+def _classify_crash(cell: Cell, lines: list[str], err: StartupFailure, scn: MatrixScenario) -> None:
     if err.state == "timeout":
         cell.startup = "timeout"
         cell.signature = f"no /health after {err.seconds:.0f}s"
@@ -259,24 +290,38 @@ def judge_cell(cell: Cell) -> None:
         return
     if r.roundtrip == "pass":
         cell.matched = cell.roundtrip == "pass"
-        cell.why = (r.why or "all checks pass") if cell.matched else (
-            "failed: " + "; ".join(f"{c.name}: {c.detail or c.observed}"
-                                   for c in cell.checks if not c.passed))
+        cell.why = (
+            (r.why or "all checks pass")
+            if cell.matched
+            else (
+                "failed: "
+                + "; ".join(
+                    f"{c.name}: {c.detail or c.observed}" for c in cell.checks if not c.passed
+                )
+            )
+        )
         return
     want = set(r.failing_checks)
     got = set(cell.failed_checks)
     cell.matched = bool(got) and (not want or got == want)
-    cell.why = (r.why or "fails as known") if cell.matched else (
-        "passed: the known failure is gone (update the expectation)" if not got else
-        f"failing checks {sorted(got)} differ from the expected {sorted(want)}")
+    cell.why = (
+        (r.why or "fails as known")
+        if cell.matched
+        else (
+            "passed: the known failure is gone (update the expectation)"
+            if not got
+            else f"failing checks {sorted(got)} differ from the expected {sorted(want)}"
+        )
+    )
 
 
 # Given a cell and its directory, the callback that persists its round trip's files.
 RecordFactory = Callable[["Cell", Path], Callable[[RoundtripResult], None]]
 
 
-def run_cell(cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: Reporter,
-             on_record: RecordFactory) -> None:
+def run_cell(
+    cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: Reporter, on_record: RecordFactory
+) -> None:
     """Launch, round-trip, classify; never raises for what the engine does."""
     assert cell.plan is not None
     t0 = time.monotonic()
@@ -286,8 +331,7 @@ def run_cell(cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: Reporter,
     log = cell_dir / "logs" / "server.log"
     try:
         build_local_model(cell.plan)
-        result: RoundtripResult = execute(cell.plan, cell_dir, reporter,
-                                          on_record(cell, cell_dir))
+        result: RoundtripResult = execute(cell.plan, cell_dir, reporter, on_record(cell, cell_dir))
         # execute launched the server (no url), so it timed the start.
         assert result.startup_seconds is not None
         cell.startup, cell.startup_seconds = "started", round(result.startup_seconds, 2)
@@ -312,15 +356,24 @@ def run_cell(cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: Reporter,
     if cell.engine_groups is None and lines:
         cell.engine_groups = kv_layout.parse_report(lines)
     cell.kernels = engine_log.describe(lines)
-    cell.specs = (kv_layout.spec_summary(cell.engine_groups) if cell.engine_groups
-                  else "not reported (crashed before the KV cache was built)"
-                  if cell.startup in ("crashed", "unsupported") else "not reported")
+    cell.specs = (
+        kv_layout.spec_summary(cell.engine_groups)
+        if cell.engine_groups
+        else "not reported (crashed before the KV cache was built)"
+        if cell.startup in ("crashed", "unsupported")
+        else "not reported"
+    )
     cell.seconds = time.monotonic() - t0
     judge_cell(cell)
 
 
-def execute_matrix(plan: MatrixPlan, out_dir: Path, reporter: Reporter,
-                   on_record: RecordFactory, on_cell: Callable[[Cell], None]) -> None:
+def execute_matrix(
+    plan: MatrixPlan,
+    out_dir: Path,
+    reporter: Reporter,
+    on_record: RecordFactory,
+    on_cell: Callable[[Cell], None],
+) -> None:
     """Run every cell in order, one server at a time; ``on_cell`` persists each verdict."""
     total = len(plan.cells)
     for i, cell in enumerate(plan.cells, 1):

@@ -17,14 +17,22 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # normalized field -> (family name, label filter); first family present wins.
 COUNTERS: dict[str, list[tuple[str, dict[str, str]]]] = {
-    "stored_bytes": [("vllm:kv_offload_store_bytes", {}),
-                     ("vllm:kv_offload_total_bytes", {"transfer_type": "GPU_to_CPU"})],
-    "loaded_bytes": [("vllm:kv_offload_load_bytes", {}),
-                     ("vllm:kv_offload_total_bytes", {"transfer_type": "CPU_to_GPU"})],
-    "store_seconds": [("vllm:kv_offload_store_time", {}),
-                      ("vllm:kv_offload_total_time", {"transfer_type": "GPU_to_CPU"})],
-    "load_seconds": [("vllm:kv_offload_load_time", {}),
-                     ("vllm:kv_offload_total_time", {"transfer_type": "CPU_to_GPU"})],
+    "stored_bytes": [
+        ("vllm:kv_offload_store_bytes", {}),
+        ("vllm:kv_offload_total_bytes", {"transfer_type": "GPU_to_CPU"}),
+    ],
+    "loaded_bytes": [
+        ("vllm:kv_offload_load_bytes", {}),
+        ("vllm:kv_offload_total_bytes", {"transfer_type": "CPU_to_GPU"}),
+    ],
+    "store_seconds": [
+        ("vllm:kv_offload_store_time", {}),
+        ("vllm:kv_offload_total_time", {"transfer_type": "GPU_to_CPU"}),
+    ],
+    "load_seconds": [
+        ("vllm:kv_offload_load_time", {}),
+        ("vllm:kv_offload_total_time", {"transfer_type": "CPU_to_GPU"}),
+    ],
     "ext_hits": [("vllm:external_prefix_cache_hits", {})],
     "ext_queries": [("vllm:external_prefix_cache_queries", {})],
     "gpu_hits": [("vllm:prefix_cache_hits", {})],
@@ -50,8 +58,9 @@ class Snapshot:
     generation_tokens: float = 0.0
 
     def __sub__(self, other: Snapshot) -> Snapshot:
-        return Snapshot(**{f.name: getattr(self, f.name) - getattr(other, f.name)
-                           for f in fields(self)})
+        return Snapshot(
+            **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)}
+        )
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -101,8 +110,9 @@ def parse(text: str) -> tuple[Snapshot, CacheConfig | None, set[str]]:
     if info is not None and info.samples:
         labels = dict(info.samples[0].labels)
         try:
-            cache = CacheConfig(int(float(labels["num_gpu_blocks"])),
-                                int(float(labels["block_size"])), labels)
+            cache = CacheConfig(
+                int(float(labels["num_gpu_blocks"])), int(float(labels["block_size"])), labels
+            )
         except (KeyError, ValueError):
             cache = None
     return snap, cache, set(families)

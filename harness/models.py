@@ -61,7 +61,7 @@ def check_buildable(config: dict[str, Any], where: str) -> None:
     if model_type not in DEFAULT_ARCHITECTURES and not config.get("architectures"):
         raise BadInput(
             f"{where}: model_type {model_type!r} has no default vLLM architecture "
-            f"(known: {', '.join(DEFAULT_ARCHITECTURES)}); set \"architectures\""
+            f'(known: {", ".join(DEFAULT_ARCHITECTURES)}); set "architectures"'
         )
     text = text_config(config)
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):

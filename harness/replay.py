@@ -46,9 +46,11 @@ def plan_from_args(args: list[str], root: Path = REPO_ROOT) -> rt.RoundtripPlan:
     whose evidence is not in a recording are refused rather than half replayed.
     """
     p = _cli_params(args)
-    for opt, what in (("url", "attach mode plans from a live server"),
-                      ("baseline", "the baseline server's comparison is not replayed"),
-                      ("dry_run", "a dry run has no phases")):
+    for opt, what in (
+        ("url", "attach mode plans from a live server"),
+        ("baseline", "the baseline server's comparison is not replayed"),
+        ("dry_run", "a dry run has no phases"),
+    ):
         if p.get(opt):
             raise BadInput(f"cannot replay --{opt.replace('_', '-')}: {what}")
     if p["fault"] is not None and p["fault"] not in FAULTS:
@@ -60,15 +62,22 @@ def plan_from_args(args: list[str], root: Path = REPO_ROOT) -> rt.RoundtripPlan:
     config = p["config"]
     if config is not None and not config.is_absolute():
         config = root / config
-    return rt.plan_roundtrip(scen, variant=p["variant"], patch=p["patch"],
-                             config=str(config) if config else None, tp=p["tp"],
-                             fault=p["fault"], extra_args=list(p["engine_arg"] or []))
+    return rt.plan_roundtrip(
+        scen,
+        variant=p["variant"],
+        patch=p["patch"],
+        config=str(config) if config else None,
+        tp=p["tp"],
+        fault=p["fault"],
+        extra_args=list(p["engine_arg"] or []),
+    )
 
 
 def load_completions(path: Path) -> list[Completion]:
     """``requests.jsonl`` back into Completions: its records are ``Completion.record()``."""
-    return [Completion(**json.loads(line)) for line in path.read_text().splitlines()
-            if line.strip()]
+    return [
+        Completion(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()
+    ]
 
 
 def _snapshot(path: Path) -> tuple[metrics.Snapshot, metrics.CacheConfig | None]:
@@ -93,23 +102,32 @@ def rebuild(plan: rt.RoundtripPlan, run: Path) -> rt.RoundtripResult:
     if plan.filler_count is None:
         rt.size_filler(plan, cache)
     fillers = make_fillers(plan.filler_lengths, plan.vocab_size, w.seed)
-    traffic: dict[str, list[Prompt]] = {"cold": plan.targets, "warm": plan.targets,
-                                        "filler": fillers, "replay": plan.targets}
+    traffic: dict[str, list[Prompt]] = {
+        "cold": plan.targets,
+        "warm": plan.targets,
+        "filler": fillers,
+        "replay": plan.targets,
+    }
     completions = load_completions(run / "requests.jsonl")
     prev = start
     for phase in rt.PHASES:
         done = [c for c in completions if c.phase == phase]
         sent = [(p.name, len(p.token_ids)) for p in traffic[phase]]
         if [(c.prompt, c.prompt_tokens) for c in done] != sent:
-            raise BadInput(f"{run}: the recorded {phase} requests "
-                           f"{[(c.prompt, c.prompt_tokens) for c in done]} are not the "
-                           f"traffic the plan sends {sent}")
+            raise BadInput(
+                f"{run}: the recorded {phase} requests "
+                f"{[(c.prompt, c.prompt_tokens) for c in done]} are not the "
+                f"traffic the plan sends {sent}"
+            )
         result.completions.extend(done)
         result.generation_seconds += sum(c.seconds for c in done)
         snap, _ = _snapshot(run / "metrics" / f"{phase}.prom")
         # Wall seconds of a phase are not evaluated; the requests' own time stands in.
-        result.phases.append(rt.PhaseResult(phase, len(traffic[phase]), snap - prev,
-                                            snap - start, sum(c.seconds for c in done)))
+        result.phases.append(
+            rt.PhaseResult(
+                phase, len(traffic[phase]), snap - prev, snap - start, sum(c.seconds for c in done)
+            )
+        )
         prev = snap
     return result
 

@@ -28,9 +28,13 @@ class CrashReproProgress:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-            TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-            console=console, transient=True,
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
         )
         self.task: TaskID | None = None
 
@@ -43,15 +47,20 @@ class CrashReproProgress:
             self.progress.__enter__()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self.live:
             self.progress.__exit__(exc_type, exc, tb)
 
     def row_started(self, row: Row, index: int, total: int) -> None:
         if not self.live:
-            self.console.print(f"[{index}/{total}] launching {row.key} ...", highlight=False,
-                               markup=False)
+            self.console.print(
+                f"[{index}/{total}] launching {row.key} ...", highlight=False, markup=False
+            )
             return
         if self.task is None:
             self.task = self.progress.add_task("", total=total)
@@ -77,8 +86,18 @@ class CrashReproProgress:
 
 def crash_repro_table(rows: Sequence[Row]) -> Table:
     table = Table(title="crash-repro", show_lines=False, header_style="bold")
-    for col in ("model", "variant", "vLLM", "patch", "connector", "outcome", "signature",
-                "time", "expected", "match"):
+    for col in (
+        "model",
+        "variant",
+        "vLLM",
+        "patch",
+        "connector",
+        "outcome",
+        "signature",
+        "time",
+        "expected",
+        "match",
+    ):
         table.add_column(col, overflow="fold")
     for r in rows:
         style = OUTCOME_STYLE.get(r.outcome, "white")
@@ -90,9 +109,13 @@ def crash_repro_table(rows: Sequence[Row]) -> Table:
             sig = "answered" if r.answered else f"no answer: {r.answer}"
         expected = r.expected + (f" {known_label(r.expected_known)}" if r.expected_known else "")
         table.add_row(
-            r.model, r.variant, r.vllm_version, r.patch or "-",
+            r.model,
+            r.variant,
+            r.vllm_version,
+            r.patch or "-",
             "on" if r.connector else "off (control)",
-            Text(r.outcome, style=style), sig,
+            Text(r.outcome, style=style),
+            sig,
             f"{r.seconds:.1f}s" if r.seconds is not None else "-",
             expected,
             Text("yes", style="green") if r.matched else Text(f"NO: {r.why}", style="bold red"),
@@ -107,15 +130,28 @@ def _mb(n: float) -> str:
 def phase_table(phases: Sequence[dict[str, Any]]) -> Table:
     """The PR's phase table from phase records (``phases.csv`` rows): deltas, cumulative."""
     table = Table(title="phases (delta | cumulative)", header_style="bold")
-    for col in ("phase", "requests", "stored", "loaded", "gpu_hits", "ext_hits/queries",
-                "cum stored", "cum loaded", "cum ext_hits/queries"):
+    for col in (
+        "phase",
+        "requests",
+        "stored",
+        "loaded",
+        "gpu_hits",
+        "ext_hits/queries",
+        "cum stored",
+        "cum loaded",
+        "cum ext_hits/queries",
+    ):
         table.add_column(col, justify="right" if col != "phase" else "left")
     for p in phases:
         table.add_row(
-            str(p["phase"]), str(p["requests"]), _mb(p["d_stored_bytes"]),
-            _mb(p["d_loaded_bytes"]), f"{int(p['d_gpu_hits'])}",
+            str(p["phase"]),
+            str(p["requests"]),
+            _mb(p["d_stored_bytes"]),
+            _mb(p["d_loaded_bytes"]),
+            f"{int(p['d_gpu_hits'])}",
             f"{int(p['d_ext_hits'])}/{int(p['d_ext_queries'])}",
-            _mb(p["cum_stored_bytes"]), _mb(p["cum_loaded_bytes"]),
+            _mb(p["cum_stored_bytes"]),
+            _mb(p["cum_loaded_bytes"]),
             f"{int(p['cum_ext_hits'])}/{int(p['cum_ext_queries'])}",
         )
     return table
@@ -139,8 +175,7 @@ def checks_table(checks: Sequence[dict[str, Any]]) -> Table:
     return table
 
 
-def frame_table(title: str, records: Sequence[dict[str, Any]],
-                columns: Sequence[str]) -> Table:
+def frame_table(title: str, records: Sequence[dict[str, Any]], columns: Sequence[str]) -> Table:
     """Any result table (e.g. a re-rendered outcomes.csv or a comparison)."""
     table = Table(title=title, header_style="bold")
     for col in columns:
@@ -167,9 +202,12 @@ class RoundtripProgress:
 
     def request_done(self, completion: Any) -> None:
         if completion.phase != "filler":
-            self.console.print(f"    {completion.phase} {completion.prompt}: "
-                               f"{completion.prompt_tokens} tokens in {completion.seconds:.2f}s",
-                               highlight=False, markup=False)
+            self.console.print(
+                f"    {completion.phase} {completion.prompt}: "
+                f"{completion.prompt_tokens} tokens in {completion.seconds:.2f}s",
+                highlight=False,
+                markup=False,
+            )
 
     def phase_done(self, phase: Any) -> None:
         d = phase.delta
@@ -177,11 +215,18 @@ class RoundtripProgress:
             f"  phase {phase.phase}: {phase.requests} requests, stored {_mb(d.stored_bytes)}, "
             f"loaded {_mb(d.loaded_bytes)}, gpu_hits {int(d.gpu_hits)}, ext_hits "
             f"{int(d.ext_hits)}/{int(d.ext_queries)} ({phase.seconds:.1f}s)",
-            highlight=False, markup=False)
+            highlight=False,
+            markup=False,
+        )
 
 
-MATRIX_STYLE = {"started": "green", "crashed": "red", "unsupported": "yellow",
-                "timeout": "yellow", "error": "magenta"}
+MATRIX_STYLE = {
+    "started": "green",
+    "crashed": "red",
+    "unsupported": "yellow",
+    "timeout": "yellow",
+    "error": "magenta",
+}
 
 
 class MatrixProgress:
@@ -192,13 +237,19 @@ class MatrixProgress:
         self._rt = RoundtripProgress(console)
 
     def cell_started(self, cell: Any, index: int, total: int) -> None:
-        self.console.print(f"[{index}/{total}] {cell.key} (vLLM {cell.vllm_version}): expect "
-                           f"{cell.expected_text()}", highlight=False, markup=False)
+        self.console.print(
+            f"[{index}/{total}] {cell.key} (vLLM {cell.vllm_version}): expect "
+            f"{cell.expected_text()}",
+            highlight=False,
+            markup=False,
+        )
 
     def cell_finished(self, cell: Any, index: int, total: int) -> None:
         mark = "[green]ok[/]" if cell.matched else "[red]UNEXPECTED[/]"
-        self.console.print(f"{mark} {escape(cell.key)}: {escape(cell.observed_text())} "
-                           f"({cell.seconds:.0f}s)", highlight=False)
+        self.console.print(
+            f"{mark} {escape(cell.key)}: {escape(cell.observed_text())} ({cell.seconds:.0f}s)",
+            highlight=False,
+        )
 
     def status(self, message: str) -> None:
         self._rt.status(message)
@@ -213,8 +264,17 @@ class MatrixProgress:
 def matrix_table(cells: Sequence[Any]) -> Table:
     """The matrix, cells that differ from their expectation first."""
     table = Table(title="KV-cache spec family matrix", header_style="bold", show_lines=True)
-    for col in ("family", "model", "variant", "vLLM", "engine KV specs", "startup",
-                "round trip", "expected", "match"):
+    for col in (
+        "family",
+        "model",
+        "variant",
+        "vLLM",
+        "engine KV specs",
+        "startup",
+        "round trip",
+        "expected",
+        "match",
+    ):
         table.add_column(col, overflow="fold")
     for c in cells:
         start = Text(c.startup or "-", style=MATRIX_STYLE.get(c.startup, "white"))
@@ -233,8 +293,16 @@ def matrix_table(cells: Sequence[Any]) -> Table:
             rt = Text(f"error: {c.why}", style="magenta")
         else:
             rt = Text("-")
-        match = (Text("yes", style="green") if c.matched else
-                 Text(f"NO: {c.why}", style="bold red"))
-        table.add_row(c.family, c.geometry, c.variant, c.vllm_version, c.specs, start, rt,
-                      c.expected_text(), match)
+        match = Text("yes", style="green") if c.matched else Text(f"NO: {c.why}", style="bold red")
+        table.add_row(
+            c.family,
+            c.geometry,
+            c.variant,
+            c.vllm_version,
+            c.specs,
+            start,
+            rt,
+            c.expected_text(),
+            match,
+        )
     return table

@@ -56,14 +56,29 @@ def junit_xml(suite: str, cases: Sequence[JUnitCase]) -> str:
     failures = sum(1 for c in cases if c.failure is not None)
     errors = sum(1 for c in cases if c.error is not None)
     total_time = sum(c.seconds for c in cases)
-    root = ET.Element("testsuites", name="offload-check", tests=str(len(cases)),
-                      failures=str(failures), errors=str(errors), time=f"{total_time:.2f}")
-    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(cases)),
-                       failures=str(failures), errors=str(errors), skipped="0",
-                       time=f"{total_time:.2f}", timestamp=utc_now())
+    root = ET.Element(
+        "testsuites",
+        name="offload-check",
+        tests=str(len(cases)),
+        failures=str(failures),
+        errors=str(errors),
+        time=f"{total_time:.2f}",
+    )
+    ts = ET.SubElement(
+        root,
+        "testsuite",
+        name=suite,
+        tests=str(len(cases)),
+        failures=str(failures),
+        errors=str(errors),
+        skipped="0",
+        time=f"{total_time:.2f}",
+        timestamp=utc_now(),
+    )
     for case in cases:
-        tc = ET.SubElement(ts, "testcase", classname=case.classname, name=case.name,
-                           time=f"{case.seconds:.2f}")
+        tc = ET.SubElement(
+            ts, "testcase", classname=case.classname, name=case.name, time=f"{case.seconds:.2f}"
+        )
         if case.properties:
             props = ET.SubElement(tc, "properties")
             for k, v in case.properties.items():
@@ -99,8 +114,13 @@ class RunDirectory:
         self.write_json("run.json", self.meta)
 
     def finish(self, status: str, exit_code: int, **fields: Any) -> None:
-        self.update_meta(status=status, exit_code=exit_code, finished_at=utc_now(),
-                         wall_seconds=round(time.monotonic() - self._t0, 2), **fields)
+        self.update_meta(
+            status=status,
+            exit_code=exit_code,
+            finished_at=utc_now(),
+            wall_seconds=round(time.monotonic() - self._t0, 2),
+            **fields,
+        )
 
     def write_json(self, name: str, data: Any) -> Path:
         path = self.path / name
@@ -112,8 +132,9 @@ class RunDirectory:
         _atomic_write(path, text)
         return path
 
-    def write_csv(self, name: str, records: Sequence[dict[str, Any]],
-                  columns: Sequence[str]) -> Path:
+    def write_csv(
+        self, name: str, records: Sequence[dict[str, Any]], columns: Sequence[str]
+    ) -> Path:
         import pandas as pd
 
         frame = pd.DataFrame.from_records(list(records), columns=list(columns))

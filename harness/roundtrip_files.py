@@ -22,9 +22,12 @@ class RoundtripWriter:
         from harness.markdown import roundtrip_report
 
         plan, run_dir = self.plan, self.run_dir
-        run_dir.update_meta(plan=plan.describe(), startup_seconds=result.startup_seconds,
-                            engine_kv_groups=result.engine_groups,
-                            engine_kernels=result.engine_kernels)
+        run_dir.update_meta(
+            plan=plan.describe(),
+            startup_seconds=result.startup_seconds,
+            engine_kv_groups=result.engine_groups,
+            engine_kernels=result.engine_kernels,
+        )
         rows: list[dict[str, Any]] = [p.record() for p in result.phases]
         if rows:
             run_dir.write_csv("phases.csv", rows, list(rows[0]))
@@ -33,15 +36,25 @@ class RoundtripWriter:
             return
         allc = [*result.checks, *result.info_checks]
         run_dir.write_csv("checks.csv", [c.record() for c in allc], list(allc[0].record()))
-        cases = [JUnitCase(classname=f"roundtrip.{plan.scenario.name}", name=c.name,
-                           seconds=0.0, failure=None if c.passed else
-                           f"expected {c.expected}, observed {c.observed}. {c.detail}",
-                           stdout=c.why) for c in result.checks]
+        cases = [
+            JUnitCase(
+                classname=f"roundtrip.{plan.scenario.name}",
+                name=c.name,
+                seconds=0.0,
+                failure=None
+                if c.passed
+                else f"expected {c.expected}, observed {c.observed}. {c.detail}",
+                stdout=c.why,
+            )
+            for c in result.checks
+        ]
         run_dir.write_text("junit.xml", junit_xml("roundtrip", cases))
-        run_dir.write_text("report.md", roundtrip_report(
-            result, {"results_dir": str(run_dir.path)}))
+        run_dir.write_text(
+            "report.md", roundtrip_report(result, {"results_dir": str(run_dir.path)})
+        )
         if rows and self.chart:
             from harness.chart import phases_chart
 
-            phases_chart(rows, f"{plan.scenario.name}: {plan.model_ref}",
-                         run_dir.path / "phases.png")
+            phases_chart(
+                rows, f"{plan.scenario.name}: {plan.model_ref}", run_dir.path / "phases.png"
+            )

@@ -22,8 +22,7 @@ from harness.errors import BadInput
 
 # crashed-on-first-request: /health answered, then the engine died serving the first
 # completion (a kernel fault, say); skipped: the row needs a CPU feature this host lacks.
-Outcome = Literal["started", "crashed", "crashed-on-first-request", "timeout", "error",
-                  "skipped"]
+Outcome = Literal["started", "crashed", "crashed-on-first-request", "timeout", "error", "skipped"]
 ConnectorMode = Literal["on", "off"]
 PATCH_NAMES = ("chunked-local-fix", "chunked-local-floor", "hits-minus-chunk")
 
@@ -101,8 +100,9 @@ class OffloadSettings(StrictModel):
     @classmethod
     def _positive_bytes(cls, value: int | str) -> int | str:
         if isinstance(value, int) and value <= 0:
-            raise ValueError("must be a positive number of bytes or \"auto\"")
+            raise ValueError('must be a positive number of bytes or "auto"')
         return value
+
     extra_config: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -121,7 +121,8 @@ class Expectation(StrictModel):
     model: str | None = Field(None, description="model config name (file stem)")
     outcome: Outcome
     known: int | str | None = Field(
-        None, description="known crash the signature must match: upstream issue or label")
+        None, description="known crash the signature must match: upstream issue or label"
+    )
     why: str = ""
 
     @field_validator("vllm")
@@ -180,10 +181,24 @@ class CrashReproScenario(FileScenario):
     known_crashes: list[KnownCrash] = Field(default_factory=list)
 
 
-FAULTS = ("none", "corrupt-load", "drop-store", "no-load", "partial-store", "partial-load",
-          "segv-in-worker")
-Fault = Literal["none", "corrupt-load", "drop-store", "no-load", "partial-store", "partial-load",
-                "segv-in-worker"]
+FAULTS = (
+    "none",
+    "corrupt-load",
+    "drop-store",
+    "no-load",
+    "partial-store",
+    "partial-load",
+    "segv-in-worker",
+)
+Fault = Literal[
+    "none",
+    "corrupt-load",
+    "drop-store",
+    "no-load",
+    "partial-store",
+    "partial-load",
+    "segv-in-worker",
+]
 
 
 class WorkloadSettings(StrictModel):
@@ -222,7 +237,8 @@ class RoundtripScenario(FileScenario):
     # ... or a hub model served as is (GPU runners); the geometry then only plans.
     hub_model: str | None = None
     weights: Literal["dummy", "random"] = Field(
-        "random", description="local models: dummy (near zero) or seeded random at real scale")
+        "random", description="local models: dummy (near zero) or seeded random at real scale"
+    )
     weight_seed: int = 0
     tensor_parallel: int = Field(1, ge=1)
     fault: Fault = "none"
@@ -258,7 +274,8 @@ class MatrixEntry(StrictModel):
     filler_margin: float | None = Field(None, ge=0.0, le=2.0)
     offload_block_size: int | None = Field(None, gt=0)
     offload_cpu_bytes: int | Literal["auto"] | None = Field(
-        None, description="offload.cpu_bytes_to_use")
+        None, description="offload.cpu_bytes_to_use"
+    )
     pool_tokens: int | None = Field(None, gt=0, description="server.pool_tokens")
 
 
@@ -278,7 +295,8 @@ class CellExpectation(StrictModel):
     vllm: str | None = Field(None, description="PEP 440 specifier on the variant's vLLM version")
     startup: StartupOutcome = "started"
     known: int | str | None = Field(
-        None, description="upstream issue (or label) the crash must be matched to")
+        None, description="upstream issue (or label) the crash must be matched to"
+    )
     error: str | None = Field(None, description="text the crash message must contain")
     roundtrip: RoundtripOutcome = "pass"
     failing_checks: list[str] = Field(default_factory=list)

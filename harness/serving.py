@@ -35,8 +35,10 @@ def kv_transfer_config(
     settings: OffloadSettings, env: Environment, fault: str | None = None
 ) -> dict[str, Any]:
     if not isinstance(settings.cpu_bytes_to_use, int):
-        raise BadInput('offload.cpu_bytes_to_use = "auto" is sized from a round trip\'s '
-                       "pool and filler (server.pool_tokens); give a number of bytes here")
+        raise BadInput(
+            'offload.cpu_bytes_to_use = "auto" is sized from a round trip\'s '
+            "pool and filler (server.pool_tokens); give a number of bytes here"
+        )
     extra: dict[str, Any] = {"cpu_bytes_to_use": settings.cpu_bytes_to_use}
     if settings.block_size is not None:
         extra["block_size"] = settings.block_size
@@ -48,8 +50,11 @@ def kv_transfer_config(
     elif fault:
         raise ValueError("fault injection needs the harness's host backend")
     extra.update(settings.extra_config)
-    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-            "kv_connector_extra_config": extra}
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
 
 
 @dataclass
@@ -65,9 +70,20 @@ class ServerPlan:
     def argv(self, port: int | str = "<port>") -> list[str]:
         from harness.launcher import API_SERVER_MODULE, HOST
 
-        return [self.python, "-m", API_SERVER_MODULE, "--model", self.model,
-                "--host", HOST, "--port", str(port),
-                "--served-model-name", self.served_model_name, *self.args]
+        return [
+            self.python,
+            "-m",
+            API_SERVER_MODULE,
+            "--model",
+            self.model,
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--served-model-name",
+            self.served_model_name,
+            *self.args,
+        ]
 
 
 def server_plan(
@@ -98,8 +114,10 @@ def server_plan(
     if kv_cache_memory_bytes is not None:
         args += ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]
     if offload is not None:
-        args += ["--kv-transfer-config", json.dumps(kv_transfer_config(offload, env, fault),
-                                                    sort_keys=True)]
+        args += [
+            "--kv-transfer-config",
+            json.dumps(kv_transfer_config(offload, env, fault), sort_keys=True),
+        ]
     args += list(server.extra_args) + list(extra_args or [])
 
     penv: dict[str, str] = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
@@ -114,8 +132,9 @@ def server_plan(
         if tensor_parallel > 1:
             # One OpenMP core per CPU worker; without it TP>1 refuses to start on
             # machines with a single NUMA node (see FACTS.md).
-            penv.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(
-                str(i) for i in range(tensor_parallel)))
+            penv.setdefault(
+                "VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i) for i in range(tensor_parallel))
+            )
     penv["OFFLOAD_CHECK_PATCH"] = patch or "none"
     # AMX tile permission in every vLLM process (harness.engine.amx): an environment
     # fix, on unless the variant or the user (OFFLOAD_CHECK_AMX=off) switches it off.

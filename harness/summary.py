@@ -24,12 +24,25 @@ from typing import Any
 
 import pandas as pd
 
-CRASH_COLUMNS = ["model", "variant", "vllm_version", "connector", "outcome", "signature",
-                 "expected", "matched"]
+CRASH_COLUMNS = [
+    "model",
+    "variant",
+    "vllm_version",
+    "connector",
+    "outcome",
+    "signature",
+    "expected",
+    "matched",
+]
 # Per-phase deltas of vLLM's own counters: bytes offloaded and loaded back, GPU
 # prefix-cache hit tokens, and the connector's external hit/query tokens.
-PHASE_HEADERS = ["phase", "d_stored_bytes", "d_loaded_bytes", "d_gpu_hits",
-                 "d_ext_hits/d_ext_queries"]
+PHASE_HEADERS = [
+    "phase",
+    "d_stored_bytes",
+    "d_loaded_bytes",
+    "d_gpu_hits",
+    "d_ext_hits/d_ext_queries",
+]
 CHECK_COLUMNS = ["name", "passed", "expected", "observed", "detail"]
 MAX_CELL = 300  # characters; a CI page is for reading, the files hold everything
 
@@ -165,9 +178,11 @@ def _crash_repro(run_dir: Path, run: dict[str, Any]) -> list[str]:
     summary = run.get("summary") if isinstance(run.get("summary"), dict) else {}
     extra = ""
     if summary:
-        extra = (f"{summary.get('done', '?')}/{summary.get('rows', '?')} rows done, "
-                 f"{summary.get('matched', '?')} as expected, "
-                 f"{summary.get('mismatched', '?')} not")
+        extra = (
+            f"{summary.get('done', '?')}/{summary.get('rows', '?')} rows done, "
+            f"{summary.get('matched', '?')} as expected, "
+            f"{summary.get('mismatched', '?')} not"
+        )
     passed = None
     if frame is not None and len(frame) and "matched" in frame.columns:
         passed = all(_truthy(v) for v in frame["matched"])
@@ -185,22 +200,44 @@ def _crash_repro(run_dir: Path, run: dict[str, Any]) -> list[str]:
             # known_label's spelling, inline: this module imports nothing from the harness.
             expected += f" (#{known})" if known.isdigit() else f" ({known})"
         matched = _truthy(_col(row, "matched"))
-        rows.append([_col(row, "model"), _col(row, "variant"), _col(row, "vllm_version"),
-                     _col(row, "connector"), _col(row, "outcome"),
-                     _signature(row), expected,
-                     "yes" if matched else ("**NO**" if matched is False else "")])
+        rows.append(
+            [
+                _col(row, "model"),
+                _col(row, "variant"),
+                _col(row, "vllm_version"),
+                _col(row, "connector"),
+                _col(row, "outcome"),
+                _signature(row),
+                expected,
+                "yes" if matched else ("**NO**" if matched is False else ""),
+            ]
+        )
     lines += _table(CRASH_COLUMNS, rows)
-    why = [(_col(r, "variant"), _col(r, "connector"), _col(r, "why"), _col(r, "log"))
-           for _, r in frame.iterrows() if _truthy(_col(r, "matched")) is False]
+    why = [
+        (_col(r, "variant"), _col(r, "connector"), _col(r, "why"), _col(r, "log"))
+        for _, r in frame.iterrows()
+        if _truthy(_col(r, "matched")) is False
+    ]
     if why:
         lines += ["", "Not as expected:", ""]
-        lines += [f"- {v} connector={c}: {_cell(w) or 'see the log'} (log: `{log}`)"
-                  for v, c, w, log in why]
+        lines += [
+            f"- {v} connector={c}: {_cell(w) or 'see the log'} (log: `{log}`)"
+            for v, c, w, log in why
+        ]
     return [*lines, ""]
 
 
-MATRIX_COLUMNS = ["family", "model", "variant", "vLLM", "engine KV specs", "startup",
-                  "round trip", "expected", "match"]
+MATRIX_COLUMNS = [
+    "family",
+    "model",
+    "variant",
+    "vLLM",
+    "engine KV specs",
+    "startup",
+    "round trip",
+    "expected",
+    "match",
+]
 
 
 def _matrix(run_dir: Path, run: dict[str, Any]) -> list[str]:
@@ -215,16 +252,26 @@ def _matrix(run_dir: Path, run: dict[str, Any]) -> list[str]:
     assert frame is not None
     rows = []
     for _, row in frame.iterrows():  # matrix.csv lists mismatches first
-        start = _col(row, "startup") + (f": {_col(row, 'signature')}"
-                                         if _col(row, "signature") else "")
+        start = _col(row, "startup") + (
+            f": {_col(row, 'signature')}" if _col(row, "signature") else ""
+        )
         rt = _col(row, "roundtrip")
         if rt == "fail":
             rt = "FAIL " + _col(row, "failed_checks")
         matched = _truthy(_col(row, "matched"))
-        rows.append([_col(row, "family"), _col(row, "geometry"), _col(row, "variant"),
-                     _col(row, "vllm_version"), _col(row, "spec_classes"), start, rt,
-                     _col(row, "expected"),
-                     "yes" if matched else f"**NO**: {_col(row, 'why')}"])
+        rows.append(
+            [
+                _col(row, "family"),
+                _col(row, "geometry"),
+                _col(row, "variant"),
+                _col(row, "vllm_version"),
+                _col(row, "spec_classes"),
+                start,
+                rt,
+                _col(row, "expected"),
+                "yes" if matched else f"**NO**: {_col(row, 'why')}",
+            ]
+        )
     return [*lines, *_table(MATRIX_COLUMNS, rows), ""]
 
 
@@ -252,8 +299,10 @@ def _roundtrip(run_dir: Path, run: dict[str, Any]) -> list[str]:
     variant = raw_variant if isinstance(raw_variant, dict) else {}
     facts = [counted]
     if variant.get("vllm_version"):
-        facts.append(f"vLLM {variant['vllm_version']} ({variant.get('vllm_dist', '?')}) on "
-                     f"{variant.get('device', '?')}")
+        facts.append(
+            f"vLLM {variant['vllm_version']} ({variant.get('vllm_dist', '?')}) on "
+            f"{variant.get('device', '?')}"
+        )
     if plan.get("tensor_parallel"):
         facts.append(f"TP {plan['tensor_parallel']}")
     if plan.get("fault") not in (None, "", "none"):
@@ -270,9 +319,15 @@ def _roundtrip(run_dir: Path, run: dict[str, Any]) -> list[str]:
         for _, r in phases.iterrows():
             hits = _num(_col(r, "d_ext_hits"), "")
             queries = _num(_col(r, "d_ext_queries"), "")
-            rows.append([_col(r, "phase"), _num(_col(r, "d_stored_bytes")),
-                         _num(_col(r, "d_loaded_bytes")), _num(_col(r, "d_gpu_hits"), ""),
-                         f"{hits}/{queries}"])
+            rows.append(
+                [
+                    _col(r, "phase"),
+                    _num(_col(r, "d_stored_bytes")),
+                    _num(_col(r, "d_loaded_bytes")),
+                    _num(_col(r, "d_gpu_hits"), ""),
+                    f"{hits}/{queries}",
+                ]
+            )
         lines += _table(PHASE_HEADERS, rows)
     lines += ["", "### Checks", ""]
     if checks_problem:
@@ -287,12 +342,21 @@ def _roundtrip(run_dir: Path, run: dict[str, Any]) -> list[str]:
                 result = "info: same" if row_ok else "info: differs"
             else:
                 result = "pass" if row_ok else "**FAIL**"
-            rows.append([_col(r, "name"), result, _col(r, "expected"), _col(r, "observed"),
-                         _col(r, "detail")])
+            rows.append(
+                [
+                    _col(r, "name"),
+                    result,
+                    _col(r, "expected"),
+                    _col(r, "observed"),
+                    _col(r, "detail"),
+                ]
+            )
         lines += _table(CHECK_COLUMNS, rows)
-    files = [f"{what} `{run_dir / name}`" for name, what in
-             (("report.md", "full report"), ("logs/server.log", "server log"))
-             if (run_dir / name).is_file()]
+    files = [
+        f"{what} `{run_dir / name}`"
+        for name, what in (("report.md", "full report"), ("logs/server.log", "server log"))
+        if (run_dir / name).is_file()
+    ]
     if files:
         lines += ["", "Files: " + ", ".join(files) + "."]
     return [*lines, ""]
@@ -309,15 +373,19 @@ def _section(run_dir: Path) -> list[str]:
     if problem:
         return [f"## `{run_dir.name}`: **UNREADABLE**", "", f"_{problem}_", ""]
     assert run is not None
-    render_one = {"crash-repro": _crash_repro, "roundtrip": _roundtrip,
-                  "matrix": _matrix}.get(
-        str(run.get("command")), _other)
+    render_one = {"crash-repro": _crash_repro, "roundtrip": _roundtrip, "matrix": _matrix}.get(
+        str(run.get("command")), _other
+    )
     try:
         return render_one(run_dir, run)
     except Exception as exc:  # a summary must never fail the CI step it runs in
-        return [f"## `{run_dir.name}`: **UNREADABLE**", "",
-                f"_could not summarise this run ({type(exc).__name__}: {_cell(exc)}); "
-                f"its files are in the artifacts._", ""]
+        return [
+            f"## `{run_dir.name}`: **UNREADABLE**",
+            "",
+            f"_could not summarise this run ({type(exc).__name__}: {_cell(exc)}); "
+            f"its files are in the artifacts._",
+            "",
+        ]
 
 
 def _expand(paths: Sequence[Path]) -> tuple[list[Path], list[str]]:
@@ -344,8 +412,11 @@ def render(run_dirs: list[Path]) -> str:
     runs, notes = _expand([Path(p) for p in run_dirs])
     lines = ["# offload-check results", ""]
     if not runs:
-        lines += ["_No run directories found: the job failed before the harness wrote "
-                  "any results (see the job log)._", ""]
+        lines += [
+            "_No run directories found: the job failed before the harness wrote "
+            "any results (see the job log)._",
+            "",
+        ]
     for run_dir in runs:
         lines += _section(run_dir)
     if notes:
@@ -356,9 +427,15 @@ def render(run_dirs: list[Path]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m harness.summary",
-        description="Render a markdown summary of offload-check results directories.")
-    parser.add_argument("run_dirs", nargs="*", type=Path, metavar="RUN_DIR",
-                        help="results/<run-id> directories (or a results root)")
+        description="Render a markdown summary of offload-check results directories.",
+    )
+    parser.add_argument(
+        "run_dirs",
+        nargs="*",
+        type=Path,
+        metavar="RUN_DIR",
+        help="results/<run-id> directories (or a results root)",
+    )
     args = parser.parse_args(argv)
     sys.stdout.write(render(args.run_dirs))
     sys.stdout.flush()

@@ -36,8 +36,10 @@ _LOG_PREFIX = re.compile(
 )
 # Tracebacks print 'File "x.py", line 3, in f'; fault handler dumps the same without the comma.
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
-_EXC = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)?)"
-                  r"(?::\s?(?P<msg>.*))?$")
+_EXC = re.compile(
+    r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)?)"
+    r"(?::\s?(?P<msg>.*))?$"
+)
 # Searched, not matched: the fault handler writes straight to fd 2, so its first line can
 # land after a progress bar that ended in "\r" without a newline.
 _FATAL = re.compile(r"Fatal Python error: (?P<what>.*\S)")
@@ -70,7 +72,7 @@ class Frame:
     def vllm_relpath(self) -> str | None:
         """``vllm/...`` part of the path when the frame is inside vLLM."""
         idx = self.path.rfind("/vllm/")
-        return self.path[idx + 1:] if idx >= 0 else None
+        return self.path[idx + 1 :] if idx >= 0 else None
 
 
 @dataclass
@@ -97,7 +99,7 @@ def _clean(line: str) -> tuple[str, str]:
         tags = re.findall(r"\(([A-Za-z_][\w ]*?)\s+pid=(\d+)\)", m.group(1))
         name, pid = tags[-1]
         proc = f"{name} pid={pid}"
-        line = line[m.end():]
+        line = line[m.end() :]
     line = _LOG_PREFIX.sub("", line, count=1)
     return proc, line.rstrip("\n")
 
@@ -119,8 +121,10 @@ def parse_tracebacks(lines: Iterable[str]) -> list[Traceback]:
             else:
                 open_tb[proc] = chained[proc]  # keep filling the chain's root
             continue
-        if proc in chained and (text.startswith("During handling of the above")
-                                or text.startswith("The above exception was the direct")):
+        if proc in chained and (
+            text.startswith("During handling of the above")
+            or text.startswith("The above exception was the direct")
+        ):
             continue
         tb = open_tb.get(proc)
         if tb is None:
@@ -353,7 +357,9 @@ def crash_signature(
         )
         return CrashSignature(
             exception=f"no traceback ({describe_exit(returncode)})",
-            message=last_error[:200], frame="", process="",
+            message=last_error[:200],
+            frame="",
+            process="",
         )
     root = tracebacks[0]
     frame = root.innermost_vllm_frame()

@@ -36,13 +36,19 @@ def make_prompts(
         raise ValueError(f"vocabulary of {vocab_size} is too small for disjoint prompts")
     mid = (FIRST_ORDINARY_ID + vocab_size) // 2
     rng = random.Random(seed)
-    targets = [Prompt(f"target-{i}", "target",
-                      [rng.randrange(FIRST_ORDINARY_ID, mid) for _ in range(n)])
-               for i, n in enumerate(target_lengths)]
+    targets = [
+        Prompt(f"target-{i}", "target", [rng.randrange(FIRST_ORDINARY_ID, mid) for _ in range(n)])
+        for i, n in enumerate(target_lengths)
+    ]
     rng_f = random.Random(seed + 1)
-    fillers = [Prompt(f"filler-{i}", "filler",
-                      [rng_f.randrange(mid, vocab_size) for _ in range(filler_length)])
-               for i in range(filler_count)]
+    fillers = [
+        Prompt(
+            f"filler-{i}",
+            "filler",
+            [rng_f.randrange(mid, vocab_size) for _ in range(filler_length)],
+        )
+        for i in range(filler_count)
+    ]
     return targets, fillers
 
 
@@ -50,8 +56,10 @@ def make_fillers(lengths: list[int], vocab_size: int, seed: int) -> list[Prompt]
     """Fillers of the given lengths, from the upper half of the vocabulary."""
     mid = (FIRST_ORDINARY_ID + vocab_size) // 2
     rng = random.Random(seed + 1)
-    return [Prompt(f"filler-{i}", "filler", [rng.randrange(mid, vocab_size) for _ in range(n)])
-            for i, n in enumerate(lengths)]
+    return [
+        Prompt(f"filler-{i}", "filler", [rng.randrange(mid, vocab_size) for _ in range(n)])
+        for i, n in enumerate(lengths)
+    ]
 
 
 @dataclass
@@ -72,25 +80,46 @@ class Completion:
     def record(self) -> dict[str, Any]:
         req = dict(self.request)
         req["prompt"] = f"<{self.prompt_tokens} token ids of {self.prompt}>"
-        return {"phase": self.phase, "prompt": self.prompt, "prompt_tokens": self.prompt_tokens,
-                "request": req, "text": self.text, "token_ids": self.token_ids,
-                "logprobs": self.logprobs, "seconds": round(self.seconds, 4),
-                "started_at": self.started_at, "error": self.error}
+        return {
+            "phase": self.phase,
+            "prompt": self.prompt,
+            "prompt_tokens": self.prompt_tokens,
+            "request": req,
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "logprobs": self.logprobs,
+            "seconds": round(self.seconds, 4),
+            "started_at": self.started_at,
+            "error": self.error,
+        }
 
     def canonical(self, field_name: str) -> str:
         """Byte-exact form of one output field, for comparison."""
         return json.dumps(getattr(self, field_name), sort_keys=True, separators=(",", ":"))
 
 
-def complete(base_url: str, model: str, prompt: Prompt, phase: str, *, max_tokens: int,
-             logprobs: int, seed: int, timeout_s: float = 600.0) -> Completion:
+def complete(
+    base_url: str,
+    model: str,
+    prompt: Prompt,
+    phase: str,
+    *,
+    max_tokens: int,
+    logprobs: int,
+    seed: int,
+    timeout_s: float = 600.0,
+) -> Completion:
     payload = {
-        "model": model, "prompt": prompt.token_ids, "max_tokens": max_tokens,
-        "temperature": 0.0, "seed": seed, "logprobs": logprobs,
-        "ignore_eos": True, "return_token_ids": True,
+        "model": model,
+        "prompt": prompt.token_ids,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "seed": seed,
+        "logprobs": logprobs,
+        "ignore_eos": True,
+        "return_token_ids": True,
     }
-    out = Completion(phase, prompt.name, len(prompt.token_ids), payload,
-                     started_at=time.time())
+    out = Completion(phase, prompt.name, len(prompt.token_ids), payload, started_at=time.time())
     t0 = time.perf_counter()
     resp = http_json(f"{base_url}/v1/completions", payload, timeout_s)
     out.seconds = time.perf_counter() - t0
@@ -112,13 +141,17 @@ class Divergence:
 def first_divergence(a: Completion, b: Completion) -> Divergence | None:
     """Where two outputs first differ: text, then token ids, then logprobs."""
     if a.text != b.text:
-        pos = next((i for i, (x, y) in enumerate(zip(a.text, b.text, strict=False)) if x != y),
-                   min(len(a.text), len(b.text)))
-        return Divergence("text", pos, a.text[pos:pos + 40], b.text[pos:pos + 40])
+        pos = next(
+            (i for i, (x, y) in enumerate(zip(a.text, b.text, strict=False)) if x != y),
+            min(len(a.text), len(b.text)),
+        )
+        return Divergence("text", pos, a.text[pos : pos + 40], b.text[pos : pos + 40])
     if a.token_ids != b.token_ids:
-        pos = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=False))
-                    if x != y), min(len(a.token_ids), len(b.token_ids)))
-        return Divergence("token_ids", pos, a.token_ids[pos:pos + 8], b.token_ids[pos:pos + 8])
+        pos = next(
+            (i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=False)) if x != y),
+            min(len(a.token_ids), len(b.token_ids)),
+        )
+        return Divergence("token_ids", pos, a.token_ids[pos : pos + 8], b.token_ids[pos : pos + 8])
     if a.canonical("logprobs") != b.canonical("logprobs"):
         la, lb = a.logprobs or {}, b.logprobs or {}
         for key in ("token_logprobs", "top_logprobs", "tokens", "text_offset"):
@@ -164,13 +197,17 @@ def within_tolerance(a: Completion, b: Completion, tol: float) -> Closeness:
         top_a, top_b = _top(a, i), _top(b, i)
         if xa != xb:
             sa, sb = (ta[i] if i < len(ta) else None), (tb[i] if i < len(tb) else None)
-            tie = sa != sb and all(s in top for s in (sa, sb) for top in (top_a, top_b)) and all(
-                abs(top[sa] - top[sb]) <= tol for top in (top_a, top_b))  # type: ignore[index]
+            tie = (
+                sa != sb
+                and all(s in top for s in (sa, sb) for top in (top_a, top_b))
+                and all(abs(top[sa] - top[sb]) <= tol for top in (top_a, top_b))
+            )  # type: ignore[index]
             if tie:
                 out.near_tie = i
                 return out
-            out.divergence = Divergence("token_ids", i, a.token_ids[i:i + 8],
-                                        b.token_ids[i:i + 8])
+            out.divergence = Divergence(
+                "token_ids", i, a.token_ids[i : i + 8], b.token_ids[i : i + 8]
+            )
             return out
         pairs = [(pa[i], pb[i])] if i < len(pa) and i < len(pb) else []
         pairs += [(v, top_b[k]) for k, v in top_a.items() if k in top_b]

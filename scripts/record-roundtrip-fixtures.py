@@ -78,8 +78,10 @@ CASES: dict[str, list[str]] = {
 }
 
 # The metric families harness.metrics.parse reads; everything else is dropped.
-KEEP_FAMILIES = frozenset({family for cands in metrics.COUNTERS.values()
-                           for family, _ in cands} | {"vllm:cache_config_info"})
+KEEP_FAMILIES = frozenset(
+    {family for cands in metrics.COUNTERS.values() for family, _ in cands}
+    | {"vllm:cache_config_info"}
+)
 
 
 def _family(sample_name: str) -> str:
@@ -97,9 +99,12 @@ def filter_prom(text: str) -> str:
     for line in text.splitlines():
         if line.startswith("#"):
             parts = line.split(maxsplit=3)
-            if (len(parts) >= 3 and parts[1] in ("HELP", "TYPE")
-                    and not parts[2].endswith("_created")
-                    and _family(parts[2]) in KEEP_FAMILIES):
+            if (
+                len(parts) >= 3
+                and parts[1] in ("HELP", "TYPE")
+                and not parts[2].endswith("_created")
+                and _family(parts[2]) in KEEP_FAMILIES
+            ):
                 out.append(line)
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
@@ -112,8 +117,10 @@ def _lossless(raw: str, kept: str, where: str) -> None:
     """Refuse a filter that changes what evaluation reads (snapshot or pool)."""
     a, b = metrics.parse(raw), metrics.parse(kept)
     if a[0] != b[0] or a[1] != b[1]:
-        raise SystemExit(f"{where}: the Prometheus filter changed the parsed snapshot or "
-                         f"pool:\n  raw  {a[0]} {a[1]}\n  kept {b[0]} {b[1]}")
+        raise SystemExit(
+            f"{where}: the Prometheus filter changed the parsed snapshot or "
+            f"pool:\n  raw  {a[0]} {a[1]}\n  kept {b[0]} {b[1]}"
+        )
 
 
 class Scrubber:
@@ -121,8 +128,11 @@ class Scrubber:
 
     def __init__(self, results: Path) -> None:
         home = Path.home()
-        pairs = [(str(ROOT), "<repo>"), (str(home / ".cache"), "~/.cache"),
-                 (str(results), "<results>")]
+        pairs = [
+            (str(ROOT), "<repo>"),
+            (str(home / ".cache"), "~/.cache"),
+            (str(results), "<results>"),
+        ]
         cache = os.environ.get("OFFLOAD_CHECK_CACHE")
         if cache:
             pairs.append((str(Path(cache).resolve()), "~/.cache/offload-check"))
@@ -147,8 +157,11 @@ class Scrubber:
 
 def failing_checks(checks_csv: Path) -> list[str]:
     with checks_csv.open(newline="") as fh:
-        return sorted(r["name"] for r in csv.DictReader(fh)
-                      if r["passed"] != "True" and r.get("informational") != "True")
+        return sorted(
+            r["name"]
+            for r in csv.DictReader(fh)
+            if r["passed"] != "True" and r.get("informational") != "True"
+        )
 
 
 def run_case(case: str, args: list[str], scratch: Path) -> tuple[int, Path, str]:
@@ -158,13 +171,16 @@ def run_case(case: str, args: list[str], scratch: Path) -> tuple[int, Path, str]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=3600)
     runs = [p for p in results.iterdir() if p.is_dir()]
     if proc.returncode not in (0, 1) or len(runs) != 1 or not (runs[0] / "checks.csv").is_file():
-        raise SystemExit(f"[{case}] the run did not finish with a verdict (exit "
-                         f"{proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise SystemExit(
+            f"[{case}] the run did not finish with a verdict (exit "
+            f"{proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return proc.returncode, runs[0], proc.stdout
 
 
-def keep(case: str, args: list[str], code: int, run: Path, stage: Path,
-         scrub: Scrubber) -> dict[str, Any]:
+def keep(
+    case: str, args: list[str], code: int, run: Path, stage: Path, scrub: Scrubber
+) -> dict[str, Any]:
     (stage / "metrics").mkdir(parents=True)
     for name in PROM_FILES:
         raw = (run / "metrics" / f"{name}.prom").read_text()
@@ -179,8 +195,11 @@ def keep(case: str, args: list[str], code: int, run: Path, stage: Path,
         raise SystemExit(f"[{case}] the server log holds no {REPORT_PREFIX!r} line")
     (stage / "server.log").write_text(scrub("\n".join(report) + "\n"))
     meta = json.loads((run / "run.json").read_text())
-    trimmed = {"argv": meta.get("argv"), "plan": meta["plan"],
-               "engine_kv_groups": meta.get("engine_kv_groups")}
+    trimmed = {
+        "argv": meta.get("argv"),
+        "plan": meta["plan"],
+        "engine_kv_groups": meta.get("engine_kv_groups"),
+    }
     (stage / "run.json").write_text(scrub(json.dumps(trimmed, indent=1, sort_keys=True)) + "\n")
     manifest = {
         "case": case,
@@ -212,13 +231,21 @@ def replay_agrees(case_dir: Path, observed: list[str]) -> bool:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--case", action="append", choices=sorted(CASES),
-                    help="record only this case (repeatable; default: all)")
+    ap.add_argument(
+        "--case",
+        action="append",
+        choices=sorted(CASES),
+        help="record only this case (repeatable; default: all)",
+    )
     ap.add_argument("--out", type=Path, default=OUT, help="fixtures directory")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
-    ap.add_argument("--keep-runs", type=Path, default=None,
-                    help="write the full run directories here (default: a temporary "
-                         "directory, removed at the end)")
+    ap.add_argument(
+        "--keep-runs",
+        type=Path,
+        default=None,
+        help="write the full run directories here (default: a temporary "
+        "directory, removed at the end)",
+    )
     opts = ap.parse_args()
     if opts.list:
         for case, args in CASES.items():

@@ -81,19 +81,26 @@ def no_vllm_left_behind():
     assert not left, f"vLLM processes left behind: {[p.pid for p in left]}"
 
 
-def run_cli(results: Path, command: str, *args: str,
-            timeout: float = 1800) -> tuple[int, Path, str]:
+def run_cli(
+    results: Path, command: str, *args: str, timeout: float = 1800
+) -> tuple[int, Path, str]:
     """Run one offload-check command into an empty results dir; (exit code, run dir, output)."""
-    proc = subprocess.run([*CLI, command, "--results-dir", str(results), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    proc = subprocess.run(
+        [*CLI, command, "--results-dir", str(results), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
     runs = sorted(p for p in results.iterdir() if p.is_dir())
     assert len(runs) == 1, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, runs[0], proc.stdout + proc.stderr
 
 
-def wait_for_engine(before: set[int], proc: subprocess.Popen, timeout: float = 120
-                    ) -> list[psutil.Process]:
+def wait_for_engine(
+    before: set[int], proc: subprocess.Popen, timeout: float = 120
+) -> list[psutil.Process]:
     """The new vLLM processes, once the server has spawned its EngineCore."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -144,12 +151,18 @@ def launch_count(items: list[pytest.Item]) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """An engine test that declares no launches would make the budget silently wrong."""
-    bad = [i.nodeid for i in items if i.get_closest_marker("engine")
-           and i.get_closest_marker("launches") is None and not _shared_fixtures(i)]
+    bad = [
+        i.nodeid
+        for i in items
+        if i.get_closest_marker("engine")
+        and i.get_closest_marker("launches") is None
+        and not _shared_fixtures(i)
+    ]
     if bad:
         raise pytest.UsageError(f"engine tests without @pytest.mark.launches(n): {bad}")
 
 
-def pytest_report_collectionfinish(config: pytest.Config, start_path: Path,
-                                   items: list[pytest.Item]) -> str:
+def pytest_report_collectionfinish(
+    config: pytest.Config, start_path: Path, items: list[pytest.Item]
+) -> str:
     return LAUNCH_SUMMARY.format(n=launch_count(items), tests=len(items))

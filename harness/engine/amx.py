@@ -30,8 +30,16 @@ LOG_PREFIX = "offload-check amx:"
 # The CPU flags (as /proc/cpuinfo spells them) that mean the CPU has AMX tiles.
 AMX_FLAGS = ("amx_tile", "amx_bf16", "amx_int8")
 # Flags worth recording: what vLLM's CPU kernels choose between.
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile",
-             "amx_bf16", "amx_int8")
+ISA_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx512_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
 
 # arch_prctl(2) on x86-64: syscall number and the XSTATE permission requests.
 _SYS_ARCH_PRCTL = 158
@@ -64,8 +72,9 @@ def fix_enabled(environ: dict[str, str] | None = None) -> bool:
     return value.strip().lower() not in ("off", "0", "false", "no")
 
 
-def planned_state(flags: frozenset[str] | None = None,
-                  environ: dict[str, str] | None = None) -> str:
+def planned_state(
+    flags: frozenset[str] | None = None, environ: dict[str, str] | None = None
+) -> str:
     """What the harness will do in vLLM processes on this host: for run.json and dry-runs.
 
     ``requested`` (AMX present, fix on), ``off`` (AMX present, fix switched off: the

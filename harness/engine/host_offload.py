@@ -69,8 +69,13 @@ FAULT_PARTIAL_STORE = "partial-store"
 FAULT_PARTIAL_LOAD = "partial-load"
 FAULT_SEGV = "segv-in-worker"
 FAULT_MODES: tuple[str, ...] = (
-    FAULT_NONE, FAULT_CORRUPT_LOAD, FAULT_DROP_STORE, FAULT_NO_LOAD,
-    FAULT_PARTIAL_STORE, FAULT_PARTIAL_LOAD, FAULT_SEGV,
+    FAULT_NONE,
+    FAULT_CORRUPT_LOAD,
+    FAULT_DROP_STORE,
+    FAULT_NO_LOAD,
+    FAULT_PARTIAL_STORE,
+    FAULT_PARTIAL_LOAD,
+    FAULT_SEGV,
 )
 """Accepted fault modes. corrupt-load, drop-store and no-load report success and the full
 byte count, so only the output check can catch them; partial-store / partial-load move (and
@@ -337,12 +342,18 @@ class HostOffloadingWorker(OffloadingWorker):
         if _TRACE:
             # One line per job: which blocks of which group moved, for diagnosing a byte
             # check (harness greps nothing here; it is for people reading server.log).
-            groups = " ".join(f"g{g.group_idx}:{len(g.engine_block_ids)}@"
-                              f"{int(g.host_subs[0]) if len(g.host_subs) else 0}"
-                              for g in plan)
-            print(f"offload-check transfer: job={job_id} {'store' if to_host else 'load'} "
-                  f"bytes={num_bytes} {groups} block_indices="
-                  f"{list(engine_spec.block_indices)}", file=sys.stderr, flush=True)
+            groups = " ".join(
+                f"g{g.group_idx}:{len(g.engine_block_ids)}@"
+                f"{int(g.host_subs[0]) if len(g.host_subs) else 0}"
+                for g in plan
+            )
+            print(
+                f"offload-check transfer: job={job_id} {'store' if to_host else 'load'} "
+                f"bytes={num_bytes} {groups} block_indices="
+                f"{list(engine_spec.block_indices)}",
+                file=sys.stderr,
+                flush=True,
+            )
         self._finished.append(
             TransferResult(
                 job_id=job_id,

@@ -107,8 +107,9 @@ def _apply_hits_minus_chunk() -> PatchReport:
     if getattr(orig, MARK, None) == "hits-minus-chunk":
         return PatchReport("hits-minus-chunk", "applied", target, "(already)")
 
-    def get_num_new_matched_tokens(self: Any, request: Any, num_computed_tokens: int,
-                                   *args: Any, **kwargs: Any) -> Any:
+    def get_num_new_matched_tokens(
+        self: Any, request: Any, num_computed_tokens: int, *args: Any, **kwargs: Any
+    ) -> Any:
         hits, is_async = orig(self, request, num_computed_tokens, *args, **kwargs)
         if hits:
             chunk = max(g.tokens_per_chunk for g in self.config.kv_group_configs)

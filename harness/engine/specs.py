@@ -26,18 +26,34 @@ LOG_PREFIX = "offload-check kv-groups:"
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 FACTORY_MODULE = "vllm.distributed.kv_transfer.kv_connector.factory"
 MARK = "__offload_check_specs__"
-_FIELDS = ("block_size", "page_size_bytes", "sliding_window", "attention_chunk_size",
-           "head_size", "num_kv_heads", "dtype", "mamba_type", "mamba_cache_mode",
-           "extra_retained_tokens", "cache_dtype_str")
+_FIELDS = (
+    "block_size",
+    "page_size_bytes",
+    "sliding_window",
+    "attention_chunk_size",
+    "head_size",
+    "num_kv_heads",
+    "dtype",
+    "mamba_type",
+    "mamba_cache_mode",
+    "extra_retained_tokens",
+    "cache_dtype_str",
+)
 
 
 def _spec_record(group: Any) -> dict[str, Any]:
     spec = group.kv_cache_spec
     cls = type(spec)
-    bases = [c.__name__ for c in cls.__mro__[1:] if c.__name__.endswith("Spec")
-             and c.__name__ not in ("KVCacheSpec", "AttentionSpec")]
-    rec: dict[str, Any] = {"spec": cls.__name__, "bases": bases,
-                           "layers": len(getattr(group, "layer_names", []) or [])}
+    bases = [
+        c.__name__
+        for c in cls.__mro__[1:]
+        if c.__name__.endswith("Spec") and c.__name__ not in ("KVCacheSpec", "AttentionSpec")
+    ]
+    rec: dict[str, Any] = {
+        "spec": cls.__name__,
+        "bases": bases,
+        "layers": len(getattr(group, "layer_names", []) or []),
+    }
     for name in _FIELDS:
         try:
             value = getattr(spec, name)
@@ -91,8 +107,9 @@ def install() -> bool:
         if not getattr(orig_init, MARK, False):
 
             @functools.wraps(orig_init)
-            def __init__(self: Any, vllm_config: Any, kv_cache_config: Any, *args: Any,
-                         **kwargs: Any) -> None:
+            def __init__(
+                self: Any, vllm_config: Any, kv_cache_config: Any, *args: Any, **kwargs: Any
+            ) -> None:
                 _report(kv_cache_config, "scheduler")
                 orig_init(self, vllm_config, kv_cache_config, *args, **kwargs)
 
@@ -105,8 +122,9 @@ def install() -> bool:
         if not getattr(orig_create, MARK, False):
 
             @functools.wraps(orig_create)
-            def create_connector(cls: Any, config: Any, role: Any, kv_cache_config: Any,
-                                 *args: Any, **kwargs: Any) -> Any:
+            def create_connector(
+                cls: Any, config: Any, role: Any, kv_cache_config: Any, *args: Any, **kwargs: Any
+            ) -> Any:
                 _report(kv_cache_config, f"connector:{getattr(role, 'name', role)}")
                 return orig_create(cls, config, role, kv_cache_config, *args, **kwargs)
 

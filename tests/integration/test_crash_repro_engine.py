@@ -60,11 +60,14 @@ def row(df: pd.DataFrame, model: str, variant: str, connector: str) -> pd.Series
     return hit.iloc[0]
 
 
-@pytest.mark.parametrize(("matrix", "model"), [
-    ("small_chunk_matrix", "llama4-small-chunk"),
-    pytest.param("default_matrix", "llama4-issue-51150", marks=nightly),
-    pytest.param("default_matrix", "llama4-small-chunk", marks=nightly),
-])
+@pytest.mark.parametrize(
+    ("matrix", "model"),
+    [
+        ("small_chunk_matrix", "llama4-small-chunk"),
+        pytest.param("default_matrix", "llama4-issue-51150", marks=nightly),
+        pytest.param("default_matrix", "llama4-small-chunk", marks=nightly),
+    ],
+)
 def test_matrix_verdicts(request, matrix, model):
     code, run, stdout = request.getfixturevalue(matrix)
     assert code == 0, stdout
@@ -106,7 +109,8 @@ def test_amx_sigill_row_follows_the_host(small_chunk_matrix):
         if has_amx():
             assert r.outcome == "crashed-on-first-request", r.why
             assert r.signature.startswith(
-                "SIGILL in vllm/_custom_ops.py:cpu_attention_with_kv_cache"), r.signature
+                "SIGILL in vllm/_custom_ops.py:cpu_attention_with_kv_cache"
+            ), r.signature
             assert r.known_issue == "amx-sigill"
         else:
             assert r.outcome == "skipped"
@@ -140,14 +144,16 @@ outcome = "crashed-on-first-request"
     r = df.iloc[0]
     assert r.outcome == "crashed-on-first-request"
     assert r.exception == "SIGSEGV"
-    assert r.frame == ("vllm/distributed/kv_transfer/kv_connector/v1/offloading/worker.py:"
-                       "get_finished")
+    assert r.frame == (
+        "vllm/distributed/kv_transfer/kv_connector/v1/offloading/worker.py:get_finished"
+    )
     assert r.signature.endswith("(worker)"), r.signature
     assert "Fatal Python error: Segmentation fault" in Path(r.log).read_text()
 
 
-@pytest.mark.parametrize("matrix", ["small_chunk_matrix",
-                                    pytest.param("default_matrix", marks=nightly)])
+@pytest.mark.parametrize(
+    "matrix", ["small_chunk_matrix", pytest.param("default_matrix", marks=nightly)]
+)
 def test_matrix_results_files(request, matrix):
     _, run, stdout = request.getfixturevalue(matrix)
     rows, launched = ROWS[matrix], ROWS[matrix] - (0 if has_amx() else AMX_ROWS)
@@ -171,9 +177,17 @@ def test_matrix_results_files(request, matrix):
 @pytest.mark.launches(1)
 def test_floor_mutant_starts_on_stock(tmp_path):
     """The mutant is not a crash: only the round trip can catch it."""
-    code, run, _ = crash_repro(tmp_path, "--variant", "stock", "--patch", "chunked-local-floor",
-                               "--config", str(MODELS / "llama4-small-chunk.json"),
-                               "--connector", "on")
+    code, run, _ = crash_repro(
+        tmp_path,
+        "--variant",
+        "stock",
+        "--patch",
+        "chunked-local-floor",
+        "--config",
+        str(MODELS / "llama4-small-chunk.json"),
+        "--connector",
+        "on",
+    )
     df = outcomes(run)
     assert code == 0
     assert df.outcome.tolist() == ["started"] and df.patch_status.tolist() == ["applied"]
@@ -183,9 +197,15 @@ def test_floor_mutant_starts_on_stock(tmp_path):
 @pytest.mark.launches(1)
 def test_no_chunked_layers_starts_on_stock(tmp_path):
     """Expectations follow the config: attention_chunk_size null means no #51150."""
-    code, run, _ = crash_repro(tmp_path, "--variant", "stock",
-                               "--config", str(MODELS / "llama4-no-chunk.json"),
-                               "--connector", "on")
+    code, run, _ = crash_repro(
+        tmp_path,
+        "--variant",
+        "stock",
+        "--config",
+        str(MODELS / "llama4-no-chunk.json"),
+        "--connector",
+        "on",
+    )
     df = outcomes(run)
     assert code == 0
     assert df.outcome.tolist() == ["started"] and str(df.answered[0]) == "True"
@@ -199,14 +219,23 @@ def test_wrong_expectation_is_reported_as_a_mismatch(tmp_path):
     text = (ROOT / "scenarios" / "crash-repro.toml").read_text()
     head, _, _ = text.partition("# Expectations:")
     (scen_dir / "s.toml").write_text(
-        head.replace('variants_file = "variants.toml"',
-                     f'variants_file = "{ROOT}/scenarios/variants.toml"')
-        .replace('"models/', f'"{ROOT}/scenarios/models/')
-        + '\n[[expectations]]\noutcome = "started"\n')
+        head.replace(
+            'variants_file = "variants.toml"', f'variants_file = "{ROOT}/scenarios/variants.toml"'
+        ).replace('"models/', f'"{ROOT}/scenarios/models/')
+        + '\n[[expectations]]\noutcome = "started"\n'
+    )
     results = tmp_path / "results"
-    code, run, _ = crash_repro(results, "--scenario", str(scen_dir / "s.toml"),
-                                    "--variant", "stock", "--connector", "on",
-                                    "--config", str(MODELS / "llama4-small-chunk.json"))
+    code, run, _ = crash_repro(
+        results,
+        "--scenario",
+        str(scen_dir / "s.toml"),
+        "--variant",
+        "stock",
+        "--connector",
+        "on",
+        "--config",
+        str(MODELS / "llama4-small-chunk.json"),
+    )
     assert code == 1
     df = outcomes(run)
     assert df.outcome.tolist() == ["crashed"] and str(df.matched[0]) == "False"
@@ -216,9 +245,17 @@ def test_wrong_expectation_is_reported_as_a_mismatch(tmp_path):
 
 @pytest.mark.launches(1)
 def test_startup_timeout_tears_everything_down(tmp_path):
-    code, run, _ = crash_repro(tmp_path, "--variant", "current", "--connector", "off",
-                               "--config", str(MODELS / "llama4-small-chunk.json"),
-                               "--timeout", "4")
+    code, run, _ = crash_repro(
+        tmp_path,
+        "--variant",
+        "current",
+        "--connector",
+        "off",
+        "--config",
+        str(MODELS / "llama4-small-chunk.json"),
+        "--timeout",
+        "4",
+    )
     df = outcomes(run)
     assert code == 1
     assert df.outcome.tolist() == ["timeout"]
@@ -226,10 +263,24 @@ def test_startup_timeout_tears_everything_down(tmp_path):
 
 @pytest.mark.launches(1)
 def test_ctrl_c_stops_servers_and_keeps_results(tmp_path):
-    proc = subprocess.Popen([*CLI, "crash-repro", "--results-dir", str(tmp_path),
-                             "--variant", "current", "--connector", "off",
-                             "--config", str(MODELS / "llama4-small-chunk.json")],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            *CLI,
+            "crash-repro",
+            "--results-dir",
+            str(tmp_path),
+            "--variant",
+            "current",
+            "--connector",
+            "off",
+            "--config",
+            str(MODELS / "llama4-small-chunk.json"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     before = {p.pid for p in vllm_processes()}
     # Wait until the engine has spawned children, so there is a tree to tear down.
     ours = wait_for_engine(before, proc)
@@ -247,10 +298,23 @@ def test_ctrl_c_stops_servers_and_keeps_results(tmp_path):
 @pytest.mark.launches(1)
 def test_sigkilled_harness_leaves_no_server(tmp_path):
     """Even a harness killed with SIGKILL (no handler runs) takes its server with it."""
-    proc = subprocess.Popen([*CLI, "crash-repro", "--results-dir", str(tmp_path),
-                             "--variant", "current", "--connector", "off",
-                             "--config", str(MODELS / "llama4-small-chunk.json")],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            *CLI,
+            "crash-repro",
+            "--results-dir",
+            str(tmp_path),
+            "--variant",
+            "current",
+            "--connector",
+            "off",
+            "--config",
+            str(MODELS / "llama4-small-chunk.json"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     before = {p.pid for p in vllm_processes()}
     ours = wait_for_engine(before, proc)
     proc.kill()

@@ -25,8 +25,14 @@ pytestmark = pytest.mark.engine
 # (a family with its own page size and block size); a Gemma 3 style sliding-window model
 # on both builds (the window rules for stores and loads). Full attention is the base of
 # every other test in the suite; Mamba and plain sliding window run in `make matrix`.
-SUBSET = ["--geometry", "llama4-roundtrip", "--geometry", "deepseek-mla",
-          "--geometry", "gemma3-interleaved"]
+SUBSET = [
+    "--geometry",
+    "llama4-roundtrip",
+    "--geometry",
+    "deepseek-mla",
+    "--geometry",
+    "gemma3-interleaved",
+]
 
 
 def matrix(results: Path, *args: str, timeout: float = 2400) -> tuple[int, Path, str]:
@@ -106,7 +112,10 @@ def test_sliding_window_loads_only_the_window(subset):
     assert stored == {"current": 1_114_112, "stock": 1_114_112 + 256 * 768}
     stock = cell(df, "gemma3-interleaved", "stock")
     assert (stock.roundtrip, stock.failed_checks, str(stock.matched)) == (
-        "fail", "cold-stored-bytes", "True")
+        "fail",
+        "cold-stored-bytes",
+        "True",
+    )
     assert cell(df, "gemma3-interleaved", "current").roundtrip == "pass"
 
 
@@ -129,21 +138,24 @@ def test_a_wrong_expectation_fails_the_run_and_is_listed_first(tmp_path):
     The engine then builds every layer as full attention; the kv-layout check must catch
     the reclassification, the cell must not match, and it must lead every output."""
     text = (ROOT / "scenarios" / "matrix.toml").read_text()
-    text = text.replace('roundtrip = "roundtrip-cpu.toml"',
-                        f'roundtrip = "{ROOT}/scenarios/roundtrip-cpu.toml"')
+    text = text.replace(
+        'roundtrip = "roundtrip-cpu.toml"', f'roundtrip = "{ROOT}/scenarios/roundtrip-cpu.toml"'
+    )
     text = text.replace('geometry = "models/', f'geometry = "{ROOT}/scenarios/models/')
     # --disable-sliding-window also caps the model length at the window (512).
     text = text.replace(
         'about = "Gemma 3 style: 3 sliding-window layers (512) + 1 global layer"',
         'server_args = ["--enforce-eager", "--num-gpu-blocks-override", "96", '
         '"--disable-sliding-window"]\nmax_model_len = 512\ntarget_tokens = [300, 400]\n'
-        'filler_tokens = 400')
+        "filler_tokens = 400",
+    )
     path = tmp_path / "seeded.toml"
     path.write_text(text)
     results = tmp_path / "results"
     results.mkdir()
-    code, run, out = matrix(results, "--scenario", str(path), "--geometry",
-                            "gemma3-interleaved", "--variant", "current")
+    code, run, out = matrix(
+        results, "--scenario", str(path), "--geometry", "gemma3-interleaved", "--variant", "current"
+    )
     assert code == 1, out
     df = cells(run)
     row = df.iloc[0]
@@ -155,8 +167,14 @@ def test_a_wrong_expectation_fails_the_run_and_is_listed_first(tmp_path):
 
 # The cells the PR tier leaves out: full attention (the base of every other test), the
 # plain sliding window and the Mamba2 hybrid, on both builds.
-REST = ["--geometry", "llama3-full", "--geometry", "mistral-swa",
-        "--geometry", "granite-hybrid-mamba"]
+REST = [
+    "--geometry",
+    "llama3-full",
+    "--geometry",
+    "mistral-swa",
+    "--geometry",
+    "granite-hybrid-mamba",
+]
 
 
 @pytest.fixture(scope="module")
@@ -172,9 +190,13 @@ def test_rest_of_matrix_matches_every_expectation(rest_of_matrix):
     assert len(df) == 6 and df.matched.astype(str).eq("True").all(), df[["geometry", "why"]]
     stock_swa = cell(df, "mistral-swa", "stock")
     assert stock_swa.startup == "crashed" and "not divisible by tokens_per_hash" in (
-        stock_swa.message)
+        stock_swa.message
+    )
     mamba = cell(df, "granite-hybrid-mamba", "current")
     assert (mamba.startup, mamba.roundtrip, mamba.failed_checks) == (
-        "started", "fail", "engine-survived")
+        "started",
+        "fail",
+        "engine-survived",
+    )
     full = cell(df, "llama3-full", "current")
     assert (full.roundtrip, full.spec_classes) == ("pass", "FullAttentionSpec x4")

@@ -58,9 +58,18 @@ def test_clean_run_passes_every_check(clean_run):
 
 def test_clean_run_results_files(clean_run):
     _, run, out = clean_run
-    for name in ("run.json", "phases.csv", "checks.csv", "requests.jsonl", "junit.xml",
-                 "report.md", "phases.png", "logs/server.log", "logs/baseline-server.log",
-                 "metrics/replay.prom"):
+    for name in (
+        "run.json",
+        "phases.csv",
+        "checks.csv",
+        "requests.jsonl",
+        "junit.xml",
+        "report.md",
+        "phases.png",
+        "logs/server.log",
+        "logs/baseline-server.log",
+        "metrics/replay.prom",
+    ):
         assert (run / name).is_file(), name
     meta = json.loads((run / "run.json").read_text())
     assert meta["status"] == "finished" and meta["exit_code"] == 0
@@ -80,13 +89,16 @@ def test_clean_run_results_files(clean_run):
 
 # corrupt-load, partial-store and partial-load prove the three checks these faults are for;
 # drop-store and no-load fail the same output check as corrupt-load: nightly.
-@pytest.mark.parametrize(("fault", "caught_by"), [
-    ("corrupt-load", {"replay-output-identical"}),
-    pytest.param("drop-store", {"replay-output-identical"}, marks=nightly),
-    pytest.param("no-load", {"replay-output-identical"}, marks=nightly),
-    ("partial-store", {"cold-stored-bytes", "replay-output-identical"}),
-    ("partial-load", {"replay-loaded-bytes", "replay-output-identical"}),
-])
+@pytest.mark.parametrize(
+    ("fault", "caught_by"),
+    [
+        ("corrupt-load", {"replay-output-identical"}),
+        pytest.param("drop-store", {"replay-output-identical"}, marks=nightly),
+        pytest.param("no-load", {"replay-output-identical"}, marks=nightly),
+        ("partial-store", {"cold-stored-bytes", "replay-output-identical"}),
+        ("partial-load", {"replay-loaded-bytes", "replay-output-identical"}),
+    ],
+)
 @pytest.mark.launches(1)
 def test_host_backend_faults_are_caught(tmp_path, fault, caught_by):
     code, run, out = roundtrip(tmp_path, "--fault", fault)
@@ -94,8 +106,9 @@ def test_host_backend_faults_are_caught(tmp_path, fault, caught_by):
     # Exactly the checks the fault is for (tests/unit/test_replay.py proves the same sets
     # on recorded runs); another failing check would be a harness bug.
     assert failed(run) == caught_by
-    detail = pd.read_csv(run / "checks.csv").set_index("name").loc[
-        "replay-output-identical", "detail"]
+    detail = (
+        pd.read_csv(run / "checks.csv").set_index("name").loc["replay-output-identical", "detail"]
+    )
     assert "first difference" in detail
 
 
@@ -109,7 +122,8 @@ def test_worker_killed_by_a_signal_is_caught_with_its_cause(tmp_path):
     assert list(df.index) == ["engine-survived"] and not df.loc["engine-survived", "passed"]
     assert df.loc["engine-survived", "observed"].startswith(
         "SIGSEGV in vllm/distributed/kv_transfer/kv_connector/v1/offloading/worker.py:"
-        "get_finished (worker)"), df.loc["engine-survived", "observed"]
+        "get_finished (worker)"
+    ), df.loc["engine-survived", "observed"]
     assert "cold phase" in df.loc["engine-survived", "detail"]
 
 
@@ -163,8 +177,13 @@ def test_tensor_parallel_2(tmp_path):
 
 @pytest.mark.launches(1)
 def test_server_killed_mid_run_keeps_results(tmp_path):
-    proc = subprocess.Popen([*CLI, "roundtrip", "--results-dir", str(tmp_path)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CLI, "roundtrip", "--results-dir", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     before = {p.pid for p in vllm_processes()}
     deadline = time.monotonic() + 300
     killed = False
@@ -212,11 +231,22 @@ def test_attach_mode_against_a_running_server(tmp_path):
     sp = plan.server
     results = tmp_path / "results"
     results.mkdir()
-    with VllmServer(python=sp.python, model=sp.model, log_path=tmp_path / "server.log",
-                    args=sp.args, env=sp.env, served_model_name=sp.served_model_name) as server:
+    with VllmServer(
+        python=sp.python,
+        model=sp.model,
+        log_path=tmp_path / "server.log",
+        args=sp.args,
+        env=sp.env,
+        served_model_name=sp.served_model_name,
+    ) as server:
         assert server.wait_ready(300).state == "started"
-        code, run, out = roundtrip(results, "--url", server.url, "--config",
-                                   str(ROOT / "scenarios" / "models" / "llama4-roundtrip.json"))
+        code, run, out = roundtrip(
+            results,
+            "--url",
+            server.url,
+            "--config",
+            str(ROOT / "scenarios" / "models" / "llama4-roundtrip.json"),
+        )
     assert code == 0, out
     assert failed(run) == set()
     assert json.loads((run / "run.json").read_text())["plan"]["variant"] == "attached"
@@ -226,9 +256,20 @@ def test_attach_mode_against_a_running_server(tmp_path):
 def test_unreachable_url_is_one_line(tmp_path):
     from harness.launcher import free_port
 
-    proc = subprocess.run([*CLI, "roundtrip", "--results-dir", str(tmp_path), "--url",
-                           f"http://127.0.0.1:{free_port()}"], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            *CLI,
+            "roundtrip",
+            "--results-dir",
+            str(tmp_path),
+            "--url",
+            f"http://127.0.0.1:{free_port()}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "cannot reach" in lines[0]

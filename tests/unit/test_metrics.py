@@ -45,6 +45,7 @@ def test_snapshot_subtraction():
 
 
 def test_no_offload_metrics():
-    _, cache, names = metrics.parse("# TYPE vllm:num_requests_running gauge\n"
-                                    "vllm:num_requests_running 0.0\n")
+    _, cache, names = metrics.parse(
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n"
+    )
     assert cache is None and not metrics.offload_metrics_present(names)

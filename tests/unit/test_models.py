@@ -24,9 +24,16 @@ def test_chunked_layers_follow_no_rope_layers():
 
 
 def test_kv_bytes_per_token_matches_the_prs_scout_arithmetic():
-    scout = {"model_type": "llama4_text", "num_hidden_layers": 48, "num_attention_heads": 40,
-             "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 5120,
-             "vocab_size": 202048, "torch_dtype": "bfloat16"}
+    scout = {
+        "model_type": "llama4_text",
+        "num_hidden_layers": 48,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_size": 5120,
+        "vocab_size": 202048,
+        "torch_dtype": "bfloat16",
+    }
     assert bytes_per_token(scout) == 196_608
     assert bytes_per_token(scout) * 1248 == 245_366_784
     assert bytes_per_token(geometry("llama4-small-chunk")) == 1024
@@ -80,9 +87,12 @@ def test_interrupted_build_leaves_nothing_that_looks_complete(tmp_path, monkeypa
 
 
 def test_missing_architectures_default_to_vllms_native_llama4(tmp_path):
-    cfg = {"model_type": "llama4_text", "hidden_size": 64, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "vocab_size": 100}
+    cfg = {
+        "model_type": "llama4_text",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "vocab_size": 100,
+    }
     path = models.build_model(cfg, "bare", tmp_path)
-    assert json.loads((path / "config.json").read_text())["architectures"] == [
-        "Llama4ForCausalLM"]
-
+    assert json.loads((path / "config.json").read_text())["architectures"] == ["Llama4ForCausalLM"]

@@ -15,17 +15,24 @@ import torch
 
 patches = pytest.importorskip("harness.engine.patches")
 kv_iface = pytest.importorskip("vllm.v1.kv_cache_interface")
-sched = importlib.import_module(
-    "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler")
+sched = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler")
 
 
 def make_spec(cls, **overrides):
-    values = {"block_size": 128, "num_kv_heads": 2, "head_size": 32,
-              "dtype": torch.bfloat16, "attention_chunk_size": 384, "sliding_window": 384}
+    values = {
+        "block_size": 128,
+        "num_kv_heads": 2,
+        "head_size": 32,
+        "dtype": torch.bfloat16,
+        "attention_chunk_size": 384,
+        "sliding_window": 384,
+    }
     values.update(overrides)
-    required = {f.name: values[f.name] for f in dataclasses.fields(cls)
-                if f.default is dataclasses.MISSING
-                and f.default_factory is dataclasses.MISSING}  # type: ignore[misc]
+    required = {
+        f.name: values[f.name]
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }  # type: ignore[misc]
     return cls(**required)
 
 

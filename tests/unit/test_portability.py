@@ -36,13 +36,16 @@ def test_recorded_amx_host_is_recognised_and_plain_avx512_is_not():
     assert amx.cpu_flags("no flags line here") == frozenset()
 
 
-@pytest.mark.parametrize(("flags", "env", "state"), [
-    (AMX, {}, "requested"),
-    (AMX, {"OFFLOAD_CHECK_AMX": "off"}, "off"),
-    (AMX, {"OFFLOAD_CHECK_AMX": "on"}, "requested"),
-    (NO_AMX, {}, "not-needed"),
-    (NO_AMX, {"OFFLOAD_CHECK_AMX": "off"}, "not-needed"),
-])
+@pytest.mark.parametrize(
+    ("flags", "env", "state"),
+    [
+        (AMX, {}, "requested"),
+        (AMX, {"OFFLOAD_CHECK_AMX": "off"}, "off"),
+        (AMX, {"OFFLOAD_CHECK_AMX": "on"}, "requested"),
+        (NO_AMX, {}, "not-needed"),
+        (NO_AMX, {"OFFLOAD_CHECK_AMX": "off"}, "not-needed"),
+    ],
+)
 def test_planned_state(monkeypatch, flags, env, state):
     monkeypatch.setattr(amx.platform, "machine", lambda: "x86_64")
     assert amx.planned_state(flags, env) == state
@@ -78,8 +81,10 @@ def crash_plan(monkeypatch, flags):
 
 def test_amx_sigill_row_is_planned_on_amx_hosts_and_skipped_elsewhere(monkeypatch):
     rows = [r for r in crash_plan(monkeypatch, AMX).rows if r.variant == "current-no-amx"]
-    assert [(r.model, r.connector) for r in rows] == [("llama4-small-chunk", True),
-                                                     ("llama4-small-chunk", False)]
+    assert [(r.model, r.connector) for r in rows] == [
+        ("llama4-small-chunk", True),
+        ("llama4-small-chunk", False),
+    ]
     for r in rows:
         assert not r.skip_reason
         assert (r.expected, r.expected_known) == ("crashed-on-first-request", "amx-sigill")
@@ -91,8 +96,9 @@ def test_amx_sigill_row_is_planned_on_amx_hosts_and_skipped_elsewhere(monkeypatc
 
 def test_every_other_row_gets_the_fix_unless_the_user_switches_it_off(monkeypatch):
     plan = crash_plan(monkeypatch, AMX)
-    assert {r.plan.env["OFFLOAD_CHECK_AMX"] for r in plan.rows
-            if r.variant != "current-no-amx"} == {"on"}
+    assert {
+        r.plan.env["OFFLOAD_CHECK_AMX"] for r in plan.rows if r.variant != "current-no-amx"
+    } == {"on"}
     monkeypatch.setenv("OFFLOAD_CHECK_AMX", "off")
     plan = crash_plan(monkeypatch, AMX)
     assert {r.plan.env["OFFLOAD_CHECK_AMX"] for r in plan.rows} == {"off"}
@@ -173,8 +179,10 @@ def test_auto_tier_needs_a_pool_intent(tmp_path):
 
 def recorded_pairs() -> dict[str, tuple[Completion, Completion]]:
     """Cold pass (connector on) vs baseline server (connector off), recorded on AMX."""
-    recs = [json.loads(line) for line in
-            (FIXTURES / "amx-host" / "roundtrip-clean-with-baseline.requests.jsonl").open()]
+    recs = [
+        json.loads(line)
+        for line in (FIXTURES / "amx-host" / "roundtrip-clean-with-baseline.requests.jsonl").open()
+    ]
     by = {(r["phase"], r["prompt"]): r for r in recs}
 
     def comp(r: dict) -> Completion:
@@ -182,8 +190,7 @@ def recorded_pairs() -> dict[str, tuple[Completion, Completion]]:
         c.text, c.token_ids, c.logprobs = r["text"], r["token_ids"], r["logprobs"]
         return c
 
-    return {p: (comp(by[("cold", p)]), comp(by[("baseline", p)]))
-            for p in ("target-0", "target-1")}
+    return {p: (comp(by[("cold", p)]), comp(by[("baseline", p)])) for p in ("target-0", "target-1")}
 
 
 def test_recorded_cross_server_difference_is_within_the_measured_tolerance():
@@ -212,35 +219,44 @@ def test_tolerance_zero_is_exact_and_real_differences_fail():
 
 def test_engine_report_is_read_back_from_a_recorded_server_log():
     lines = (FIXTURES / "signals" / "server-sigsegv-worker.log").read_text().splitlines()
-    assert engine_log.kernels(lines) == {"attention_backend": "CPUAttentionBackend",
-                                         "attention_isa": "vec"}
+    assert engine_log.kernels(lines) == {
+        "attention_backend": "CPUAttentionBackend",
+        "attention_isa": "vec",
+    }
     assert engine_log.describe(lines) == "CPUAttentionBackend/vec"
     assert engine_log.amx_permission(lines) == "not-needed"
     assert engine_log.amx_permission(["offload-check amx: requested granted=True pid=3"]) == (
-        "requested")
+        "requested"
+    )
 
 
 def test_python_fault_handler_survives_native_handlers():
     """A native library (tvm_ffi, via xgrammar) replaces the SIGSEGV handler; re-arming
     puts Python's back, so a dying vLLM process still prints its Python stack."""
-    code = ("import ctypes, importlib.util\n"
-            "if importlib.util.find_spec('tvm_ffi'): import tvm_ffi\n"
-            "from harness.engine.crash_handler import rearm\n"
-            "assert rearm()\n"
-            "ctypes.string_at(0)\n")
+    code = (
+        "import ctypes, importlib.util\n"
+        "if importlib.util.find_spec('tvm_ffi'): import tvm_ffi\n"
+        "from harness.engine.crash_handler import rearm\n"
+        "assert rearm()\n"
+        "ctypes.string_at(0)\n"
+    )
     env = {"PYTHONFAULTHANDLER": "1", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
+    )
     assert proc.returncode == -11
     assert "Fatal Python error: Segmentation fault" in proc.stderr
     assert 'File "<string>", line 5' in proc.stderr
 
 
-@pytest.mark.parametrize("name", [
-    "amx-host/crash-repro-small-chunk-current-connector-on.server.log",
-    "amx-host/crash-repro-small-chunk-current-connector-off.server.log",
-    "signals/server-sigsegv-worker.log",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "amx-host/crash-repro-small-chunk-current-connector-on.server.log",
+        "amx-host/crash-repro-small-chunk-current-connector-off.server.log",
+        "signals/server-sigsegv-worker.log",
+    ],
+)
 def test_recorded_first_request_deaths_are_crashes_not_slow_answers(name):
     """The AMX host's recorded rows said "started but did not answer"; read again, their
     logs show a dead engine, which crash-repro now reports as crashed-on-first-request."""

@@ -84,8 +84,9 @@ def test_replayed_verdict_is_the_expected_one(case: str) -> None:
 @pytest.mark.parametrize("case", CASES)
 def test_replayed_verdict_is_the_runs_own(case: str) -> None:
     """Same failing set as the engine run's checks.csv and manifest, row for row."""
-    observed = {r["name"] for r in _observed(case)
-                if r["passed"] != "True" and r["informational"] != "True"}
+    observed = {
+        r["name"] for r in _observed(case) if r["passed"] != "True" and r["informational"] != "True"
+    }
     assert failing(_replayed(case)) == observed == set(_manifest(case)["failing_checks"])
 
 
@@ -94,8 +95,9 @@ def test_replayed_checks_read_exactly_like_the_runs(case: str) -> None:
     """Every check's figures and diagnosis, not only its verdict, as the run wrote them:
     the replay rebuilt the very numbers the live run judged."""
     result = _replayed(case)
-    got = [{k: str(v) for k, v in c.record().items()}
-           for c in [*result.checks, *result.info_checks]]
+    got = [
+        {k: str(v) for k, v in c.record().items()} for c in [*result.checks, *result.info_checks]
+    ]
     assert got == _observed(case)
 
 
@@ -117,9 +119,20 @@ def test_replayed_plan_is_the_runs(case: str) -> None:
     """The plan remade from the CLI args predicts what the run's plan predicted."""
     recorded = json.loads((FIXTURES / case / "run.json").read_text())["plan"]
     plan = json.loads(json.dumps(_replayed(case).plan.describe()))
-    for key in ("variant", "patch", "fault", "tensor_parallel", "kv_block_size",
-                "offload_tokens_per_chunk", "targets", "filler_count", "filler_tokens",
-                "pool_tokens", "expected", "notes"):
+    for key in (
+        "variant",
+        "patch",
+        "fault",
+        "tensor_parallel",
+        "kv_block_size",
+        "offload_tokens_per_chunk",
+        "targets",
+        "filler_count",
+        "filler_tokens",
+        "pool_tokens",
+        "expected",
+        "notes",
+    ):
         assert plan[key] == recorded[key], key
 
 
@@ -127,16 +140,20 @@ def test_replayed_plan_is_the_runs(case: str) -> None:
 def test_report_line_is_the_groups_the_run_recorded(case: str) -> None:
     lines = (FIXTURES / case / "server.log").read_text().splitlines()
     groups = kv_layout.parse_report(lines)
-    assert groups and groups == json.loads(
-        (FIXTURES / case / "run.json").read_text())["engine_kv_groups"]
+    assert (
+        groups
+        and groups == json.loads((FIXTURES / case / "run.json").read_text())["engine_kv_groups"]
+    )
 
 
 def _always_pass(name: str) -> Callable[..., ck.CheckResult]:
     """A check whose logic was deleted: it still reports, and always passes."""
+
     def neutral(*args: Any, **kwargs: Any) -> ck.CheckResult:
         # check_outputs is told its name by the caller (its second argument).
         check = name or kwargs.get("name") or args[1]
         return ck.CheckResult(check, True, "deleted", "deleted", "deleted")
+
     return neutral
 
 
@@ -162,8 +179,9 @@ def test_deleting_the_load_check_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @pytest.mark.parametrize("function", sorted(CHECK_FUNCTIONS))
-def test_deleting_any_failing_checks_logic_is_caught(monkeypatch: pytest.MonkeyPatch,
-                                                     function: str) -> None:
+def test_deleting_any_failing_checks_logic_is_caught(
+    monkeypatch: pytest.MonkeyPatch, function: str
+) -> None:
     """Each check that some recorded fault fails is load-bearing: neutralized, at least
     one recorded case stops getting its expected verdict."""
     monkeypatch.setattr(ck, function, _always_pass(CHECK_FUNCTIONS[function]))
@@ -175,5 +193,10 @@ def test_which_checks_the_recordings_prove() -> None:
     """The recorded faults fail these checks and no others: kv-layout and
     filler-loaded-nothing have no seeded fault, so only their own unit tests guard them."""
     recorded = set().union(*(_manifest(c)["failing_checks"] for c in CASES))
-    assert recorded == {"cold-stored-bytes", "gpu-cache-evicted", "replay-loaded-bytes",
-                        "replay-external-hits", "replay-output-identical"}
+    assert recorded == {
+        "cold-stored-bytes",
+        "gpu-cache-evicted",
+        "replay-loaded-bytes",
+        "replay-external-hits",
+        "replay-output-identical",
+    }

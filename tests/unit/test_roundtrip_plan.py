@@ -53,11 +53,14 @@ def test_engine_args_pass_through_for_multinode():
     assert plan.server.argv()[-2:] == ["--distributed-executor-backend", "ray"]
 
 
-@pytest.mark.parametrize(("targets", "message"), [
-    ([512], "multiple of the offload chunk"),
-    ([200], "shorter than one offload chunk"),
-    ([2040], "exceeds max_model_len"),
-])
+@pytest.mark.parametrize(
+    ("targets", "message"),
+    [
+        ([512], "multiple of the offload chunk"),
+        ([200], "shorter than one offload chunk"),
+        ([2040], "exceeds max_model_len"),
+    ],
+)
 def test_refuses_bad_targets(targets, message):
     scn = scenario()
     scn.workload.target_tokens = targets
@@ -99,4 +102,3 @@ def test_prompts_are_deterministic_and_fillers_share_no_token_with_targets():
     assert not target_ids & {i for p in fillers for i in p.token_ids}
     assert [len(p.token_ids) for p in fillers] == [900, 240]
     assert all(16 <= i < 1024 for i in target_ids)
-

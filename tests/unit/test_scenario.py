@@ -21,7 +21,9 @@ def test_shipped_scenario_loads_and_resolves_relative_paths():
     assert variants["stock+fix"].patch == "chunked-local-fix"
     assert variants["current"].python == str(ROOT / ".venv" / "bin" / "python")
     assert (variants["current-no-amx"].amx, variants["current-no-amx"].requires_cpu) == (
-        "off", ["amx_tile"])
+        "off",
+        ["amx_tile"],
+    )
 
 
 def write(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
@@ -62,8 +64,9 @@ def test_wrong_type_and_bad_outcome(tmp_path):
 
 def test_bad_version_specifier(tmp_path):
     with pytest.raises(BadInput, match="not a version specifier"):
-        load_crash_repro(write(tmp_path, MINIMAL + '\n[[expectations]]\nvllm = "~~1"\n'
-                               'outcome = "started"\n'))
+        load_crash_repro(
+            write(tmp_path, MINIMAL + '\n[[expectations]]\nvllm = "~~1"\noutcome = "started"\n')
+        )
 
 
 def test_missing_file():

@@ -18,9 +18,23 @@ SUMMARY = re.compile(r"offload-check: (\d+) server launches in (\d+) tests")
 
 
 def collected_launches(*marker: str) -> int:
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                           "-p", "no:cacheprovider", *marker, "tests"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *marker,
+            "tests",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     m = SUMMARY.search(proc.stdout)
     assert m, proc.stdout[-2000:]
@@ -28,8 +42,11 @@ def collected_launches(*marker: str) -> int:
 
 
 def readme_launches(tier: str) -> int:
-    row = next(ln for ln in (ROOT / "README.md").read_text().splitlines()
-               if ln.startswith(f"| {tier} | `make test"))
+    row = next(
+        ln
+        for ln in (ROOT / "README.md").read_text().splitlines()
+        if ln.startswith(f"| {tier} | `make test")
+    )
     return int(re.search(r"\| (\d+) \(\+\d+ on AMX hosts\) \|$", row)[1])  # type: ignore[index]
 
 

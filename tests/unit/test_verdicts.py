@@ -17,8 +17,11 @@ from harness.verdicts import (
 )
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-KNOWN = [KnownCrash(issue=51150, exception="AssertionError",
-                    functions=["get_sliding_window_size_in_chunks"])]
+KNOWN = [
+    KnownCrash(
+        issue=51150, exception="AssertionError", functions=["get_sliding_window_size_in_chunks"]
+    )
+]
 
 
 def crash_log() -> list[str]:
@@ -28,8 +31,10 @@ def crash_log() -> list[str]:
 def test_root_cause_is_the_engine_core_assert_not_the_api_server_wrapper():
     sig = crash_signature(crash_log(), 1, KNOWN)
     assert sig.exception == "AssertionError"
-    assert sig.frame == ("vllm/distributed/kv_transfer/kv_connector/v1/offloading/"
-                         "scheduler.py:get_sliding_window_size_in_chunks")
+    assert sig.frame == (
+        "vllm/distributed/kv_transfer/kv_connector/v1/offloading/"
+        "scheduler.py:get_sliding_window_size_in_chunks"
+    )
     assert sig.known == 51150
     assert sig.process.startswith("EngineCore")
     assert sig.message == "assert isinstance(kv_cache_spec, FullAttentionSpec)"
@@ -50,8 +55,9 @@ def test_a_different_exception_is_not_called_51150():
 
 
 def test_same_exception_elsewhere_is_not_called_51150():
-    lines = [ln.replace("get_sliding_window_size_in_chunks", "some_other_function")
-             for ln in crash_log()]
+    lines = [
+        ln.replace("get_sliding_window_size_in_chunks", "some_other_function") for ln in crash_log()
+    ]
     assert crash_signature(lines, 1, KNOWN).known is None
 
 
@@ -73,8 +79,9 @@ Traceback (most recent call last):
   File "/x/vllm/b.py", line 2, in outer
     raise RuntimeError("wrapped")
 RuntimeError: wrapped""".splitlines()
-    sig = crash_signature(log, 1, [KnownCrash(issue=1, exception="AssertionError",
-                                              functions=["inner"])])
+    sig = crash_signature(
+        log, 1, [KnownCrash(issue=1, exception="AssertionError", functions=["inner"])]
+    )
     assert sig.exception == "AssertionError" and sig.frame == "vllm/a.py:inner"
     assert sig.known == 1
 
@@ -85,23 +92,38 @@ def test_describe_exit():
 
 
 RULES = [
-    Expectation(variant="stock", patch="none", connector=True, chunked_local=True,
-                outcome="crashed", known=51150),
-    Expectation(vllm="<0.28", patch="none", connector=True, chunked_local=True,
-                outcome="crashed", known=51150),
+    Expectation(
+        variant="stock",
+        patch="none",
+        connector=True,
+        chunked_local=True,
+        outcome="crashed",
+        known=51150,
+    ),
+    Expectation(
+        vllm="<0.28",
+        patch="none",
+        connector=True,
+        chunked_local=True,
+        outcome="crashed",
+        known=51150,
+    ),
     Expectation(outcome="started"),
 ]
 
 
-@pytest.mark.parametrize(("ctx", "outcome"), [
-    (RowContext("stock", "0.27.1", "none", True, True), "crashed"),
-    (RowContext("stock", "0.27.1", "chunked-local-fix", True, True), "started"),
-    (RowContext("stock", "0.27.1", "chunked-local-floor", True, True), "started"),
-    (RowContext("stock", "0.27.1", "none", False, True), "started"),  # control
-    (RowContext("stock", "0.27.1", "none", True, False), "started"),  # no chunked layers
-    (RowContext("my-old", "0.26.0", "none", True, True), "crashed"),  # by version
-    (RowContext("current", "0.32.0", "none", True, True), "started"),
-])
+@pytest.mark.parametrize(
+    ("ctx", "outcome"),
+    [
+        (RowContext("stock", "0.27.1", "none", True, True), "crashed"),
+        (RowContext("stock", "0.27.1", "chunked-local-fix", True, True), "started"),
+        (RowContext("stock", "0.27.1", "chunked-local-floor", True, True), "started"),
+        (RowContext("stock", "0.27.1", "none", False, True), "started"),  # control
+        (RowContext("stock", "0.27.1", "none", True, False), "started"),  # no chunked layers
+        (RowContext("my-old", "0.26.0", "none", True, True), "crashed"),  # by version
+        (RowContext("current", "0.32.0", "none", True, True), "started"),
+    ],
+)
 def test_expectations_follow_the_row_not_the_name(ctx, outcome):
     rule = expectation_for(ctx, RULES)
     assert rule is not None and rule.outcome == outcome
