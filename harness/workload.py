@@ -196,12 +196,14 @@ def within_tolerance(a: Completion, b: Completion, tol: float) -> Closeness:
     for i, (xa, xb) in enumerate(zip(a.token_ids, b.token_ids, strict=False)):
         top_a, top_b = _top(a, i), _top(b, i)
         if xa != xb:
-            sa, sb = (ta[i] if i < len(ta) else None), (tb[i] if i < len(tb) else None)
+            sa = str(ta[i]) if i < len(ta) else ""
+            sb = str(tb[i]) if i < len(tb) else ""
             tie = (
-                sa != sb
+                bool(sa and sb)
+                and sa != sb
                 and all(s in top for s in (sa, sb) for top in (top_a, top_b))
                 and all(abs(top[sa] - top[sb]) <= tol for top in (top_a, top_b))
-            )  # type: ignore[index]
+            )
             if tie:
                 out.near_tie = i
                 return out
