@@ -180,6 +180,14 @@ class CrashReproScenario(FileScenario):
     expectations: list[Expectation] = Field(min_length=1)
     known_crashes: list[KnownCrash] = Field(default_factory=list)
 
+    @field_validator("offload")
+    @classmethod
+    def _tier_in_bytes(cls, value: OffloadSettings) -> OffloadSettings:
+        # "auto" sizes the tier from a round trip's pool and filler; a crash-repro has none.
+        if not isinstance(value.cpu_bytes_to_use, int):
+            raise ValueError('cpu_bytes_to_use = "auto" needs a round trip; give bytes here')
+        return value
+
 
 FAULTS = (
     "none",

@@ -267,3 +267,11 @@ def test_a_refused_request_on_a_live_engine_is_not_a_death(tmp_path):
     log = tmp_path / "server.log"
     log.write_text('INFO:     127.0.0.1:1 - "POST /v1/completions HTTP/1.1" 400 Bad Request\n')
     assert not crash_repro._engine_died(log)
+
+
+def test_auto_tier_in_a_crash_repro_is_refused_at_load(tmp_path):
+    text = (ROOT / "scenarios" / "crash-repro.toml").read_text()
+    bad = tmp_path / "auto.toml"
+    bad.write_text(text.replace("cpu_bytes_to_use = 268435456", 'cpu_bytes_to_use = "auto"'))
+    with pytest.raises(BadInput, match="needs a round trip"):
+        load_crash_repro(bad)
