@@ -30,7 +30,14 @@ from harness.scenario import (
     load_variants,
 )
 from harness.serving import ServerPlan, offload_backend, server_plan
-from harness.verdicts import RowContext, crash_signature, expectation_for, judge
+from harness.verdicts import (
+    RowContext,
+    crash_signature,
+    expectation_for,
+    judge,
+    parse_fatal_signals,
+    parse_worker_deaths,
+)
 
 
 @dataclass
@@ -310,18 +317,19 @@ def run_row(
 
 def _engine_died(log_path: Path) -> bool:
     """Whether the log shows an engine process dead (a signal, a worker lost, a fatal
-    EngineCore error) rather than a request the engine merely refused."""
-    text = log_path.read_text(errors="replace")
-    return any(mark in text for mark in _DEATH_MARKS)
+    EngineCore error) rather than a request the engine merely refused.
+
+    Signals and lost workers are read by the same parsers the verdict uses, so a death
+    counted here is one the signature can name.
+    """
+    lines = log_path.read_text(errors="replace").splitlines()
+    if parse_fatal_signals(lines) or parse_worker_deaths(lines):
+        return True
+    return any(mark in line for line in lines for mark in _ENGINE_DEAD_MARKS)
 
 
-# What vLLM (and Python's fault handler) print when an engine process is gone.
-_DEATH_MARKS = (
-    "Fatal Python error:",
-    "died unexpectedly",
-    "EngineDeadError",
-    "EngineCore encountered a fatal error",
-)
+# What vLLM prints when EngineCore itself is gone (no signal, no lost worker).
+_ENGINE_DEAD_MARKS = ("EngineDeadError", "EngineCore encountered a fatal error")
 
 
 def judge_row(row: Row) -> None:
