@@ -377,6 +377,13 @@ def roundtrip_cmd(
             min=0, help="send exactly this many filler prompts instead of sizing from the pool"
         ),
     ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="prompt seed (default: the scenario's); another seed gives prompts no "
+            "earlier run on the same server can hit"
+        ),
+    ] = None,
     url: Annotated[str | None, typer.Option(help="attach to a running server instead")] = None,
     results_dir: Annotated[Path, typer.Option(help="where run directories are created")] = Path(
         "results"
@@ -417,6 +424,8 @@ def roundtrip_cmd(
             raise HarnessError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
         if filler_count is not None:
             scen.workload.filler_count = filler_count
+        if seed is not None:
+            scen.workload.seed = seed
         if port is not None:
             check_port_free(port)
         if url:
@@ -687,6 +696,170 @@ def _run_matrix(plan: object, results_dir: Path) -> int:
         "[green]every cell as expected[/]"
         if done and all(c.matched for c in done)
         else "[red]some cells not as expected[/]"
+    )
+    console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
+    return int(code)
+
+
+@app.command("faults")
+def faults_cmd(
+    scenario: Annotated[
+        Path | None,
+        typer.Option(help="roundtrip scenario (TOML)", show_default="scenarios/roundtrip-cpu.toml"),
+    ] = None,
+    fault: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fault",
+            help="faults to run, in order (repeatable); default: none, corrupt-load, "
+            "drop-store, no-load, partial-store, partial-load, segv-in-worker",
+        ),
+    ] = None,
+    variant: Annotated[str | None, typer.Option(help="vLLM variant (default: scenario's)")] = None,
+    config: Annotated[Path | None, typer.Option(help="model geometry (config.json) to use")] = None,
+    tp: Annotated[int | None, typer.Option("--tp", min=1, help="tensor parallel size")] = None,
+    results_dir: Annotated[Path, typer.Option(help="where run directories are created")] = Path(
+        "results"
+    ),
+    port: Annotated[
+        int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option(help="print the rounds and the server; launch nothing")
+    ] = False,
+    engine_arg: Annotated[
+        list[str] | None,
+        typer.Option("--engine-arg", help="extra argument passed to the server (repeatable)"),
+    ] = None,
+) -> None:
+    """Prove every check catches its fault: one server, one round trip per seeded fault.
+
+    The host backend takes its fault from a control file the harness rewrites between
+    rounds; each round must fail exactly the checks its fault is for (the clean round,
+    none). Exit 0 when every fault is caught by exactly its checks.
+    """
+    from harness import fault_sweep as fs
+    from harness.launcher import check_port_free
+    from harness.scenario import load_roundtrip
+
+    try:
+        scen = load_roundtrip(scenario or _default_scenario("roundtrip-cpu.toml"))
+        faults = fs.parse_faults(fault)
+        if port is not None:
+            check_port_free(port)
+        sweep = fs.plan_sweep(
+            scen,
+            faults,
+            fs.control_path(),
+            variant=variant,
+            config=str(config) if config else None,
+            tp=tp,
+            extra_args=engine_arg,
+        )
+    except HarnessError as err:
+        raise _fail(err) from None
+    if dry_run:
+        base = sweep.base
+        console.print(
+            f"[bold]faults[/] {scen.name}: {len(faults)} rounds on one server "
+            f"({base.model_ref}, variant {base.variant}, TP {base.tensor_parallel})",
+            highlight=False,
+        )
+        _print_host()
+        for i, (name, plan) in enumerate(zip(faults, sweep.plans, strict=True)):
+            must = ", ".join(sorted(fs.CAUGHT_BY[name])) or "nothing (every check passes)"
+            console.print(
+                f"  round {i}: {name} (seed {plan.scenario.workload.seed}) must fail: {must}",
+                highlight=False,
+                markup=False,
+            )
+        assert base.server is not None
+        console.print("  argv: " + json.dumps(base.server.argv()), highlight=False, markup=False)
+        raise typer.Exit(0)
+    raise typer.Exit(_run_faults(sweep, results_dir, port))
+
+
+def _run_faults(sweep: object, results_dir: Path, port: int | None) -> int:
+    from harness import fault_sweep as fs
+    from harness import roundtrip as rt
+    from harness.markdown import faults_report
+    from harness.reporting import RoundtripProgress, frame_table
+    from harness.results import JUnitCase, RunDirectory, junit_xml
+    from harness.roundtrip_files import RoundtripWriter
+
+    assert isinstance(sweep, fs.SweepPlan)
+    base = sweep.base
+    run_dir = _open_run(results_dir, "faults", base.scenario)
+    run_dir.update_meta(
+        variant={"name": base.variant, **(base.env.as_dict() if base.env else {})},
+        sweep=sweep.describe(),
+    )
+    writers: dict[int, RoundtripWriter] = {}
+    done: list[fs.Round] = []
+
+    def round_writer(rnd: fs.Round) -> RoundtripWriter:
+        plan = sweep.plans[rnd.index]
+        sub_path = fs.round_dir(run_dir.path, rnd)
+        sub_path.mkdir(parents=True, exist_ok=True)
+        sub = RunDirectory(sub_path, "roundtrip")
+        sub.update_meta(fault=rnd.fault, plan=plan.describe())
+        writers[rnd.index] = RoundtripWriter(sub, plan, chart=False)
+        return writers[rnd.index]
+
+    def on_round(rounds: list[fs.Round]) -> None:
+        done[:] = [r for r in rounds if r.status != "pending"]
+        for r in done:
+            if r.index in writers and r.result is not None:
+                writers[r.index].run_dir.finish(
+                    "finished",
+                    int(ExitCode.OK if r.matched else ExitCode.MISMATCH),
+                    passed=r.result.passed,
+                    fault_verdict=r.record(),
+                )
+        records = [r.record() for r in done]
+        run_dir.write_csv("faults.csv", records, list(records[0]))
+        cases = [
+            JUnitCase(
+                classname="faults",
+                name=r.fault,
+                seconds=0.0,
+                failure=None if r.matched else f"{r.status}: {r.reason}",
+                properties={"must_fail": " ".join(sorted(r.expected))},
+            )
+            for r in done
+        ]
+        run_dir.write_text("junit.xml", junit_xml("faults", cases))
+        meta = {"results_dir": str(run_dir.path), "model": base.model_ref, "variant": base.variant}
+        run_dir.write_text("report.md", faults_report(done, meta))
+
+    console.print(
+        f"[bold]faults[/] {len(sweep.faults)} rounds on one server: {base.model_ref} "
+        f"(variant {base.variant})",
+        highlight=False,
+    )
+    with _guard() as outcome:
+        rt.build_local_model(base)
+        fs.execute(
+            sweep, run_dir.path, RoundtripProgress(console), round_writer, on_round, port=port
+        )
+        if len(done) < len(sweep.faults) or any(not r.matched for r in done):
+            outcome.code = ExitCode.MISMATCH
+    code = outcome.code
+    run_dir.finish(
+        outcome.status,
+        int(code),
+        rounds_run=len(done),
+        rounds_matched=sum(1 for r in done if r.matched),
+    )
+    if done:
+        records = [r.record() for r in done]
+        cols = ["round", "fault", "status", "expected_failing", "failing", "reason"]
+        console.print(frame_table("faults", records, cols))
+    ok = done and len(done) == len(sweep.faults) and all(r.matched for r in done)
+    verdict = (
+        "[green]every fault caught by exactly its checks[/]"
+        if ok
+        else "[red]some faults not as expected[/]"
     )
     console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
     return int(code)

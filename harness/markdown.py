@@ -152,3 +152,34 @@ def matrix_report(cells: Sequence[Any], meta: dict[str, Any]) -> str:
                 ]
         lines += ["", f"Cell results: `{c.cell_dir}`", ""]
     return "\n".join(lines) + "\n"
+
+
+def faults_report(rounds: Sequence[Any], meta: dict[str, Any]) -> str:
+    """``report.md`` of a fault sweep: one row per fault, the failing checks beside the
+    ones the fault is for."""
+    bad = [r for r in rounds if not r.matched]
+    verdict = (
+        "every fault caught by exactly its checks" if not bad else f"{len(bad)} NOT as expected"
+    )
+    lines = [
+        f"# offload-check faults: {verdict}",
+        "",
+        f"- one server: `{meta.get('model', '')}` (variant `{meta.get('variant', '')}`)",
+        f"- results: `{meta.get('results_dir', '')}`",
+        "",
+    ]
+    rows = []
+    for r in rounds:
+        rec = r.record()
+        rows.append(
+            [
+                rec["round"],
+                rec["fault"],
+                rec["expected_failing"] or "(none)",
+                rec["failing"] or ("(none)" if r.failing is not None else "-"),
+                rec["status"] if r.matched else f"**{rec['status']}**",
+                rec["reason"],
+            ]
+        )
+    lines.append(_table(["round", "fault", "must fail", "failed", "verdict", "why"], rows))
+    return "\n".join(lines) + "\n"

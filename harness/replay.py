@@ -5,7 +5,7 @@ checks turn the recorded misbehaviour into the right verdict does not. This modu
 rebuilds a ``RoundtripResult`` from what a run kept (``scripts/record-roundtrip-fixtures.py``
 writes it: Prometheus snapshots, requests, the engine's KV-group report, the CLI args)
 through the same code the live run uses (``plan_roundtrip``, ``metrics.parse``,
-``size_filler``, ``make_fillers``, ``_read_engine_layout``, ``evaluate``), so unit tests
+``size_filler``, ``make_fillers``, ``read_engine_layout``, ``evaluate``), so unit tests
 can pin each fault's failing checks in milliseconds and any change to the checks, the
 parser or the expected-figure rules is judged against real engine numbers.
 
@@ -96,7 +96,7 @@ def rebuild(plan: rt.RoundtripPlan, run: Path) -> rt.RoundtripResult:
     then disagree, and no verdict from it would mean anything.
     """
     result = rt.RoundtripResult(plan)
-    rt._read_engine_layout(plan, result, run / "server.log")
+    rt.read_engine_layout(plan, result, run / "server.log")
     w = plan.scenario.workload
     start, cache = _snapshot(run / "metrics" / "start.prom")
     if plan.filler_count is None:

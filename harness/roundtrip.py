@@ -152,9 +152,13 @@ def plan_roundtrip(
     config: str | None = None,
     tp: int | None = None,
     fault: str | None = None,
+    fault_control: str | None = None,
     extra_args: list[str] | None = None,
 ) -> RoundtripPlan:
-    """Everything knowable before launch; refuses impossible plans with one clear line."""
+    """Everything knowable before launch; refuses impossible plans with one clear line.
+
+    ``fault_control`` (a file path) makes the host backend take its fault from that file,
+    switchable between round trips on one server (``harness.fault_sweep``)."""
     variants = load_variants(scn.resolve(scn.variants_file))
     name = variant or scn.variant
     if name not in variants:
@@ -168,9 +172,10 @@ def plan_roundtrip(
     model_builder.check_buildable(geometry, str(geometry_path))
     tp_size = tp or scn.tensor_parallel
     eff_fault = fault or scn.fault
-    if eff_fault != "none" and offload_backend(scn.offload, env) != "host":
+    if (eff_fault != "none" or fault_control) and offload_backend(scn.offload, env) != "host":
         raise BadInput(
-            f"fault {eff_fault} needs the harness's host offload backend "
+            f"fault {eff_fault if eff_fault != 'none' else 'injection'} needs the harness's "
+            "host offload backend "
             '(offload.backend = "host")'
         )
 
@@ -231,6 +236,7 @@ def plan_roundtrip(
         patch=eff_patch,
         tensor_parallel=tp_size,
         fault=None if eff_fault == "none" else eff_fault,
+        fault_control=fault_control,
         local_model=scn.hub_model is None,
         extra_args=extra,
         kv_cache_memory_bytes=kv_memory,
@@ -423,7 +429,7 @@ class Reporter(Protocol):
     def request_done(self, completion: Completion) -> None: ...
 
 
-class _Endpoint:
+class Endpoint:
     """Requests and metrics against a base URL, attributing failures to a dead server."""
 
     def __init__(self, base: str, server: VllmServer | None) -> None:
@@ -496,7 +502,7 @@ class _Endpoint:
             raise self._dead(phase, err) from None
 
 
-def _start(server: VllmServer, plan: RoundtripPlan, reporter: Reporter, what: str) -> float:
+def start_server(server: VllmServer, plan: RoundtripPlan, reporter: Reporter, what: str) -> float:
     reporter.status(f"starting {what} ...")
     server.start()
     ready = server.wait_ready(
@@ -549,30 +555,15 @@ def execute(
         )
     try:
         if server is not None:
-            result.startup_seconds = _start(server, plan, reporter, "server")
+            result.startup_seconds = start_server(server, plan, reporter, "server")
             base = server.url
         else:
             assert url is not None  # server is None only in attach mode, which gives url
             base = url.rstrip("/")
-        ep = _Endpoint(base, server)
+        ep = Endpoint(base, server)
         if server is not None:
-            _read_engine_layout(plan, result, server.log_path)
-        try:
-            _run_phases(plan, ep, result, reporter, on_record, out_dir / "metrics")
-        except EngineFailure as err:
-            reporter.status(str(err))
-            result.checks = [
-                ck.CheckResult(
-                    "engine-survived",
-                    False,
-                    "every phase served without an engine error",
-                    f"{err.signature}",
-                    "offloading must never crash the engine; a crash during "
-                    "a phase is the round trip failing",
-                    f"{err.phase} phase: {err.message}",
-                )
-            ]
-            on_record(result)
+            read_engine_layout(plan, result, server.log_path)
+        if not run_round(plan, ep, result, reporter, on_record, out_dir / "metrics"):
             return result
     finally:
         if server is not None:
@@ -583,7 +574,41 @@ def execute(
     return result
 
 
-def _read_engine_layout(plan: RoundtripPlan, result: RoundtripResult, log: Path) -> None:
+def run_round(
+    plan: RoundtripPlan,
+    ep: Endpoint,
+    result: RoundtripResult,
+    reporter: Reporter,
+    on_record: Callable[[RoundtripResult], None],
+    metrics_dir: Path,
+) -> bool:
+    """The four phases and their checks on a running server; False if the engine died.
+
+    An engine error during a phase is the round trip's verdict (``engine-survived``
+    fails), not an error of the harness; ``harness.fault_sweep`` runs several rounds
+    on one server through this.
+    """
+    try:
+        _run_phases(plan, ep, result, reporter, on_record, metrics_dir)
+    except EngineFailure as err:
+        reporter.status(str(err))
+        result.checks = [
+            ck.CheckResult(
+                "engine-survived",
+                False,
+                "every phase served without an engine error",
+                f"{err.signature}",
+                "offloading must never crash the engine; a crash during "
+                "a phase is the round trip failing",
+                f"{err.phase} phase: {err.message}",
+            )
+        ]
+        on_record(result)
+        return False
+    return True
+
+
+def read_engine_layout(plan: RoundtripPlan, result: RoundtripResult, log: Path) -> None:
     """Take the KV-cache groups the engine reported; its Mamba state size wins."""
     lines = log.read_text(errors="replace").splitlines()
     groups = kv_layout.parse_report(lines)
@@ -646,8 +671,8 @@ def _run_baseline(
         served_model_name=sp.served_model_name,
     )
     try:
-        _start(server, plan, reporter, "baseline server (connector off)")
-        ep = _Endpoint(server.url, server)
+        start_server(server, plan, reporter, "baseline server (connector off)")
+        ep = Endpoint(server.url, server)
         for prompt in plan.targets:
             comp = ep.complete(plan, prompt, "baseline", plan.scenario.workload.max_tokens)
             result.completions.append(comp)
@@ -679,7 +704,7 @@ def _run_baseline(
 
 def _run_phases(
     plan: RoundtripPlan,
-    ep: _Endpoint,
+    ep: Endpoint,
     result: RoundtripResult,
     reporter: Reporter,
     on_record: Callable[[RoundtripResult], None],

@@ -7,12 +7,14 @@ build exactly the same argv and environment.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from harness.engine.amx import ENV_AMX, fix_enabled
 from harness.environments import Environment
 from harness.errors import BadInput
+from harness.models import default_cache_dir
 from harness.scenario import OffloadSettings, ServerSettings
 
 HOST_SPEC_NAME = "HostOffloadingSpec"
@@ -32,8 +34,14 @@ def offload_backend(settings: OffloadSettings, env: Environment) -> str:
 
 
 def kv_transfer_config(
-    settings: OffloadSettings, env: Environment, fault: str | None = None
+    settings: OffloadSettings,
+    env: Environment,
+    fault: str | None = None,
+    fault_control: str | None = None,
 ) -> dict[str, Any]:
+    """The connector's JSON. ``fault`` fixes a seeded fault for the server's life;
+    ``fault_control`` names a file the host backend re-reads, so the fault can change
+    between round trips on one server (``harness.fault_sweep``)."""
     if not isinstance(settings.cpu_bytes_to_use, int):
         raise BadInput(
             'offload.cpu_bytes_to_use = "auto" is sized from a round trip\'s '
@@ -47,7 +55,9 @@ def kv_transfer_config(
         extra["spec_module_path"] = HOST_SPEC_MODULE
         if fault:
             extra["offload_check_fault"] = fault
-    elif fault:
+        if fault_control:
+            extra["offload_check_fault_control"] = fault_control
+    elif fault or fault_control:
         raise ValueError("fault injection needs the harness's host backend")
     extra.update(settings.extra_config)
     return {
@@ -96,6 +106,7 @@ def server_plan(
     patch: str | None,
     tensor_parallel: int = 1,
     fault: str | None = None,
+    fault_control: str | None = None,
     local_model: bool = True,
     extra_args: list[str] | None = None,
     kv_cache_memory_bytes: int | None = None,
@@ -116,7 +127,7 @@ def server_plan(
     if offload is not None:
         args += [
             "--kv-transfer-config",
-            json.dumps(kv_transfer_config(offload, env, fault), sort_keys=True),
+            json.dumps(kv_transfer_config(offload, env, fault, fault_control), sort_keys=True),
         ]
     args += list(server.extra_args) + list(extra_args or [])
 
@@ -135,6 +146,13 @@ def server_plan(
             penv.setdefault(
                 "VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i) for i in range(tensor_parallel))
             )
+    if "VLLM_CACHE_ROOT" not in os.environ:
+        # One vLLM cache per build: vLLM keys its model-class cache by one file name and
+        # rewrites it whenever another version's source differs, so alternating stock and
+        # current servers re-inspected the model in a subprocess at every launch (~10 s).
+        penv["VLLM_CACHE_ROOT"] = str(
+            default_cache_dir() / "vllm" / f"{env.vllm_dist}-{env.vllm_version}"
+        )
     penv["OFFLOAD_CHECK_PATCH"] = patch or "none"
     # AMX tile permission in every vLLM process (harness.engine.amx): an environment
     # fix, on unless the variant or the user (OFFLOAD_CHECK_AMX=off) switches it off.

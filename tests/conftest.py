@@ -42,11 +42,6 @@ def _is_vllm(proc: psutil.Process) -> bool:
     return "vllm.entrypoints" in cmd or name.startswith("VLLM::") or cmd.startswith("VLLM::")
 
 
-def vllm_processes() -> list[psutil.Process]:
-    """Every process on the machine that looks like a vLLM server or engine."""
-    return [p for p in psutil.process_iter() if p.pid != os.getpid() and _is_vllm(p)]
-
-
 def our_vllm_processes() -> list[psutil.Process]:
     """vLLM processes descending from this test session (orphans included)."""
     _reap()
@@ -70,14 +65,28 @@ def _reap() -> None:
             return
 
 
+# Servers a module fixture shares between tests (tests/integration/test_shared_server_engine.py):
+# they and their engine processes outlive single tests by design, and are checked when
+# the fixture stops them.
+SHARED_SERVER_PIDS: set[int] = set()
+
+
+def _of_shared_server(proc: psutil.Process) -> bool:
+    try:
+        chain = [proc, *proc.parents()]
+    except psutil.Error:
+        return False
+    return any(p.pid in SHARED_SERVER_PIDS for p in chain)
+
+
 @pytest.fixture(autouse=True)
 def no_vllm_left_behind():
     """After every test, no vLLM process it started may be left (the launcher's promise)."""
     yield
-    left = our_vllm_processes()
+    left = [p for p in our_vllm_processes() if not _of_shared_server(p)]
     if left:
         psutil.wait_procs(left, timeout=15)
-        left = our_vllm_processes()
+        left = [p for p in our_vllm_processes() if not _of_shared_server(p)]
     assert not left, f"vLLM processes left behind: {[p.pid for p in left]}"
 
 
@@ -98,13 +107,22 @@ def run_cli(
     return proc.returncode, runs[0], proc.stdout + proc.stderr
 
 
-def wait_for_engine(
-    before: set[int], proc: subprocess.Popen, timeout: float = 120
-) -> list[psutil.Process]:
-    """The new vLLM processes, once the server has spawned its EngineCore."""
+def descendant_vllm(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The vLLM processes a harness process started: its descendants only, so a server
+    anything else runs on the machine (another terminal, a concurrent test session) is
+    never mistaken for, or killed as, the test's own."""
+    try:
+        kids = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    return [p for p in kids if _is_vllm(p)]
+
+
+def wait_for_engine(proc: subprocess.Popen, timeout: float = 120) -> list[psutil.Process]:
+    """The harness's vLLM processes, once its server has spawned its EngineCore."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ours = [p for p in vllm_processes() if p.pid not in before]
+        ours = descendant_vllm(proc)
         if any(p.name().startswith("VLLM::") for p in ours):
             return ours
         time.sleep(0.5)
@@ -123,6 +141,7 @@ FIXTURE_LAUNCHES: dict[str, int] = {
     "clean_run": 2,  # roundtrip --baseline: the connector server and the baseline server
     "subset": 6,  # matrix: three geometries x stock/current
     "rest_of_matrix": 6,  # matrix: the other three geometries x stock/current
+    "shared_server": 1,  # one server for the attach-mode tests (client-side variations)
 }
 LAUNCH_SUMMARY = "offload-check: {n} server launches in {tests} tests"
 

@@ -14,8 +14,13 @@ Enable it with::
         "cpu_bytes_to_use": 1073741824, "block_size": 256}}'
 
 Extra-config keys read here (besides the stock ones): ``offload_check_fault`` (see
-``FAULT_MODES``). The byte mapping mirrors ``vllm.v1.kv_offload.cpu.gpu_worker`` (direct,
-worker-private layout) so ``transfer_size`` is the exact number of KV bytes this rank moved,
+``FAULT_MODES``), fixed for the server's life, or ``offload_check_fault_control``: the path
+of a file holding a fault mode, re-read whenever it changes, so one server can prove the
+clean run and several faults in turn (``offload-check faults`` writes it between round
+trips, while the server is idle).
+
+The byte mapping mirrors ``vllm.v1.kv_offload.cpu.gpu_worker`` (direct, worker-private
+layout) so ``transfer_size`` is the exact number of KV bytes this rank moved,
 which is what vLLM's ``kv_offload_{store,load}_bytes`` counters sum across ranks.
 
 Only the standard library, torch and vLLM may be imported: vLLM imports this module in its
@@ -47,6 +52,7 @@ from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 __all__ = [
+    "FAULT_CONTROL_KEY",
     "FAULT_KEY",
     "FAULT_MODES",
     "HostOffloadingSpec",
@@ -60,6 +66,9 @@ logger = init_logger(f"vllm.offload_check.{__name__}")
 
 FAULT_KEY = "offload_check_fault"
 """``kv_connector_extra_config`` key that selects a seeded fault (off by default)."""
+
+FAULT_CONTROL_KEY = "offload_check_fault_control"
+"""``kv_connector_extra_config`` key naming a file whose content is the current fault mode."""
 
 FAULT_NONE = "none"
 FAULT_CORRUPT_LOAD = "corrupt-load"
@@ -99,6 +108,32 @@ def parse_fault_mode(value: Any) -> str:
             f"expected one of {', '.join(FAULT_MODES)}"
         )
     return value
+
+
+class FaultControl:
+    """The fault mode in a control file, re-read only when the file changes.
+
+    Every rank reads the same file at every transfer job and engine step; a ``stat`` per
+    call keeps that cheap. A mode the file names must be valid: an unreadable file or an
+    unknown name raises inside the engine (a loud failure), never falls back to "none".
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._mode = FAULT_NONE
+        self.mode()  # a missing or bad file fails at worker creation, not mid-run
+
+    def mode(self) -> str:
+        st = os.stat(self.path)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)  # the harness renames a new file in
+        if stamp != self._stamp:
+            with open(self.path, encoding="utf-8") as fh:
+                mode = parse_fault_mode(fh.read().strip())
+            if mode != self._mode:
+                logger.info("offload-check host offload: fault is now %s", mode)
+            self._mode, self._stamp = mode, stamp
+        return self._mode
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -150,13 +185,17 @@ class HostOffloadingWorker(OffloadingWorker):
         *,
         cpu_page_size_per_worker: int | None = None,
         fault: str = FAULT_NONE,
+        fault_control: str | None = None,
         rank: int = 0,
     ) -> None:
         if blocks_per_chunk < 1:
             raise ValueError(f"blocks_per_chunk must be >= 1, got {blocks_per_chunk}")
         if not kv_caches.tensors:
             raise ValueError("HostOffloadingWorker needs at least one KV cache tensor")
-        self.fault = parse_fault_mode(fault)
+        self._fixed_fault = parse_fault_mode(fault)
+        if fault_control and self._fixed_fault != FAULT_NONE:
+            raise ValueError(f"give {FAULT_KEY} or {FAULT_CONTROL_KEY}, not both")
+        self._control = FaultControl(fault_control) if fault_control else None
         self.rank = rank
         self.blocks_per_chunk = blocks_per_chunk
         self.num_cpu_chunks = max(int(num_cpu_chunks), 0)
@@ -225,8 +264,13 @@ class HostOffloadingWorker(OffloadingWorker):
             self.num_cpu_chunks,
             self.row_bytes,
             blocks_per_chunk,
-            self.fault,
+            f"control:{fault_control}" if self._control else self._fixed_fault,
         )
+
+    @property
+    def fault(self) -> str:
+        """The fault in force now: fixed at start, or the control file's current mode."""
+        return self._control.mode() if self._control else self._fixed_fault
 
     def host_chunk_view(self, tensor_idx: int) -> torch.Tensor:
         """The stock worker's ``cpu_tensors[tensor_idx]``: (num_chunks, page * blocks_per_chunk).
@@ -309,13 +353,14 @@ class HostOffloadingWorker(OffloadingWorker):
             raise TypeError(f"engine spec must be GPULoadStoreSpec, got {type(engine_spec)}")
         start = time.perf_counter()
         plan = self._plan(engine_spec, host_spec)
-        skip_copy = (to_host and self.fault == FAULT_DROP_STORE) or (
-            not to_host and self.fault == FAULT_NO_LOAD
+        fault = self.fault  # one read per job: a switch never splits a job
+        skip_copy = (to_host and fault == FAULT_DROP_STORE) or (
+            not to_host and fault == FAULT_NO_LOAD
         )
-        corrupt = not to_host and self.fault == FAULT_CORRUPT_LOAD
+        corrupt = not to_host and fault == FAULT_CORRUPT_LOAD
 
-        partial = (to_host and self.fault == FAULT_PARTIAL_STORE) or (
-            not to_host and self.fault == FAULT_PARTIAL_LOAD
+        partial = (to_host and fault == FAULT_PARTIAL_STORE) or (
+            not to_host and fault == FAULT_PARTIAL_LOAD
         )
         num_bytes = 0
         for group in plan:
@@ -417,6 +462,12 @@ class HostOffloadingSpec(CPUOffloadingSpec):
         # in every process that builds the spec (EngineCore and workers).
         extra: Mapping[str, Any] = config.extra_config or {}
         self.fault_mode: str = parse_fault_mode(extra.get(FAULT_KEY))
+        control = extra.get(FAULT_CONTROL_KEY)
+        if control is not None and (not isinstance(control, str) or not control):
+            raise ValueError(f"{FAULT_CONTROL_KEY} must be a file path, got {control!r}")
+        if control and self.fault_mode != FAULT_NONE:
+            raise ValueError(f"give {FAULT_KEY} or {FAULT_CONTROL_KEY}, not both")
+        self.fault_control: str | None = control
         super().__init__(config)
         self._host_worker: HostOffloadingWorker | None = None
 
@@ -441,6 +492,7 @@ class HostOffloadingSpec(CPUOffloadingSpec):
             num_cpu_chunks=self.num_host_chunks,
             cpu_page_size_per_worker=self.cpu_page_size_per_worker or None,
             fault=self.fault_mode,
+            fault_control=self.fault_control,
             rank=self.config.parallel.rank,
         )
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from harness.engine.amx import has_amx
-from tests.conftest import CLI, ROOT, run_cli, vllm_processes, wait_for_engine
+from tests.conftest import CLI, ROOT, run_cli, wait_for_engine
 
 pytestmark = pytest.mark.engine
 MODELS = ROOT / "scenarios" / "models"
@@ -281,9 +281,8 @@ def test_ctrl_c_stops_servers_and_keeps_results(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    before = {p.pid for p in vllm_processes()}
     # Wait until the engine has spawned children, so there is a tree to tear down.
-    ours = wait_for_engine(before, proc)
+    ours = wait_for_engine(proc)
     os.kill(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -315,8 +314,7 @@ def test_sigkilled_harness_leaves_no_server(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    before = {p.pid for p in vllm_processes()}
-    ours = wait_for_engine(before, proc)
+    ours = wait_for_engine(proc)
     proc.kill()
     proc.wait()
     _, alive = psutil.wait_procs(ours, timeout=60)

@@ -33,6 +33,7 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.gpu_worker import compute_sub_block_ptrs
 
 from harness.engine.host_offload import (
+    FAULT_CONTROL_KEY,
     FAULT_KEY,
     FAULT_MODES,
     HostOffloadingSpec,
@@ -576,4 +577,85 @@ def test_spec_passes_fault_mode_and_refuses_unknown() -> None:
         num_groups=1,
     )
     with pytest.raises(ValueError, match="flip-everything"):
+        HostOffloadingSpec(bad)
+
+
+def _store_then_load(worker: HostOffloadingWorker, job: int) -> None:
+    """One store of blocks 0-3 and one load into blocks 4-7 (one group, 2 per chunk)."""
+    sizes, starts = [4], [0]
+    chunk_ids = chunks_for(sizes, starts, 2, first=0)
+    worker.submit_store(
+        job,
+        GPULoadStoreSpec([0, 1, 2, 3], group_sizes=sizes, block_indices=starts),
+        CPULoadStoreSpec(chunk_ids),
+    )
+    worker.submit_load(
+        job + 1,
+        CPULoadStoreSpec(chunk_ids),
+        GPULoadStoreSpec([4, 5, 6, 7], group_sizes=sizes, block_indices=starts),
+    )
+
+
+def test_fault_control_file_switches_the_fault_between_jobs(tmp_path) -> None:
+    """One server proves the clean run and several faults: the worker re-reads the file."""
+    control = tmp_path / "fault"
+    control.write_text("none\n")
+    layout = LAYOUTS[0]
+    caches, matrices = make_caches(layout)
+    worker = HostOffloadingWorker(
+        caches, blocks_per_chunk=2, num_cpu_chunks=NUM_CHUNKS, fault_control=str(control)
+    )
+    before = snapshot(matrices)
+    _store_then_load(worker, 1)
+    assert torch.equal(matrices[0][4:8], before[0][0:4]), "clean: the load restores the bytes"
+
+    control.write_text("corrupt-load\n")
+    assert worker.fault == "corrupt-load"
+    _store_then_load(worker, 3)
+    assert torch.equal(matrices[0][4:8], torch.bitwise_xor(before[0][0:4], 1))
+
+    control.write_text("none")
+    zero(matrices)
+    _store_then_load(worker, 5)
+    assert worker.fault == "none" and not matrices[0].any()
+
+    control.write_text("flip-everything")
+    with pytest.raises(ValueError, match="flip-everything"):
+        _store_then_load(worker, 7)
+
+
+def test_fault_control_must_exist_and_excludes_a_fixed_fault(tmp_path) -> None:
+    caches, _ = make_caches(LAYOUTS[0])
+    with pytest.raises(FileNotFoundError):
+        HostOffloadingWorker(
+            caches, blocks_per_chunk=1, num_cpu_chunks=2, fault_control=str(tmp_path / "nope")
+        )
+    control = tmp_path / "fault"
+    control.write_text("none")
+    with pytest.raises(ValueError, match="not both"):
+        HostOffloadingWorker(
+            caches,
+            blocks_per_chunk=1,
+            num_cpu_chunks=2,
+            fault="no-load",
+            fault_control=str(control),
+        )
+    page = LAYOUTS[0].tensors[0][0]
+    config = make_offloading_config(
+        _extra(**{FAULT_CONTROL_KEY: str(control)}),
+        worker_kv_bytes_per_block=page,
+        blocks_per_chunk=1,
+        num_groups=1,
+    )
+    worker = HostOffloadingSpec(config).get_worker(caches)
+    assert isinstance(worker, HostOffloadingWorker) and worker.fault == "none"
+    control.write_text("drop-store")
+    assert worker.fault == "drop-store"
+    bad = make_offloading_config(
+        _extra(**{FAULT_CONTROL_KEY: 7}),
+        worker_kv_bytes_per_block=page,
+        blocks_per_chunk=1,
+        num_groups=1,
+    )
+    with pytest.raises(ValueError, match="file path"):
         HostOffloadingSpec(bad)

@@ -119,13 +119,13 @@ def test_missing_interpreter_is_bad_input(tmp_path):
 def test_a_dropped_connection_is_blamed_on_a_server_that_exits_just_after(tmp_path):
     """A killed server closes its sockets before it is reapable: the blame must wait."""
     from harness.errors import RuntimeFailure
-    from harness.roundtrip import _Endpoint
+    from harness.roundtrip import Endpoint
 
     py = fake_python(tmp_path, "sleep 0.7\nexit 9\n")
     server = VllmServer(python=py, model="m", log_path=tmp_path / "log")
     server.start()
     try:
-        err = _Endpoint(server.url, server)._dead("cold", RuntimeError("connection closed"))
+        err = Endpoint(server.url, server)._dead("cold", RuntimeError("connection closed"))
     finally:
         server.stop()
     assert isinstance(err, RuntimeFailure)

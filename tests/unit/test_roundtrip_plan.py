@@ -102,3 +102,19 @@ def test_prompts_are_deterministic_and_fillers_share_no_token_with_targets():
     assert not target_ids & {i for p in fillers for i in p.token_ids}
     assert [len(p.token_ids) for p in fillers] == [900, 240]
     assert all(16 <= i < 1024 for i in target_ids)
+
+
+def test_each_vllm_build_gets_its_own_cache(monkeypatch, tmp_path):
+    """vLLM rewrites its model-class cache whenever another version's source differs, so
+    stock and current servers sharing one cache re-inspect the model at every launch."""
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    monkeypatch.setenv("OFFLOAD_CHECK_CACHE", str(tmp_path))
+    plan = rt.plan_roundtrip(scenario())
+    env = plan.env
+    assert plan.server.env["VLLM_CACHE_ROOT"] == str(
+        tmp_path / "vllm" / f"{env.vllm_dist}-{env.vllm_version}"
+    )
+    stock = rt.plan_roundtrip(scenario(), variant="stock+fix")
+    assert stock.server.env["VLLM_CACHE_ROOT"] != plan.server.env["VLLM_CACHE_ROOT"]
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "mine"))
+    assert "VLLM_CACHE_ROOT" not in rt.plan_roundtrip(scenario()).server.env

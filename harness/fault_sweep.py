@@ -1,0 +1,260 @@
+"""faults: every seeded fault on one server, each judged by the checks it is for.
+
+The round trip's checks are only worth something if each one fails when its fault is
+present. This proves it on a live engine, in one launch: the server runs the harness's
+host offload backend with its fault taken from a control file
+(``offload_check_fault_control``), and the sweep runs one round trip per fault, writing
+the fault into the file while the server is idle between rounds. Each round uses its
+own prompts (its own seed), so nothing a previous round stored, corrupted or left in
+the GPU prefix cache can be hit by the next one. A round passes when the set of failing
+checks is exactly the fault's (``CAUGHT_BY``): a missing check is a blind harness, an
+extra one a harness that blames the wrong thing.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import roundtrip as rt
+from harness.errors import BadInput
+from harness.launcher import VllmServer
+from harness.scenario import FAULTS, RoundtripScenario
+from harness.workload import make_prompts
+
+CAUGHT_BY: dict[str, frozenset[str]] = {
+    "none": frozenset(),
+    # Success and the full byte count reported, wrong (or no) bytes moved: only the
+    # output comparison can see these.
+    "corrupt-load": frozenset({"replay-output-identical"}),
+    "drop-store": frozenset({"replay-output-identical"}),
+    "no-load": frozenset({"replay-output-identical"}),
+    # Only the first KV-cache group moved (and honestly counted).
+    "partial-store": frozenset({"cold-stored-bytes", "replay-output-identical"}),
+    "partial-load": frozenset({"replay-loaded-bytes", "replay-output-identical"}),
+    # The worker dies on its next step: the round trip fails as a whole.
+    "segv-in-worker": frozenset({"engine-survived"}),
+}
+"""The checks each fault must fail, exactly, on a model with at least two KV-cache groups
+(Llama 4: chunked-local and full). One group leaves a partial fault nothing to leave out."""
+
+DEFAULT_FAULTS: tuple[str, ...] = FAULTS
+"""The clean round first (a server that fails clean proves nothing), the killing fault last."""
+
+PARTIAL = ("partial-store", "partial-load")
+# Rounds use seeds base, base + SEED_STRIDE, ...: targets take seed s and fillers s + 1.
+SEED_STRIDE = 2
+
+
+@dataclass
+class Round:
+    """One fault's round trip and its verdict."""
+
+    index: int
+    fault: str
+    expected: frozenset[str]
+    seed: int | None = None  # the round's prompts (targets seed, fillers seed + 1)
+    result: rt.RoundtripResult | None = None
+    status: str = "pending"  # pending | passed | caught | missed | not-applicable | not-run
+    reason: str = ""
+
+    @property
+    def failing(self) -> frozenset[str] | None:
+        if self.result is None or not self.result.checks:
+            return None
+        return frozenset(c.name for c in self.result.checks if not c.passed)
+
+    @property
+    def matched(self) -> bool:
+        return self.status in ("passed", "caught", "not-applicable")
+
+    def record(self) -> dict[str, Any]:
+        failing = self.failing
+        return {
+            "round": self.index,
+            "fault": self.fault,
+            "status": self.status,
+            "expected_failing": " ".join(sorted(self.expected)),
+            "failing": "" if failing is None else " ".join(sorted(failing)),
+            "missed": " ".join(sorted(self.expected - (failing or frozenset()))),
+            "unexpected": " ".join(sorted((failing or frozenset()) - self.expected)),
+            "seed": self.seed,
+            "reason": self.reason,
+        }
+
+
+def judge(rnd: Round) -> None:
+    """Caught when the failing checks are exactly the fault's, missed otherwise (the
+    clean round: passed when nothing fails)."""
+    failing = rnd.failing
+    if failing is None:
+        rnd.status, rnd.reason = "not-run", rnd.reason or "the round produced no checks"
+        return
+    if failing == rnd.expected:
+        # The clean round has nothing to catch: it passes.
+        rnd.status = "caught" if rnd.expected else "passed"
+        return
+    rnd.status = "missed"
+    parts = []
+    if rnd.expected - failing:
+        parts.append("did not fail: " + ", ".join(sorted(rnd.expected - failing)))
+    if failing - rnd.expected:
+        parts.append("failed too: " + ", ".join(sorted(failing - rnd.expected)))
+    rnd.reason = "; ".join(parts)
+
+
+@dataclass
+class SweepPlan:
+    """The server (planned once, with the control file) and one round per fault."""
+
+    base: rt.RoundtripPlan
+    faults: list[str]
+    control_path: Path
+    plans: list[rt.RoundtripPlan] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "faults": self.faults,
+            "fault_control": str(self.control_path),
+            "seeds": [p.scenario.workload.seed for p in self.plans],
+            "server": self.base.describe(),
+        }
+
+
+def parse_faults(names: Sequence[str] | None) -> list[str]:
+    """The faults to run, in order; unknown or repeated names are refused."""
+    faults = list(names) if names else list(DEFAULT_FAULTS)
+    unknown = [f for f in faults if f not in CAUGHT_BY]
+    if unknown:
+        raise BadInput(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(CAUGHT_BY)}")
+    if len(set(faults)) != len(faults):
+        raise BadInput("each fault may be listed once")
+    if "segv-in-worker" in faults[:-1]:
+        raise BadInput("segv-in-worker kills the server: list it last")
+    return faults
+
+
+def plan_sweep(
+    scn: RoundtripScenario,
+    faults: list[str],
+    control_path: Path,
+    *,
+    variant: str | None = None,
+    config: str | None = None,
+    tp: int | None = None,
+    extra_args: list[str] | None = None,
+) -> SweepPlan:
+    """One server plan with a fault control file, and a round-trip plan per fault."""
+    if scn.fault != "none":
+        raise BadInput(
+            f"scenario {scn.name} fixes fault = {scn.fault!r}; the sweep sets faults itself"
+        )
+    base = rt.plan_roundtrip(
+        scn,
+        variant=variant,
+        config=config,
+        tp=tp,
+        fault_control=str(control_path),
+        extra_args=extra_args,
+    )
+    sweep = SweepPlan(base, faults, control_path)
+    for i, fault in enumerate(faults):
+        s = copy.deepcopy(base.scenario)
+        s.workload.seed = base.scenario.workload.seed + SEED_STRIDE * i
+        targets, _ = make_prompts(s.workload.target_tokens, 1, 0, base.vocab_size, s.workload.seed)
+        plan = copy.copy(base)
+        plan.scenario, plan.targets, plan.fault = s, targets, fault
+        plan.expected = copy.deepcopy(base.expected)
+        plan.notes = list(base.notes)
+        sweep.plans.append(plan)
+    return sweep
+
+
+def control_path() -> Path:
+    """A fresh path for the control file, outside the results (it is scratch, not evidence;
+    every round's fault is in faults.csv). Created at launch, removed after."""
+    return Path(tempfile.gettempdir()) / f"offload-check-faults-{uuid.uuid4().hex[:12]}" / "fault"
+
+
+def write_control(path: Path, fault: str) -> None:
+    """Switch the server's fault: written whole, then renamed, so no rank reads half."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(fault + "\n")
+    tmp.replace(path)
+
+
+def execute(
+    sweep: SweepPlan,
+    out_dir: Path,
+    reporter: rt.Reporter,
+    round_writer: Callable[[Round], Callable[[rt.RoundtripResult], None]],
+    on_round: Callable[[list[Round]], None],
+    *,
+    port: int | None = None,
+) -> list[Round]:
+    """Launch once, then one round trip per fault; every round judged as it ends."""
+    rounds = [
+        Round(i, f, CAUGHT_BY[f], seed=p.scenario.workload.seed)
+        for i, (f, p) in enumerate(zip(sweep.faults, sweep.plans, strict=True))
+    ]
+    base = sweep.base
+    assert base.server is not None
+    sweep.control_path.parent.mkdir(parents=True, exist_ok=True)
+    write_control(sweep.control_path, "none")
+    server = VllmServer(
+        python=base.server.python,
+        model=base.server.model,
+        log_path=out_dir / "logs" / "server.log",
+        args=base.server.args,
+        env=base.server.env,
+        port=port,
+        served_model_name=base.server.served_model_name,
+    )
+    try:
+        rt.start_server(server, base, reporter, "server")
+        ep = rt.Endpoint(server.url, server)
+        alive = True
+        for rnd, plan in zip(rounds, sweep.plans, strict=True):
+            result = rt.RoundtripResult(plan)
+            rt.read_engine_layout(plan, result, server.log_path)
+            groups = len(result.engine_groups or [])
+            if rnd.fault in PARTIAL and groups and groups < 2:
+                rnd.status = "not-applicable"
+                rnd.reason = f"the engine built {groups} KV-cache group: nothing to leave out"
+            elif not alive:
+                rnd.status, rnd.reason = "not-run", "the server died in an earlier round"
+            else:
+                reporter.status(f"round {rnd.index}: fault {rnd.fault}")
+                write_control(sweep.control_path, rnd.fault)
+                rnd.result = result
+                on_record = round_writer(rnd)
+                alive = rt.run_round(
+                    plan,
+                    ep,
+                    result,
+                    reporter,
+                    on_record,
+                    out_dir / "rounds" / _slug(rnd) / "metrics",
+                )
+                judge(rnd)
+                reporter.status(f"round {rnd.index}: {rnd.fault} {rnd.status} {rnd.reason}")
+            on_round(rounds)
+    finally:
+        server.stop()
+        shutil.rmtree(sweep.control_path.parent, ignore_errors=True)
+    return rounds
+
+
+def _slug(rnd: Round) -> str:
+    return f"{rnd.index:02d}-{rnd.fault}"
+
+
+def round_dir(out_dir: Path, rnd: Round) -> Path:
+    """Where a round's round-trip files go (the same files a ``roundtrip`` run writes)."""
+    return out_dir / "rounds" / _slug(rnd)
