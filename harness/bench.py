@@ -26,9 +26,8 @@ from typing import Any
 
 from harness import crash_repro
 from harness.environments import probe
-from harness.launcher import _signal_group, free_port, server_slot
+from harness.launcher import ServerSpec, _signal_group, free_port, server_slot
 from harness.scenario import CrashReproScenario
-from harness.serving import ServerPlan
 
 
 @dataclass
@@ -68,12 +67,8 @@ class Case:
         }
 
 
-def harness_time(
-    scenario: CrashReproScenario, case: Case, log_dir: Path
-) -> tuple[float, str, float]:
-    """Wall time from 'run crash-repro for this row' to the row's verdict."""
-    probe.cache_clear()  # pay the interpreter probe, as a fresh CLI run does
-    t0 = time.perf_counter()
+def _case_row(scenario: CrashReproScenario, case: Case) -> crash_repro.Row:
+    """The case's one crash-repro row, planned and with its model built."""
     plan = crash_repro.plan_run(
         scenario,
         variant_names=[case.variant],
@@ -81,13 +76,22 @@ def harness_time(
         connector_modes=[case.connector],
     )
     crash_repro.build_models(plan)
-    row = plan.rows[0]
+    return plan.rows[0]
+
+
+def harness_time(
+    scenario: CrashReproScenario, case: Case, log_dir: Path
+) -> tuple[float, str, float]:
+    """Wall time from 'run crash-repro for this row' to the row's verdict."""
+    probe.cache_clear()  # pay the interpreter probe, as a fresh CLI run does
+    t0 = time.perf_counter()
+    row = _case_row(scenario, case)
     crash_repro.run_row(row, scenario, log_dir)
     total = row.verdict_at - t0
     return total, row.outcome, total - (row.seconds or 0.0)
 
 
-def bare_time(row_plan: ServerPlan, log_path: Path, timeout_s: float) -> float:
+def bare_time(row_plan: ServerSpec, log_path: Path, timeout_s: float) -> float:
     """The same argv launched by hand: time to /health 200, or to exit when it crashes."""
     port = free_port()
     env = {**os.environ, **row_plan.env}
@@ -129,14 +133,7 @@ def run_crash_repro_bench(
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     for case in cases:
-        plan = crash_repro.plan_run(
-            scenario,
-            variant_names=[case.variant],
-            configs=[case.config],
-            connector_modes=[case.connector],
-        )
-        crash_repro.build_models(plan)
-        row_plan = plan.rows[0].plan
+        row_plan = _case_row(scenario, case).plan
         # One unmeasured launch first: the first start of an environment pays cold caches
         # (seen: 13 s more in config resolution), which would land on whichever side
         # happens to go first.
@@ -191,10 +188,97 @@ def run_roundtrip_bench(scenario_path: Path, out_dir: Path) -> dict[str, Any]:
         "pool_tokens": plan.pool_tokens,
         "filler_tokens": plan.filler_tokens,
         "filler_over_pool": round(plan.filler_tokens / (plan.pool_tokens or 1), 3),
-        "filler_target": 1.5,
+        "filler_target": FILLER_TARGET,
         "wall_s": round(wall, 2),
         "startup_s": round(result.startup_seconds or 0.0, 2),
         "generation_s": round(result.generation_seconds, 2),
         "wall_over_engine": round(wall / floor, 3) if floor else None,
-        "wall_target": 1.3,
+        "wall_target": WALL_TARGET,
     }
+
+
+# Targets of each figure: what the harness promises about its own cost.
+COPY_TARGET = 0.6  # host backend copy throughput / plain torch copy, at least
+FILLER_TARGET = 1.5  # filler tokens / pool tokens, at most: eviction without waste
+WALL_TARGET = 1.3  # round-trip wall / (server start + generation), at most
+
+
+def _figure(name: str, value: Any, target: str, ok: bool, detail: Any) -> dict[str, Any]:
+    return {"figure": name, "value": value, "target": target, "ok": ok, "detail": detail}
+
+
+def run_bench(
+    parts: set[str],
+    repeats: int,
+    crash_scenario: CrashReproScenario,
+    roundtrip_scenario: Path,
+    config: str,
+    out_dir: Path,
+    say: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Every figure of ``offload-check bench`` (``parts``: copy, roundtrip, crash-repro),
+    each a ratio measured side by side in this run, with its target and verdict."""
+    figures: list[dict[str, Any]] = []
+    if "copy" in parts:
+        from harness.bench_copy import measure_host_copy
+
+        say("host backend copy throughput vs plain torch copy ...")
+        copy = measure_host_copy()
+        ratio = float(copy["ratio"])
+        figures.append(
+            _figure(
+                "host copy throughput / plain torch copy",
+                copy["ratio"],
+                f">= {COPY_TARGET}",
+                ratio >= COPY_TARGET,
+                copy,
+            )
+        )
+    if "roundtrip" in parts:
+        say("one clean round trip ...")
+        rtb = run_roundtrip_bench(roundtrip_scenario, out_dir / "roundtrip")
+        figures.append(
+            _figure(
+                "filler tokens / GPU pool tokens",
+                rtb["filler_over_pool"],
+                f"<= {FILLER_TARGET}",
+                float(rtb["filler_over_pool"]) <= FILLER_TARGET,
+                rtb,
+            )
+        )
+        figures.append(
+            _figure(
+                "roundtrip wall / (server start + generation)",
+                rtb["wall_over_engine"],
+                f"<= {WALL_TARGET}",
+                float(rtb["wall_over_engine"] or 99) <= WALL_TARGET,
+                rtb,
+            )
+        )
+    if "crash-repro" in parts:
+        cases = [
+            Case("start (current, connector on)", "current", config, "on"),
+            Case("crash (stock, connector on)", "stock", config, "on"),
+        ]
+        run_crash_repro_bench(crash_scenario, cases, repeats, out_dir / "crash-repro", progress=say)
+        for c in cases:
+            rec = c.record()
+            figures.append(
+                _figure(
+                    f"crash-repro time to verdict / bare launch: {c.name}",
+                    rec["ratio"],
+                    f"< {c.target:.2f}",
+                    bool(rec["within_target"]),
+                    rec,
+                )
+            )
+            figures.append(
+                _figure(
+                    f"  harness seconds outside the server: {c.name}",
+                    rec["harness_overhead_median_s"],
+                    "-",
+                    True,
+                    rec,
+                )
+            )
+    return figures

@@ -35,6 +35,28 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCENARIOS = REPO_ROOT / "scenarios"
 
 
+# Options several commands share, declared once (typer reads the Annotated metadata).
+ResultsDir = Annotated[Path, typer.Option(help="where run directories are created")]
+Port = Annotated[int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")]
+DryRun = Annotated[bool, typer.Option(help="print the plan and commands; launch nothing")]
+RoundtripScenarioFile = Annotated[
+    Path | None,
+    typer.Option(help="roundtrip scenario (TOML)", show_default="scenarios/roundtrip-cpu.toml"),
+]
+VariantName = Annotated[str | None, typer.Option(help="vLLM variant (default: scenario's)")]
+Geometry = Annotated[Path | None, typer.Option(help="model geometry (config.json) to use")]
+TensorParallel = Annotated[int | None, typer.Option("--tp", min=1, help="tensor parallel size")]
+EngineArgs = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--engine-arg",
+        help="extra argument passed to the server, e.g. "
+        "--engine-arg=--distributed-executor-backend=ray (repeatable)",
+    ),
+]
+RESULTS = Path("results")
+
+
 class ConnectorChoice(str, Enum):
     both = "both"
     on = "on"
@@ -64,6 +86,12 @@ def _main(
 def _default_scenario(name: str) -> Path:
     local = Path("scenarios") / name
     return local if local.is_file() else DEFAULT_SCENARIOS / name
+
+
+def _dry_run() -> Any:
+    from harness import dry_run
+
+    return dry_run
 
 
 def _fail(err: HarnessError) -> typer.Exit:
@@ -100,18 +128,12 @@ def crash_repro_cmd(
         ConnectorChoice,
         typer.Option(help="launch with the offloading connector on, off (control) or both"),
     ] = ConnectorChoice.both,
-    results_dir: Annotated[Path, typer.Option(help="where run directories are created")] = Path(
-        "results"
-    ),
-    port: Annotated[
-        int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")
-    ] = None,
+    results_dir: ResultsDir = RESULTS,
+    port: Port = None,
     timeout: Annotated[
         float | None, typer.Option(help="startup timeout per server, seconds")
     ] = None,
-    dry_run: Annotated[
-        bool, typer.Option(help="print the plan and commands; launch nothing")
-    ] = False,
+    dry_run: DryRun = False,
 ) -> None:
     """Launch vLLM with offloading on weight-free Llama 4 configs: which builds start, which crash.
 
@@ -141,53 +163,9 @@ def crash_repro_cmd(
         raise _fail(err) from None
 
     if dry_run:
-        _print_plan(plan)
+        _dry_run().crash_repro_plan(console, plan)
         raise typer.Exit(0)
     raise typer.Exit(_run_crash_repro(plan, results_dir, port))
-
-
-def _print_host() -> None:
-    """The environment fixes every server gets on this host (dry-runs show them)."""
-    from harness.engine.amx import ENV_AMX, planned_state
-
-    state = planned_state()
-    why = {
-        "requested": "AMX tile permission requested in every vLLM process (vLLM's CPU "
-        f"attention needs it and never asks; {ENV_AMX}=off to reproduce that)",
-        "off": f"AMX present but {ENV_AMX}=off: vLLM's CPU attention may die by SIGILL",
-        "not-needed": "no AMX on this CPU: nothing to request",
-    }[state]
-    console.print(
-        f"  host: amx_permission={state} ({why}); servers run with PYTHONFAULTHANDLER=1",
-        highlight=False,
-    )
-
-
-def _print_plan(plan: object) -> None:
-    from harness.crash_repro import RunPlan, backends
-    from harness.verdicts import known_label
-
-    assert isinstance(plan, RunPlan)
-    skipped = sum(1 for r in plan.rows if r.skip_reason)
-    console.print(
-        f"[bold]scenario[/] {plan.scenario.name}: {len(plan.rows) - skipped} launches, "
-        "one at a time" + (f" ({skipped} rows skipped on this host)" if skipped else "")
-    )
-    _print_host()
-    for n, env in plan.environments.items():
-        console.print(
-            f"  variant {n}: vLLM {env.vllm_version} ({env.vllm_dist}) on "
-            f"{env.device}, offload backend {backends(plan)[n]}, python {env.python}",
-            highlight=False,
-        )
-    for row in plan.rows:
-        exp = row.expected + (f" ({known_label(row.expected_known)})" if row.expected_known else "")
-        console.print(f"[bold]{row.key}[/] expect {exp}", highlight=False)
-        if row.skip_reason:
-            console.print(f"  skipped on this host: {row.skip_reason}", highlight=False)
-        env_txt = " ".join(f"{k}={v}" for k, v in sorted(row.plan.env.items()))
-        console.print(f"  env: {env_txt}", highlight=False, markup=False)
-        console.print("  argv: " + json.dumps(row.plan.argv()), highlight=False, markup=False)
 
 
 class _Outcome:
@@ -240,7 +218,7 @@ def _open_run(results_dir: Path, command: str, scenario: Any) -> Any:
 def _run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
     from harness import crash_repro
     from harness.reporting import CrashReproProgress, crash_repro_table
-    from harness.results import JUnitCase, junit_xml
+    from harness.result_kinds import write_crash_repro
 
     assert isinstance(plan, crash_repro.RunPlan)
     run_dir = _open_run(results_dir, "crash-repro", plan.scenario)
@@ -263,52 +241,9 @@ def _run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
         ],
         gpus=sorted({g for e in plan.environments.values() for g in e.gpus}),
     )
-    columns = [
-        "model",
-        "variant",
-        "vllm_version",
-        "patch",
-        "patch_status",
-        "connector",
-        "chunked_local",
-        "outcome",
-        "seconds",
-        "signature",
-        "exception",
-        "frame",
-        "message",
-        "known_issue",
-        "answered",
-        "answer",
-        "returncode",
-        "kernels",
-        "expected",
-        "expected_known",
-        "matched",
-        "why",
-        "log",
-        "command",
-    ]
 
     def write_rows() -> None:
-        done = [r for r in plan.rows if r.outcome]
-        run_dir.write_csv("outcomes.csv", [r.record() for r in done], columns)
-        cases = [
-            JUnitCase(
-                classname=f"crash-repro.{r.model}",
-                name=f"{r.variant} connector={'on' if r.connector else 'off'}",
-                seconds=r.seconds or 0.0,
-                failure=None if r.matched else (r.why or "mismatch"),
-                stdout=f"outcome={r.outcome} {r.signature}\nlog={r.log}",
-                properties={
-                    "outcome": r.outcome,
-                    "expected": r.expected,
-                    "vllm_version": r.vllm_version,
-                },
-            )
-            for r in done
-        ]
-        run_dir.write_text("junit.xml", junit_xml("crash-repro", cases))
+        write_crash_repro(run_dir, [r for r in plan.rows if r.outcome])
 
     class Reporter(CrashReproProgress):
         def row_finished(self, row: crash_repro.Row, index: int, total: int) -> None:
@@ -350,11 +285,8 @@ def _run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
 
 @app.command("roundtrip")
 def roundtrip_cmd(
-    scenario: Annotated[
-        Path | None,
-        typer.Option(help="roundtrip scenario (TOML)", show_default="scenarios/roundtrip-cpu.toml"),
-    ] = None,
-    variant: Annotated[str | None, typer.Option(help="vLLM variant (default: scenario's)")] = None,
+    scenario: RoundtripScenarioFile = None,
+    variant: VariantName = None,
     patch: Annotated[
         str | None,
         typer.Option(
@@ -362,8 +294,8 @@ def roundtrip_cmd(
             "or none"
         ),
     ] = None,
-    config: Annotated[Path | None, typer.Option(help="model geometry (config.json) to use")] = None,
-    tp: Annotated[int | None, typer.Option("--tp", min=1, help="tensor parallel size")] = None,
+    config: Geometry = None,
+    tp: TensorParallel = None,
     fault: Annotated[
         str | None,
         typer.Option(
@@ -385,29 +317,16 @@ def roundtrip_cmd(
         ),
     ] = None,
     url: Annotated[str | None, typer.Option(help="attach to a running server instead")] = None,
-    results_dir: Annotated[Path, typer.Option(help="where run directories are created")] = Path(
-        "results"
-    ),
-    port: Annotated[
-        int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")
-    ] = None,
-    dry_run: Annotated[
-        bool, typer.Option(help="print the plan and command; launch nothing")
-    ] = False,
+    results_dir: ResultsDir = RESULTS,
+    port: Port = None,
+    dry_run: DryRun = False,
     baseline: Annotated[
         bool,
         typer.Option(
             help="also run the targets on a second server without the connector and compare"
         ),
     ] = False,
-    engine_arg: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--engine-arg",
-            help="extra argument passed to the server, e.g. "
-            "--engine-arg=--distributed-executor-backend=ray (repeatable)",
-        ),
-    ] = None,
+    engine_arg: EngineArgs = None,
 ) -> None:
     """Offload, evict with unrelated traffic, replay: bytes, hits and output must be exact.
 
@@ -443,66 +362,13 @@ def roundtrip_cmd(
     except HarnessError as err:
         raise _fail(err) from None
     if dry_run:
-        _print_roundtrip_plan(plan)
+        _dry_run().roundtrip_plan(console, plan)
         raise typer.Exit(0)
     if baseline and url:
         raise _fail(
             HarnessError("--baseline launches its own server; it cannot be combined with --url")
         )
     raise typer.Exit(_run_roundtrip(plan, results_dir, url, port, baseline))
-
-
-def _print_roundtrip_plan(plan: object) -> None:
-    from harness.roundtrip import RoundtripPlan
-
-    assert isinstance(plan, RoundtripPlan)
-    d = plan.describe()
-    exp = plan.expected
-    console.print(
-        f"[bold]roundtrip plan[/] {plan.scenario.name}: model {plan.model_ref}, "
-        f"variant {plan.variant}, TP {plan.tensor_parallel}",
-        highlight=False,
-    )
-    _print_host()
-    kinds = ", ".join(
-        f"{k.kind} x{k.layers} {k.bytes_per_token:,} B/token"
-        + (f" window {k.window}" if k.window else "")
-        for k in exp.layout
-    )
-    console.print(
-        f"  KV layout: {kinds or 'unknown'}; offload chunk {exp.tokens_per_chunk} "
-        f"tokens, KV block {exp.kv_block_size}",
-        highlight=False,
-    )
-    if exp.mamba_state_bytes:
-        console.print(
-            f"  Mamba state {exp.mamba_state_bytes:,} B over all Mamba layers", highlight=False
-        )
-    for t in exp.targets:
-        need = ", ".join(f"{kind} {n}" for kind, n in t.loaded_by_kind.items())
-        console.print(
-            f"  {t.name}: {t.prompt_tokens} tokens -> stores {t.stored_tokens}, "
-            f"replay hit {t.hit_tokens}; each layer loads back ({need}) "
-            f"= {t.loaded_bytes:,} B",
-            highlight=False,
-        )
-    console.print(
-        f"  expected: stored {exp.stored_bytes:,} B, loaded {exp.loaded_bytes:,} B, "
-        f"external hits {exp.hit_tokens} tokens",
-        highlight=False,
-    )
-    console.print(
-        f"  filler: sized at launch from the live pool x "
-        f"{1 + plan.scenario.workload.filler_margin:g}; CPU tier capacity "
-        f"~{plan.cpu_capacity_tokens} tokens",
-        highlight=False,
-    )
-    for note in plan.notes:
-        console.print(f"  note: {note}", highlight=False)
-    if plan.server is not None:
-        env_txt = " ".join(f"{k}={v}" for k, v in sorted(plan.server.env.items()))
-        console.print(f"  env: {env_txt}", highlight=False, markup=False)
-        console.print("  argv: " + json.dumps(d["server_argv"]), highlight=False, markup=False)
 
 
 def _run_roundtrip(
@@ -584,9 +450,7 @@ def matrix_cmd(
             "--geometry", "-g", help="only these model geometries, by file stem (repeatable)"
         ),
     ] = None,
-    results_dir: Annotated[Path, typer.Option(help="where run directories are created")] = Path(
-        "results"
-    ),
+    results_dir: ResultsDir = RESULTS,
     dry_run: Annotated[
         bool, typer.Option(help="print the cells and expectations; launch nothing")
     ] = False,
@@ -607,80 +471,27 @@ def matrix_cmd(
     except HarnessError as err:
         raise _fail(err) from None
     if dry_run:
-        console.print(
-            f"[bold]matrix[/] {scen.name}: {len(plan.cells)} cells, one server at a time",
-            highlight=False,
-        )
-        for cell in plan.cells:
-            assert cell.plan is not None
-            exp = cell.plan.expected
-            console.print(
-                f"  {cell.key} (vLLM {cell.vllm_version}): expect "
-                f"{cell.expected_text()}; plan stores {exp.stored_bytes:,} B, loads "
-                f"{exp.loaded_bytes:,} B, hits {exp.hit_tokens} tokens",
-                highlight=False,
-                markup=False,
-            )
+        _dry_run().matrix_plan(console, plan)
         raise typer.Exit(0)
     raise typer.Exit(_run_matrix(plan, results_dir))
 
 
 def _run_matrix(plan: object, results_dir: Path) -> int:
     from harness import matrix as mx
-    from harness.markdown import matrix_report
     from harness.reporting import MatrixProgress, matrix_table
-    from harness.results import JUnitCase, RunDirectory, junit_xml
-    from harness.roundtrip_files import RoundtripWriter
+    from harness.result_kinds import write_matrix
 
     assert isinstance(plan, mx.MatrixPlan)
     run_dir = _open_run(results_dir, "matrix", plan.scenario)
     run_dir.update_meta(base_scenario=str(plan.base.source), cells=[c.key for c in plan.cells])
     done: list[mx.Cell] = []
-    writers: dict[str, RoundtripWriter] = {}
-
-    def writer(cell: mx.Cell, cell_dir: Path) -> RoundtripWriter:
-        assert cell.plan is not None
-        sub = RunDirectory(cell_dir, "roundtrip")
-        sub.update_meta(cell=cell.key, plan=cell.plan.describe())
-        writers[cell.key] = RoundtripWriter(sub, cell.plan, chart=False)
-        return writers[cell.key]
 
     def on_cell(cell: mx.Cell) -> None:
         done.append(cell)
-        if cell.key in writers:
-            # The cell's own run.json ends like a roundtrip run's, with the cell's verdict.
-            writers[cell.key].run_dir.finish(
-                "finished",
-                int(ExitCode.OK if cell.matched else ExitCode.MISMATCH),
-                passed=cell.roundtrip == "pass",
-                cell_verdict=cell.record(),
-            )
-        cells = mx.ordered(done)
-        records = [c.record() for c in cells]
-        run_dir.write_csv("matrix.csv", records, list(records[0]))
-        cases = [
-            JUnitCase(
-                classname=f"matrix.{c.family}",
-                name=f"{c.geometry} / {c.variant}",
-                seconds=c.seconds,
-                failure=None
-                if c.matched or c.roundtrip == "error"
-                else f"expected {c.expected_text()}, observed {c.observed_text()}: {c.why}",
-                error=f"{c.why}" if c.roundtrip == "error" and not c.matched else None,
-                properties={
-                    "spec_classes": c.specs,
-                    "vllm_version": c.vllm_version,
-                    "startup": c.startup,
-                    "roundtrip": c.roundtrip,
-                },
-            )
-            for c in cells
-        ]
-        run_dir.write_text("junit.xml", junit_xml("matrix", cases))
-        run_dir.write_text("report.md", matrix_report(cells, {"results_dir": str(run_dir.path)}))
+        write_matrix(run_dir, mx.ordered(done))
 
     with _guard() as outcome:
-        mx.execute_matrix(plan, run_dir.path, MatrixProgress(console), writer, on_cell)
+        mx.execute_matrix(plan, run_dir.path, MatrixProgress(console), on_cell)
         if any(not c.matched for c in done):
             outcome.code = ExitCode.MISMATCH
     code = outcome.code
@@ -703,10 +514,7 @@ def _run_matrix(plan: object, results_dir: Path) -> int:
 
 @app.command("faults")
 def faults_cmd(
-    scenario: Annotated[
-        Path | None,
-        typer.Option(help="roundtrip scenario (TOML)", show_default="scenarios/roundtrip-cpu.toml"),
-    ] = None,
+    scenario: RoundtripScenarioFile = None,
     fault: Annotated[
         list[str] | None,
         typer.Option(
@@ -715,22 +523,15 @@ def faults_cmd(
             "drop-store, no-load, partial-store, partial-load, segv-in-worker",
         ),
     ] = None,
-    variant: Annotated[str | None, typer.Option(help="vLLM variant (default: scenario's)")] = None,
-    config: Annotated[Path | None, typer.Option(help="model geometry (config.json) to use")] = None,
-    tp: Annotated[int | None, typer.Option("--tp", min=1, help="tensor parallel size")] = None,
-    results_dir: Annotated[Path, typer.Option(help="where run directories are created")] = Path(
-        "results"
-    ),
-    port: Annotated[
-        int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")
-    ] = None,
+    variant: VariantName = None,
+    config: Geometry = None,
+    tp: TensorParallel = None,
+    results_dir: ResultsDir = RESULTS,
+    port: Port = None,
     dry_run: Annotated[
         bool, typer.Option(help="print the rounds and the server; launch nothing")
     ] = False,
-    engine_arg: Annotated[
-        list[str] | None,
-        typer.Option("--engine-arg", help="extra argument passed to the server (repeatable)"),
-    ] = None,
+    engine_arg: EngineArgs = None,
 ) -> None:
     """Prove every check catches its fault: one server, one round trip per seeded fault.
 
@@ -759,22 +560,7 @@ def faults_cmd(
     except HarnessError as err:
         raise _fail(err) from None
     if dry_run:
-        base = sweep.base
-        console.print(
-            f"[bold]faults[/] {scen.name}: {len(faults)} rounds on one server "
-            f"({base.model_ref}, variant {base.variant}, TP {base.tensor_parallel})",
-            highlight=False,
-        )
-        _print_host()
-        for i, (name, plan) in enumerate(zip(faults, sweep.plans, strict=True)):
-            must = ", ".join(sorted(fs.CAUGHT_BY[name])) or "nothing (every check passes)"
-            console.print(
-                f"  round {i}: {name} (seed {plan.scenario.workload.seed}) must fail: {must}",
-                highlight=False,
-                markup=False,
-            )
-        assert base.server is not None
-        console.print("  argv: " + json.dumps(base.server.argv()), highlight=False, markup=False)
+        _dry_run().faults_plan(console, sweep)
         raise typer.Exit(0)
     raise typer.Exit(_run_faults(sweep, results_dir, port))
 
@@ -782,10 +568,8 @@ def faults_cmd(
 def _run_faults(sweep: object, results_dir: Path, port: int | None) -> int:
     from harness import fault_sweep as fs
     from harness import roundtrip as rt
-    from harness.markdown import faults_report
     from harness.reporting import RoundtripProgress, frame_table
-    from harness.results import JUnitCase, RunDirectory, junit_xml
-    from harness.roundtrip_files import RoundtripWriter
+    from harness.result_kinds import FAULT_ROUNDS, write_faults
 
     assert isinstance(sweep, fs.SweepPlan)
     base = sweep.base
@@ -794,43 +578,11 @@ def _run_faults(sweep: object, results_dir: Path, port: int | None) -> int:
         variant={"name": base.variant, **(base.env.as_dict() if base.env else {})},
         sweep=sweep.describe(),
     )
-    writers: dict[int, RoundtripWriter] = {}
     done: list[fs.Round] = []
-
-    def round_writer(rnd: fs.Round) -> RoundtripWriter:
-        plan = sweep.plans[rnd.index]
-        sub_path = fs.round_dir(run_dir.path, rnd)
-        sub_path.mkdir(parents=True, exist_ok=True)
-        sub = RunDirectory(sub_path, "roundtrip")
-        sub.update_meta(fault=rnd.fault, plan=plan.describe())
-        writers[rnd.index] = RoundtripWriter(sub, plan, chart=False)
-        return writers[rnd.index]
 
     def on_round(rounds: list[fs.Round]) -> None:
         done[:] = [r for r in rounds if r.status != "pending"]
-        for r in done:
-            if r.index in writers and r.result is not None:
-                writers[r.index].run_dir.finish(
-                    "finished",
-                    int(ExitCode.OK if r.matched else ExitCode.MISMATCH),
-                    passed=r.result.passed,
-                    fault_verdict=r.record(),
-                )
-        records = [r.record() for r in done]
-        run_dir.write_csv("faults.csv", records, list(records[0]))
-        cases = [
-            JUnitCase(
-                classname="faults",
-                name=r.fault,
-                seconds=0.0,
-                failure=None if r.matched else f"{r.status}: {r.reason}",
-                properties={"must_fail": " ".join(sorted(r.expected))},
-            )
-            for r in done
-        ]
-        run_dir.write_text("junit.xml", junit_xml("faults", cases))
-        meta = {"results_dir": str(run_dir.path), "model": base.model_ref, "variant": base.variant}
-        run_dir.write_text("report.md", faults_report(done, meta))
+        write_faults(run_dir, done, {"model": base.model_ref, "variant": base.variant})
 
     console.print(
         f"[bold]faults[/] {len(sweep.faults)} rounds on one server: {base.model_ref} "
@@ -839,9 +591,7 @@ def _run_faults(sweep: object, results_dir: Path, port: int | None) -> int:
     )
     with _guard() as outcome:
         rt.build_local_model(base)
-        fs.execute(
-            sweep, run_dir.path, RoundtripProgress(console), round_writer, on_round, port=port
-        )
+        fs.execute(sweep, run_dir.path, RoundtripProgress(console), on_round, port=port)
         if len(done) < len(sweep.faults) or any(not r.matched for r in done):
             outcome.code = ExitCode.MISMATCH
     code = outcome.code
@@ -853,8 +603,7 @@ def _run_faults(sweep: object, results_dir: Path, port: int | None) -> int:
     )
     if done:
         records = [r.record() for r in done]
-        cols = ["round", "fault", "status", "expected_failing", "failing", "reason"]
-        console.print(frame_table("faults", records, cols))
+        console.print(frame_table(FAULT_ROUNDS.title, records, FAULT_ROUNDS.shown))
     ok = done and len(done) == len(sweep.faults) and all(r.matched for r in done)
     verdict = (
         "[green]every fault caught by exactly its checks[/]"
@@ -870,116 +619,40 @@ def bench_cmd(
     repeats: Annotated[int, typer.Option(min=1, help="launches per side and case")] = 3,
     only: Annotated[BenchPart, typer.Option(help="run one part only")] = BenchPart.all,
     config: Annotated[Path | None, typer.Option(help="model config (default: small-chunk)")] = None,
-    results_dir: Annotated[Path, typer.Option(help="where run directories are created")] = Path(
-        "results"
-    ),
+    results_dir: ResultsDir = RESULTS,
 ) -> None:
     """Benchmarks as ratios measured side by side in one run (the machines are noisy).
 
     Harness overhead on crash-repro, host-backend copy throughput, round-trip filler and
     wall-time efficiency.
     """
-    from rich.table import Table
-
-    from harness.bench import Case, run_crash_repro_bench, run_roundtrip_bench
+    from harness.bench import run_bench
     from harness.launcher import install_signal_handlers
+    from harness.reporting import bench_table
+    from harness.result_kinds import write_bench
     from harness.results import RunDirectory, new_run_dir
     from harness.scenario import load_crash_repro
 
     install_signal_handlers()
-    figures: list[dict[str, object]] = []
+    parts = {"copy", "roundtrip", "crash-repro"} if only is BenchPart.all else {only.value}
     try:
         run_dir = RunDirectory(new_run_dir(results_dir, "bench"), "bench")
         run_dir.update_meta(platform=_platform(), repeats=repeats, only=only.value)
-
-        def say(msg: str) -> None:
-            console.print(msg, highlight=False, markup=False)
-
-        if only in (BenchPart.all, BenchPart.copy):
-            from harness.bench_copy import measure_host_copy
-
-            say("host backend copy throughput vs plain torch copy ...")
-            copy = measure_host_copy()
-            figures.append(
-                {
-                    "figure": "host copy throughput / plain torch copy",
-                    "value": copy["ratio"],
-                    "target": ">= 0.6",
-                    "ok": float(copy["ratio"]) >= 0.6,
-                    "detail": copy,
-                }
-            )
-        if only in (BenchPart.all, BenchPart.roundtrip):
-            say("one clean round trip ...")
-            rtb = run_roundtrip_bench(
-                _default_scenario("roundtrip-cpu.toml"), run_dir.path / "roundtrip"
-            )
-            figures.append(
-                {
-                    "figure": "filler tokens / GPU pool tokens",
-                    "value": rtb["filler_over_pool"],
-                    "target": "<= 1.5",
-                    "ok": float(rtb["filler_over_pool"]) <= 1.5,
-                    "detail": rtb,
-                }
-            )
-            figures.append(
-                {
-                    "figure": "roundtrip wall / (server start + generation)",
-                    "value": rtb["wall_over_engine"],
-                    "target": "<= 1.3",
-                    "ok": float(rtb["wall_over_engine"] or 99) <= 1.3,
-                    "detail": rtb,
-                }
-            )
-        if only in (BenchPart.all, BenchPart.crash_repro):
-            scen = load_crash_repro(_default_scenario("crash-repro.toml"))
-            cfg = str(config or scen.resolve("models/llama4-small-chunk.json"))
-            cases = [
-                Case("start (current, connector on)", "current", cfg, "on"),
-                Case("crash (stock, connector on)", "stock", cfg, "on"),
-            ]
-            run_crash_repro_bench(scen, cases, repeats, run_dir.path / "crash-repro", progress=say)
-            for c in cases:
-                rec = c.record()
-                figures.append(
-                    {
-                        "figure": f"crash-repro time to verdict / bare launch: {c.name}",
-                        "value": rec["ratio"],
-                        "target": "< 1.10",
-                        "ok": bool(rec["within_target"]),
-                        "detail": rec,
-                    }
-                )
-                figures.append(
-                    {
-                        "figure": f"  harness seconds outside the server: {c.name}",
-                        "value": rec["harness_overhead_median_s"],
-                        "target": "-",
-                        "ok": True,
-                        "detail": rec,
-                    }
-                )
+        scen = load_crash_repro(_default_scenario("crash-repro.toml"))
+        figures = run_bench(
+            parts,
+            repeats,
+            scen,
+            _default_scenario("roundtrip-cpu.toml"),
+            str(config or scen.resolve("models/llama4-small-chunk.json")),
+            run_dir.path,
+            lambda msg: console.print(msg, highlight=False, markup=False),
+        )
     except HarnessError as err:
         raise _fail(err) from None
-    run_dir.write_json("bench.json", figures)
-    run_dir.write_csv(
-        "bench.csv",
-        [{k: v for k, v in f.items() if k != "detail"} for f in figures],
-        ["figure", "value", "target", "ok"],
-    )
+    write_bench(run_dir, figures)
     run_dir.finish("finished", 0)
-    table = Table(title="benchmarks (ratios measured side by side in this run)")
-    for col in ("figure", "value", "target", "ok"):
-        table.add_column(col)
-    for f in figures:
-        table.add_row(
-            str(f["figure"]),
-            str(f["value"]),
-            str(f["target"]),
-            "[green]yes[/]" if f["ok"] else "[red]no[/]",
-        )
-    console.print(table)
+    console.print(bench_table(figures))
     console.print(f"results: {run_dir.path}", highlight=False)
 
 
@@ -994,9 +667,7 @@ def report_cmd(
     run_dir: Annotated[Path, typer.Argument(help="a results directory (results/<run-id>)")],
 ) -> None:
     """Re-render the tables of a finished (or interrupted) run from its files."""
-    import pandas as pd
-
-    from harness.reporting import checks_table, frame_table, phase_table
+    from harness.reporting import run_tables
 
     try:
         meta = _read_run(run_dir)
@@ -1007,52 +678,8 @@ def report_cmd(
         f"exit code {meta.get('exit_code')}",
         highlight=False,
     )
-    if meta.get("command") == "roundtrip":
-        if (run_dir / "phases.csv").is_file():
-            console.print(phase_table(pd.read_csv(run_dir / "phases.csv").to_dict("records")))
-        if (run_dir / "checks.csv").is_file():
-            console.print(checks_table(pd.read_csv(run_dir / "checks.csv").to_dict("records")))
-    elif meta.get("command") == "matrix" and (run_dir / "matrix.csv").is_file():
-        df = pd.read_csv(run_dir / "matrix.csv", keep_default_na=False)
-        console.print(
-            frame_table(
-                "KV-cache spec family matrix",
-                df.to_dict("records"),
-                [
-                    "family",
-                    "geometry",
-                    "variant",
-                    "vllm_version",
-                    "spec_classes",
-                    "startup",
-                    "roundtrip",
-                    "failed_checks",
-                    "expected",
-                    "matched",
-                    "why",
-                ],
-            )
-        )
-    elif (run_dir / "outcomes.csv").is_file():
-        df = pd.read_csv(run_dir / "outcomes.csv", keep_default_na=False)
-        console.print(
-            frame_table(
-                "crash-repro",
-                df.to_dict("records"),
-                [
-                    "model",
-                    "variant",
-                    "vllm_version",
-                    "patch",
-                    "connector",
-                    "outcome",
-                    "signature",
-                    "seconds",
-                    "expected",
-                    "matched",
-                ],
-            )
-        )
+    for table in run_tables(str(meta.get("command")), run_dir):
+        console.print(table)
 
 
 @app.command("compare")
@@ -1089,56 +716,14 @@ def validate_cmd(
 ) -> None:
     """Check scenario files (crash-repro, roundtrip, matrix) and what they name, launching
     nothing: variants, model configs, expectation rules, and every round-trip plan."""
-    from harness.scenario import read_toml
+    from harness.validate import validate
 
     try:
         for path in paths:
-            data = read_toml(path)
-            kind = (
-                "matrix"
-                if "entries" in data
-                else "roundtrip"
-                if "geometry" in data
-                else "variants"
-                if isinstance(data.get("variants"), dict)
-                else "crash-repro"
-            )
-            console.print(f"{path}: ok ({kind}: {_validate(kind, path)})", highlight=False)
+            kind, summary = validate(path)
+            console.print(f"{path}: ok ({kind}: {summary})", highlight=False)
     except HarnessError as err:
         raise _fail(err) from None
-
-
-def _validate(kind: str, path: Path) -> str:
-    from harness.scenario import load_crash_repro, load_matrix, load_roundtrip, load_variants
-
-    if kind == "variants":
-        return f"{len(load_variants(path))} variants"
-    if kind == "matrix":
-        from harness.matrix import plan_matrix
-
-        plan = plan_matrix(load_matrix(path))
-        families = len({c.family for c in plan.cells})
-        return f"{len(plan.cells)} cells over {families} families, all planned"
-    if kind == "roundtrip":
-        from harness.roundtrip import plan_roundtrip
-
-        rt_plan = plan_roundtrip(load_roundtrip(path))
-        return (
-            f"variant {rt_plan.variant}, {len(rt_plan.targets)} targets, expects "
-            f"{rt_plan.expected.stored_bytes:,} B stored"
-        )
-    from harness.crash_repro import load_models
-
-    scen = load_crash_repro(path)
-    variants = load_variants(scen.resolve(scen.variants_file))
-    missing = [v for v in scen.variants if v not in variants]
-    if missing:
-        raise HarnessError(f"{path}: variant {missing[0]!r} is not in {scen.variants_file}")
-    models = load_models(scen, None)
-    return (
-        f"{len(scen.variants)} variants, {len(models)} models, "
-        f"{len(scen.expectations)} expectation rules"
-    )
 
 
 @app.command("doctor")

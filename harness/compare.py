@@ -1,4 +1,8 @@
-"""Comparing two result directories with pandas: what changed between two nights."""
+"""Comparing two result directories with pandas: what changed between two nights.
+
+Which files a command writes, which columns identify a row and which are compared
+come from its results kind (``harness.result_kinds``); this module only merges.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,9 @@ from typing import Any
 import pandas as pd
 
 from harness.errors import BadInput
+from harness.result_kinds import TableFile, kind_of
+
+Table = tuple[str, list[dict[str, Any]], list[str]]
 
 
 def _command(run: Path) -> str:
@@ -18,28 +25,41 @@ def _command(run: Path) -> str:
     return str(json.loads(path.read_text()).get("command"))
 
 
-def compare_runs(a: Path, b: Path) -> tuple[list[tuple[str, list[dict[str, Any]], list[str]]], int]:
+def compare_runs(a: Path, b: Path) -> tuple[list[Table], int]:
     """Tables of (title, records, columns), and how many rows changed."""
     cmd_a, cmd_b = _command(a), _command(b)
     if cmd_a != cmd_b:
         raise BadInput(f"cannot compare a {cmd_a} run with a {cmd_b} run")
-    if cmd_a == "roundtrip":
-        return _compare_roundtrip(a, b)
-    if cmd_a == "matrix":
-        return _compare_matrix(a, b)
-    return _compare_crash_repro(a, b)
+    kind = kind_of(cmd_a)
+    if kind is None:
+        raise BadInput(f"{a} is a {cmd_a} run, which has no tables to compare")
+    tables: list[Table] = []
+    changed = 0
+    for spec in kind.tables:
+        if not spec.key:
+            continue
+        records, n = _compare_table(spec, a, b)
+        tables.append(
+            (f"{spec.title}: {a.name} -> {b.name}", records, [*spec.key, "changed", *spec.compared])
+        )
+        changed += n
+    return tables, changed
 
 
-def _read(run: Path, name: str) -> pd.DataFrame:
-    path = run / name
-    if not path.is_file():
-        raise BadInput(f"{run} has no {name} (the run ended before writing it)")
-    return pd.read_csv(path, keep_default_na=False)
+def _read(run: Path, spec: TableFile) -> pd.DataFrame:
+    frame = spec.read(run)
+    if frame is None:
+        raise BadInput(f"{run} has no {spec.name} (the run ended before writing it)")
+    return frame
 
 
-def _diff_records(
-    m: pd.DataFrame, key: list[str], cols: list[str]
-) -> tuple[list[dict[str, Any]], int]:
+def _compare_table(spec: TableFile, a: Path, b: Path) -> tuple[list[dict[str, Any]], int]:
+    """Row by row on the table's key: a new vLLM build that changes a verdict, a byte
+    count or a check shows as ``old -> new``."""
+    key, cols = list(spec.key), list(spec.compared)
+    m = _read(a, spec)[key + cols].merge(
+        _read(b, spec)[key + cols], on=key, how="outer", suffixes=(" a", " b")
+    )
     records, changed = [], 0
     for row in m.fillna("-").to_dict("records"):
         diff = any(str(row[f"{c} a"]) != str(row[f"{c} b"]) for c in cols)
@@ -51,48 +71,3 @@ def _diff_records(
             rec[c] = va if va == vb else f"{va} -> {vb}"
         records.append(rec)
     return records, changed
-
-
-Table = tuple[str, list[dict[str, Any]], list[str]]
-
-
-def _compare_roundtrip(a: Path, b: Path) -> tuple[list[Table], int]:
-    cols = ["d_stored_bytes", "d_loaded_bytes", "d_gpu_hits", "d_ext_hits", "d_ext_queries"]
-    m = _read(a, "phases.csv")[["phase", *cols]].merge(
-        _read(b, "phases.csv")[["phase", *cols]], on="phase", how="outer", suffixes=(" a", " b")
-    )
-    phases, n1 = _diff_records(m, ["phase"], cols)
-    ccols = ["passed", "observed"]
-    m = _read(a, "checks.csv")[["name", *ccols]].merge(
-        _read(b, "checks.csv")[["name", *ccols]], on="name", how="outer", suffixes=(" a", " b")
-    )
-    checks, n2 = _diff_records(m, ["name"], ccols)
-    title = f"{a.name} -> {b.name}"
-    return (
-        [
-            (f"phases: {title}", phases, ["phase", "changed", *cols]),
-            (f"checks: {title}", checks, ["name", "changed", *ccols]),
-        ],
-        n1 + n2,
-    )
-
-
-def _compare_crash_repro(a: Path, b: Path) -> tuple[list[Table], int]:
-    key = ["model", "variant", "connector"]
-    cols = ["vllm_version", "outcome", "signature", "matched"]
-    m = _read(a, "outcomes.csv")[key + cols].merge(
-        _read(b, "outcomes.csv")[key + cols], on=key, how="outer", suffixes=(" a", " b")
-    )
-    records, changed = _diff_records(m, key, cols)
-    return [(f"crash-repro: {a.name} -> {b.name}", records, [*key, "changed", *cols])], changed
-
-
-def _compare_matrix(a: Path, b: Path) -> tuple[list[Table], int]:
-    """Cell by cell: a new vLLM build that changes a spec class, a verdict or a check."""
-    key = ["family", "geometry", "variant"]
-    cols = ["vllm_version", "spec_classes", "startup", "roundtrip", "failed_checks", "matched"]
-    m = _read(a, "matrix.csv")[key + cols].merge(
-        _read(b, "matrix.csv")[key + cols], on=key, how="outer", suffixes=(" a", " b")
-    )
-    records, changed = _diff_records(m, key, cols)
-    return [(f"matrix: {a.name} -> {b.name}", records, [*key, "changed", *cols])], changed

@@ -15,26 +15,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from harness import engine_log
-from harness import models as model_builder
+from harness import engine_log, model_builder
 from harness.engine.amx import cpu_flags
-from harness.engine.patches import LOG_PREFIX as PATCH_LOG_PREFIX
 from harness.environments import Environment, cpu_name, probe, require_plugin
 from harness.errors import BadInput, HarnessError
-from harness.launcher import VllmServer
+from harness.launcher import ServerSpec
+from harness.names import LOG_PATCH as PATCH_LOG_PREFIX
 from harness.scenario import (
     CrashReproScenario,
+    Expectation,
     Variant,
     effective_patch,
     load_model_config,
     load_variants,
 )
-from harness.serving import ServerPlan, offload_backend, server_plan
+from harness.serving import offload_backend, server_spec
 from harness.verdicts import (
     RowContext,
     crash_signature,
-    expectation_for,
     judge,
+    match_expectation,
     parse_fatal_signals,
     parse_worker_deaths,
 )
@@ -59,7 +59,7 @@ class Row:
     patch: str | None
     vllm_version: str
     chunked_local: bool
-    plan: ServerPlan
+    plan: ServerSpec
     expected: str = ""
     expected_known: int | str | None = None
     expected_why: str = ""
@@ -81,6 +81,9 @@ class Row:
     matched: bool | None = None
     why: str = ""
     log: str = ""
+    # The expectation rule the row matched at planning, and its place in the scenario.
+    rule: Expectation | None = field(default=None, repr=False)
+    rule_index: int | None = None
     # perf_counter() when the verdict was known (benchmarks measure overhead up to here).
     verdict_at: float = field(default=0.0, repr=False)
 
@@ -93,6 +96,8 @@ class Row:
         data.pop("plan")
         data.pop("verdict_at")
         data.pop("skip_reason")
+        data.pop("rule")
+        data.pop("rule_index")
         data["connector"] = "on" if self.connector else "off"
         data["patch"] = self.patch or "none"
         data["command"] = self.plan.argv()
@@ -179,7 +184,7 @@ def plan_run(
                     patch=effective,
                     vllm_version=env.vllm_version,
                     chunked_local=bool(entry.chunked_local_layers),
-                    plan=server_plan(
+                    plan=server_spec(
                         env=env,
                         model_path=f"<{entry.name}>",
                         served_model_name=entry.name,
@@ -193,17 +198,19 @@ def plan_run(
                     row.skip_reason = (
                         f"needs a CPU with {', '.join(missing)}; this host ({cpu_name()}) has none"
                     )
-                rule = expectation_for(
+                found = match_expectation(
                     RowContext(
                         n, env.vllm_version, effective or "none", on, row.chunked_local, entry.name
                     ),
                     scenario.expectations,
                 )
-                if rule is None:
+                if found is None:
                     raise BadInput(
                         f"{scenario.source}: no expectation rule matches {row.key}; "
                         "add a catch-all [[expectations]] entry"
                     )
+                rule = found.rule
+                row.rule, row.rule_index = rule, found.index
                 row.expected, row.expected_known, row.expected_why = (
                     rule.outcome,
                     rule.known,
@@ -247,15 +254,7 @@ def run_row(
     safe = safe.replace("/", "_").replace("+", "plus")
     log_path = log_dir / f"{safe}.log"
     row.log = str(log_path)
-    server = VllmServer(
-        python=row.plan.python,
-        model=row.plan.model,
-        log_path=log_path,
-        args=row.plan.args,
-        env=row.plan.env,
-        port=port,
-        served_model_name=row.plan.served_model_name,
-    )
+    server = row.plan.server(log_path, port)
     try:
         server.start()
     except BadInput:
@@ -333,10 +332,7 @@ _ENGINE_DEAD_MARKS = ("EngineDeadError", "EngineCore encountered a fatal error")
 
 
 def judge_row(row: Row) -> None:
-    from harness.scenario import Expectation
-
-    rule = Expectation(outcome=row.expected, known=row.expected_known)
-    row.matched, why = judge(row.outcome, row.known_issue, row.answered, rule)
+    row.matched, why = judge(row.outcome, row.known_issue, row.answered, row.rule)
     if row.patch and row.patch_status in ("", "not-found") and row.outcome == "started":
         row.matched, why = False, f"patch {row.patch} was not reported applied by vLLM"
     row.why = row.why or why

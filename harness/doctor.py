@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.engine.amx import (
-    ENV_AMX,
     ISA_FLAGS,
     cpu_flags,
     has_amx,
@@ -37,7 +36,8 @@ from harness.engine.amx import (
 )
 from harness.environments import Environment, cpu_name, probe, resolve_interpreter
 from harness.errors import BadInput, ExitCode, HarnessError
-from harness.models import default_cache_dir
+from harness.model_builder import default_cache_dir
+from harness.names import ENV_AMX
 
 Status = Literal["ok", "warn", "fail"]
 

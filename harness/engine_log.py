@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from harness.engine.amx import LOG_PREFIX as AMX_PREFIX
-from harness.engine.specs import KERNEL_PREFIX
+from harness.names import LOG_AMX as AMX_PREFIX
+from harness.names import LOG_KERNEL as KERNEL_PREFIX
 
 _KV = re.compile(r"(\w+)=(\S+)")
 

@@ -18,6 +18,7 @@ from functools import cache
 from pathlib import Path
 
 from harness.errors import BadInput
+from harness.names import ENV_DEVICE
 
 _PROBE = r"""
 import json, sys
@@ -105,7 +106,7 @@ def probe(python: str) -> Environment:
     data = json.loads(line.split(" ", 1)[1])
     if data.get("error") or not data.get("vllm_version"):
         raise BadInput(f"{exe}: {data.get('error', 'no vLLM installed')}")
-    device = os.environ.get("OFFLOAD_CHECK_DEVICE") or data["device"]
+    device = os.environ.get(ENV_DEVICE) or data["device"]
     return Environment(
         python=exe,
         vllm_version=data["vllm_version"],

@@ -22,32 +22,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import names
 from harness import roundtrip as rt
-from harness.errors import BadInput
-from harness.launcher import VllmServer
-from harness.scenario import FAULTS, RoundtripScenario
+from harness.errors import BadInput, ExitCode
+from harness.scenario import RoundtripScenario
 from harness.workload import make_prompts
 
 CAUGHT_BY: dict[str, frozenset[str]] = {
-    "none": frozenset(),
+    names.FAULT_NONE: frozenset(),
     # Success and the full byte count reported, wrong (or no) bytes moved: only the
     # output comparison can see these.
-    "corrupt-load": frozenset({"replay-output-identical"}),
-    "drop-store": frozenset({"replay-output-identical"}),
-    "no-load": frozenset({"replay-output-identical"}),
+    names.FAULT_CORRUPT_LOAD: frozenset({"replay-output-identical"}),
+    names.FAULT_DROP_STORE: frozenset({"replay-output-identical"}),
+    names.FAULT_NO_LOAD: frozenset({"replay-output-identical"}),
     # Only the first KV-cache group moved (and honestly counted).
-    "partial-store": frozenset({"cold-stored-bytes", "replay-output-identical"}),
-    "partial-load": frozenset({"replay-loaded-bytes", "replay-output-identical"}),
+    names.FAULT_PARTIAL_STORE: frozenset({"cold-stored-bytes", "replay-output-identical"}),
+    names.FAULT_PARTIAL_LOAD: frozenset({"replay-loaded-bytes", "replay-output-identical"}),
     # The worker dies on its next step: the round trip fails as a whole.
-    "segv-in-worker": frozenset({"engine-survived"}),
+    names.FAULT_SEGV: frozenset({"engine-survived"}),
 }
 """The checks each fault must fail, exactly, on a model with at least two KV-cache groups
 (Llama 4: chunked-local and full). One group leaves a partial fault nothing to leave out."""
 
-DEFAULT_FAULTS: tuple[str, ...] = FAULTS
+DEFAULT_FAULTS: tuple[str, ...] = names.FAULTS
 """The clean round first (a server that fails clean proves nothing), the killing fault last."""
 
-PARTIAL = ("partial-store", "partial-load")
+PARTIAL = (names.FAULT_PARTIAL_STORE, names.FAULT_PARTIAL_LOAD)
 # Rounds use seeds base, base + SEED_STRIDE, ...: targets take seed s and fillers s + 1.
 SEED_STRIDE = 2
 
@@ -127,16 +127,16 @@ class SweepPlan:
         }
 
 
-def parse_faults(names: Sequence[str] | None) -> list[str]:
+def parse_faults(chosen: Sequence[str] | None) -> list[str]:
     """The faults to run, in order; unknown or repeated names are refused."""
-    faults = list(names) if names else list(DEFAULT_FAULTS)
+    faults = list(chosen) if chosen else list(DEFAULT_FAULTS)
     unknown = [f for f in faults if f not in CAUGHT_BY]
     if unknown:
         raise BadInput(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(CAUGHT_BY)}")
     if len(set(faults)) != len(faults):
         raise BadInput("each fault may be listed once")
-    if "segv-in-worker" in faults[:-1]:
-        raise BadInput("segv-in-worker kills the server: list it last")
+    if names.FAULT_SEGV in faults[:-1]:
+        raise BadInput(f"{names.FAULT_SEGV} kills the server: list it last")
     return faults
 
 
@@ -193,12 +193,14 @@ def execute(
     sweep: SweepPlan,
     out_dir: Path,
     reporter: rt.Reporter,
-    round_writer: Callable[[Round], Callable[[rt.RoundtripResult], None]],
     on_round: Callable[[list[Round]], None],
     *,
     port: int | None = None,
 ) -> list[Round]:
-    """Launch once, then one round trip per fault; every round judged as it ends."""
+    """Launch once, then one round trip per fault; every round judged as it ends, its
+    files in ``rounds/NN-fault/`` (a roundtrip run's files, ending with its verdict)."""
+    from harness.roundtrip_files import part_writer
+
     rounds = [
         Round(i, f, CAUGHT_BY[f], seed=p.scenario.workload.seed)
         for i, (f, p) in enumerate(zip(sweep.faults, sweep.plans, strict=True))
@@ -206,16 +208,8 @@ def execute(
     base = sweep.base
     assert base.server is not None
     sweep.control_path.parent.mkdir(parents=True, exist_ok=True)
-    write_control(sweep.control_path, "none")
-    server = VllmServer(
-        python=base.server.python,
-        model=base.server.model,
-        log_path=out_dir / "logs" / "server.log",
-        args=base.server.args,
-        env=base.server.env,
-        port=port,
-        served_model_name=base.server.served_model_name,
-    )
+    write_control(sweep.control_path, names.FAULT_NONE)
+    server = base.server.server(out_dir / "logs" / "server.log", port)
     try:
         rt.start_server(server, base, reporter, "server")
         ep = rt.Endpoint(server.url, server)
@@ -233,16 +227,16 @@ def execute(
                 reporter.status(f"round {rnd.index}: fault {rnd.fault}")
                 write_control(sweep.control_path, rnd.fault)
                 rnd.result = result
-                on_record = round_writer(rnd)
-                alive = rt.run_round(
-                    plan,
-                    ep,
-                    result,
-                    reporter,
-                    on_record,
-                    out_dir / "rounds" / _slug(rnd) / "metrics",
-                )
+                writer = part_writer(round_dir(out_dir, rnd), plan, fault=rnd.fault)
+                metrics_dir = round_dir(out_dir, rnd) / "metrics"
+                alive = rt.run_round(plan, ep, result, reporter, writer, metrics_dir)
                 judge(rnd)
+                writer.run_dir.finish(
+                    "finished",
+                    int(ExitCode.OK if rnd.matched else ExitCode.MISMATCH),
+                    passed=result.passed,
+                    fault_verdict=rnd.record(),
+                )
                 reporter.status(f"round {rnd.index}: {rnd.fault} {rnd.status} {rnd.reason}")
             on_round(rounds)
     finally:

@@ -5,7 +5,7 @@ The GPU scenarios (Llama-4-Scout FP8 at TP=4, the nightly crash matrix with vLLM
 CUDA build rejects would surface there, hours after the change. Most of what vLLM checks
 before it touches a GPU is platform independent, so each GPU launch is planned here by the
 harness's own planning code with the device forced to ``cuda`` (the argv is built by the
-same ``ServerPlan`` the launcher uses) and handed, stage by stage, to the installed vLLM:
+same ``ServerSpec`` the launcher uses) and handed, stage by stage, to the installed vLLM:
 
 ``parse``
     the API server's own parser (``make_arg_parser`` on a ``FlexibleArgumentParser``) and
@@ -61,9 +61,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.errors import BadInput
+from harness.names import ENV_DEVICE
 
 STAGES = ("parse", "engine-args", "engine-config", "offload")
-DEVICE_ENV = "OFFLOAD_CHECK_DEVICE"
+DEVICE_ENV = ENV_DEVICE
 # A real number where the launcher would put the free port it picks: the parser wants an int.
 REHEARSAL_PORT = 8000
 PARSER_PROG = "vllm-api-server"
@@ -362,7 +363,7 @@ def stand_in_model(launch: PlannedLaunch) -> Path | None:
         return Path(model)
     if launch.geometry is None:
         return None
-    from harness import models as model_builder
+    from harness import model_builder
 
     return model_builder.build_model(
         launch.geometry, f"rehearsal-{launch.geometry_name}", weights="dummy"
@@ -499,8 +500,7 @@ def kv_cache_specs(vllm_config: Any, geometry: Mapping[str, Any]) -> dict[str, A
     """
     from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec
 
-    from harness import kv_layout
-    from harness import models as model_builder
+    from harness import kv_layout, model_builder
 
     text = model_builder.text_config(dict(geometry))
     kinds = kv_layout.layer_kinds(dict(geometry))
@@ -770,7 +770,7 @@ def _vllm_cache_root(python: str) -> Path:
     """
     import hashlib
 
-    from harness import models as model_builder
+    from harness import model_builder
 
     venv = Path(os.path.abspath(python)).parent.parent
     key = hashlib.sha256(str(venv).encode()).hexdigest()[:12]

@@ -14,8 +14,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from harness import models as model_builder
-from harness.engine.specs import LOG_PREFIX as REPORT_PREFIX
+from harness import model_builder
+from harness.names import LOG_KV_GROUPS as REPORT_PREFIX
 
 # Offloading-relevant kinds, in the order the scheduler's classifier tests them.
 KINDS = ("sliding-window", "chunked-local", "mamba", "mla", "full")

@@ -19,12 +19,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from harness.errors import BadInput, HarnessError
+from harness.names import ENV_LOCK
 
 HOST = "127.0.0.1"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -34,7 +35,7 @@ _LIVE: set[VllmServer] = set()
 
 
 def _lock_path() -> str | None:
-    value = os.environ.get("OFFLOAD_CHECK_LOCK", "/tmp/offload-check-vllm.lock")
+    value = os.environ.get(ENV_LOCK, "/tmp/offload-check-vllm.lock")
     return None if value in ("", "none") else value
 
 
@@ -84,16 +85,50 @@ class ReadyResult:
 
 
 @dataclass
-class VllmServer:
-    """One ``vllm.entrypoints.openai.api_server`` process and everything it spawns."""
+class ServerSpec:
+    """What to launch, fixed before launch: the one place a server's argv is built.
+
+    Dry-run output, every launch, the benchmark's bare launch and the GPU rehearsal all
+    call ``argv``, so what is printed is what runs. The connector's config is kept apart
+    from the other engine arguments so that a baseline is this spec without it
+    (``without_offload``), not a finished argv with arguments deleted.
+    """
 
     python: str
     model: str
-    log_path: Path
-    args: Sequence[str] = ()
-    env: dict[str, str] = field(default_factory=dict)
-    port: int | None = None
     served_model_name: str | None = None
+    args: list[str] = field(default_factory=list)  # engine arguments before the connector's
+    env: dict[str, str] = field(default_factory=dict)  # on top of the harness's environment
+    kv_transfer: dict[str, Any] | None = None  # --kv-transfer-config; None: no connector
+    tail: list[str] = field(default_factory=list)  # the user's extra engine arguments, last
+
+    def argv(self, port: int | str = "<port>") -> list[str]:
+        """The exact argv, as a list: nothing ever goes through a shell."""
+        cmd = [self.python, "-m", API_SERVER_MODULE, "--model", self.model]
+        cmd += ["--host", HOST, "--port", str(port)]
+        if self.served_model_name:
+            cmd += ["--served-model-name", self.served_model_name]
+        cmd += self.args
+        if self.kv_transfer is not None:
+            cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer, sort_keys=True)]
+        return cmd + self.tail
+
+    def without_offload(self) -> ServerSpec:
+        """The same server with the connector off (a round trip's baseline)."""
+        return replace(self, kv_transfer=None, args=list(self.args), tail=list(self.tail))
+
+    def server(self, log_path: Path, port: int | None = None) -> VllmServer:
+        """The one way to get a server from a spec."""
+        return VllmServer(self, log_path, port)
+
+
+@dataclass
+class VllmServer:
+    """One ``vllm.entrypoints.openai.api_server`` process and everything it spawns."""
+
+    spec: ServerSpec
+    log_path: Path
+    port: int | None = None
 
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     started_at: float = field(default=0.0, init=False)
@@ -109,34 +144,21 @@ class VllmServer:
         return f"http://{HOST}:{self.port}"
 
     def command(self) -> list[str]:
-        """The exact argv, as a list: nothing ever goes through a shell."""
-        cmd = [
-            self.python,
-            "-m",
-            API_SERVER_MODULE,
-            "--model",
-            self.model,
-            "--host",
-            HOST,
-            "--port",
-            str(self.port if self.port is not None else 0),
-        ]
-        if self.served_model_name:
-            cmd += ["--served-model-name", self.served_model_name]
-        return cmd + list(self.args)
+        return self.spec.argv(self.port if self.port is not None else 0)
 
     def start(self) -> None:
         if self.port is None:
             self.port = free_port()
         else:
             check_port_free(self.port)
-        if not (os.path.isfile(self.python) or os.sep not in self.python):
-            raise BadInput(f"interpreter not found: {self.python}")
+        python = self.spec.python
+        if not (os.path.isfile(python) or os.sep not in python):
+            raise BadInput(f"interpreter not found: {python}")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._slot = server_slot()
         self._slot.__enter__()
         self._log = self.log_path.open("wb")
-        env = {**os.environ, **self.env}
+        env = {**os.environ, **self.spec.env}
         self.started_at = time.monotonic()
         try:
             self.proc = subprocess.Popen(
@@ -152,7 +174,7 @@ class VllmServer:
         except OSError as err:
             self._log.close()
             self._release_slot()
-            raise BadInput(f"cannot launch {self.python}: {err.strerror}") from None
+            raise BadInput(f"cannot launch {python}: {err.strerror}") from None
         _LIVE.add(self)
         self._reaper = _start_reaper(self.proc.pid)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from harness.result_kinds import FAULT_ROUNDS, MATRIX_CELLS
+
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     def cell(v: Any) -> str:
@@ -110,33 +112,14 @@ def matrix_report(cells: Sequence[Any], meta: dict[str, Any]) -> str:
         }.get(c.roundtrip, "-")
         rows.append(
             [
-                c.family,
-                c.geometry,
-                c.variant,
-                c.vllm_version,
-                c.specs,
+                *c.identity(),
                 start,
                 rt,
                 c.expected_text(),
                 "yes" if c.matched else f"**NO**: {c.why}",
             ]
         )
-    lines.append(
-        _table(
-            [
-                "family",
-                "model",
-                "variant",
-                "vLLM",
-                "engine KV specs",
-                "startup",
-                "round trip",
-                "expected",
-                "match",
-            ],
-            rows,
-        )
-    )
+    lines.append(_table(MATRIX_CELLS.display, rows))
     details = [c for c in cells if c.message or any(not k.passed for k in c.checks)]
     if details:
         lines += ["", "## Details", ""]
@@ -181,5 +164,5 @@ def faults_report(rounds: Sequence[Any], meta: dict[str, Any]) -> str:
                 rec["reason"],
             ]
         )
-    lines.append(_table(["round", "fault", "must fail", "failed", "verdict", "why"], rows))
+    lines.append(_table(FAULT_ROUNDS.display, rows))
     return "\n".join(lines) + "\n"

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from harness import engine_log, kv_layout
 from harness.checks import CheckResult
 from harness.environments import probe
-from harness.errors import BadInput, HarnessError
+from harness.errors import BadInput, ExitCode, HarnessError
 from harness.roundtrip import (
     RoundtripPlan,
     RoundtripResult,
@@ -34,6 +34,7 @@ from harness.roundtrip import (
     execute,
     plan_roundtrip,
 )
+from harness.rules import Match, first_match
 from harness.scenario import (
     CellExpectation,
     MatrixEntry,
@@ -42,7 +43,7 @@ from harness.scenario import (
     load_roundtrip,
     load_variants,
 )
-from harness.verdicts import crash_signature, known_label, version_matches
+from harness.verdicts import crash_signature, known_label
 
 # A root-cause traceback through any of these is a crash in offloading code.
 # Frames of offloading code: vLLM's, and the harness's offload backend and patches (its
@@ -84,6 +85,7 @@ class Cell:
     why: str = ""
     seconds: float = 0.0
     cell_dir: str = ""
+    rule_index: int | None = None  # rule's position in the scenario's expectations
 
     @property
     def key(self) -> str:
@@ -114,6 +116,11 @@ class Cell:
         if self.roundtrip == "fail":
             return "started, fails " + ", ".join(self.failed_checks)
         return f"started, round trip {self.roundtrip or 'not run'}"
+
+    def identity(self) -> list[str]:
+        """The first columns of every matrix table: which cell, on which build, and the
+        spec classes the engine built."""
+        return [self.family, self.geometry, self.variant, self.vllm_version, self.specs]
 
     def record(self) -> dict[str, Any]:
         """One row of matrix.csv (documented in results/README.md)."""
@@ -158,23 +165,29 @@ class Reporter(Protocol):
     def request_done(self, completion: Any) -> None: ...
 
 
+# The CellExpectation fields compared with equality; ``vllm`` is matched as a specifier
+# against the variant's version (first_match's default).
+CELL_RULE_FIELDS = ("family", "geometry", "variant")
+
+
+def match_rule(
+    scn: MatrixScenario, family: str, geometry: str, variant: str, version: str
+) -> Match[CellExpectation]:
+    """The cell's rule (first match wins) and its index in ``scn.expectations``."""
+    facts = {"family": family, "geometry": geometry, "variant": variant, "vllm_version": version}
+    found = first_match(scn.expectations, facts, fields=CELL_RULE_FIELDS)
+    if found is None:
+        raise BadInput(
+            f"{scn.source}: no expectation matches {family} / {geometry} / {variant}; "
+            "add a catch-all [[expectations]] entry"
+        )
+    return found
+
+
 def rule_for(
     scn: MatrixScenario, family: str, geometry: str, variant: str, version: str
 ) -> CellExpectation:
-    for rule in scn.expectations:
-        if rule.family is not None and rule.family != family:
-            continue
-        if rule.geometry is not None and rule.geometry != geometry:
-            continue
-        if rule.variant is not None and rule.variant != variant:
-            continue
-        if rule.vllm is not None and not version_matches(version, rule.vllm):
-            continue
-        return rule
-    raise BadInput(
-        f"{scn.source}: no expectation matches {family} / {geometry} / {variant}; "
-        "add a catch-all [[expectations]] entry"
-    )
+    return match_rule(scn, family, geometry, variant, version).rule
 
 
 def cell_scenario(
@@ -238,13 +251,8 @@ def plan_matrix(
             continue
         geometry = scn.resolve(entry.geometry)
         for n in names:
-            cell = Cell(
-                entry.family,
-                stem,
-                n,
-                versions[n],
-                rule_for(scn, entry.family, stem, n, versions[n]),
-            )
+            found = match_rule(scn, entry.family, stem, n, versions[n])
+            cell = Cell(entry.family, stem, n, versions[n], found.rule, rule_index=found.index)
             try:
                 cell.plan = plan_roundtrip(cell_scenario(base, entry, geometry, n), variant=n)
             except BadInput as err:
@@ -315,23 +323,21 @@ def judge_cell(cell: Cell) -> None:
     )
 
 
-# Given a cell and its directory, the callback that persists its round trip's files.
-RecordFactory = Callable[["Cell", Path], Callable[[RoundtripResult], None]]
+def run_cell(cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: Reporter) -> None:
+    """Launch, round-trip, classify; never raises for what the engine does. The cell's
+    round trip leaves a roundtrip run's files in ``cells/<slug>/``."""
+    from harness.roundtrip_files import part_writer
 
-
-def run_cell(
-    cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: Reporter, on_record: RecordFactory
-) -> None:
-    """Launch, round-trip, classify; never raises for what the engine does."""
     assert cell.plan is not None
     t0 = time.monotonic()
     cell_dir = out_dir / "cells" / cell.slug
     cell_dir.mkdir(parents=True, exist_ok=True)
     cell.cell_dir = str(cell_dir)
     log = cell_dir / "logs" / "server.log"
+    writer = part_writer(cell_dir, cell.plan, cell=cell.key)
     try:
         build_local_model(cell.plan)
-        result: RoundtripResult = execute(cell.plan, cell_dir, reporter, on_record(cell, cell_dir))
+        result: RoundtripResult = execute(cell.plan, cell_dir, reporter, writer)
         # execute launched the server (no url), so it timed the start.
         assert result.startup_seconds is not None
         cell.startup, cell.startup_seconds = "started", round(result.startup_seconds, 2)
@@ -365,20 +371,26 @@ def run_cell(
     )
     cell.seconds = time.monotonic() - t0
     judge_cell(cell)
+    # The cell's own run.json ends like a roundtrip run's, with the cell's verdict.
+    writer.run_dir.finish(
+        "finished",
+        int(ExitCode.OK if cell.matched else ExitCode.MISMATCH),
+        passed=cell.roundtrip == "pass",
+        cell_verdict=cell.record(),
+    )
 
 
 def execute_matrix(
     plan: MatrixPlan,
     out_dir: Path,
     reporter: Reporter,
-    on_record: RecordFactory,
     on_cell: Callable[[Cell], None],
 ) -> None:
     """Run every cell in order, one server at a time; ``on_cell`` persists each verdict."""
     total = len(plan.cells)
     for i, cell in enumerate(plan.cells, 1):
         reporter.cell_started(cell, i, total)
-        run_cell(cell, plan.scenario, out_dir, reporter, on_record)
+        run_cell(cell, plan.scenario, out_dir, reporter)
         reporter.cell_finished(cell, i, total)
         on_cell(cell)
 

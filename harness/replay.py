@@ -88,7 +88,7 @@ def _snapshot(path: Path) -> tuple[metrics.Snapshot, metrics.CacheConfig | None]
 def rebuild(plan: rt.RoundtripPlan, run: Path) -> rt.RoundtripResult:
     """The result ``execute`` would hold once the replay phase's snapshot is in.
 
-    Follows ``execute`` and ``_run_phases`` step for step: engine layout first (it may
+    Follows ``execute`` and ``run_round`` step for step: engine layout first (it may
     correct the planned Mamba state), the filler sized from the start snapshot's pool
     unless the plan fixed it, then one ``PhaseResult`` per phase with its delta against
     the previous snapshot and its total against the start. Raises ``BadInput`` when the

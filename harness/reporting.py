@@ -7,6 +7,7 @@ reports through plain callbacks so it can be driven from tests or other tools.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -264,17 +265,9 @@ class MatrixProgress:
 def matrix_table(cells: Sequence[Any]) -> Table:
     """The matrix, cells that differ from their expectation first."""
     table = Table(title="KV-cache spec family matrix", header_style="bold", show_lines=True)
-    for col in (
-        "family",
-        "model",
-        "variant",
-        "vLLM",
-        "engine KV specs",
-        "startup",
-        "round trip",
-        "expected",
-        "match",
-    ):
+    from harness.result_kinds import MATRIX_CELLS
+
+    for col in MATRIX_CELLS.display:
         table.add_column(col, overflow="fold")
     for c in cells:
         start = Text(c.startup or "-", style=MATRIX_STYLE.get(c.startup, "white"))
@@ -295,14 +288,45 @@ def matrix_table(cells: Sequence[Any]) -> Table:
             rt = Text("-")
         match = Text("yes", style="green") if c.matched else Text(f"NO: {c.why}", style="bold red")
         table.add_row(
-            c.family,
-            c.geometry,
-            c.variant,
-            c.vllm_version,
-            c.specs,
+            *c.identity(),
             start,
             rt,
             c.expected_text(),
             match,
         )
     return table
+
+
+def bench_table(figures: Sequence[dict[str, Any]]) -> Table:
+    """The benchmark figures, each with its target and verdict."""
+    from harness.result_kinds import BENCH_FIGURES
+
+    table = Table(title="benchmarks (ratios measured side by side in this run)")
+    for col in BENCH_FIGURES.shown:
+        table.add_column(col)
+    for f in figures:
+        ok = Text("yes", style="green") if f["ok"] else Text("no", style="red")
+        table.add_row(str(f["figure"]), str(f["value"]), str(f["target"]), ok)
+    return table
+
+
+def run_tables(command: str, run_dir: Path) -> list[Table]:
+    """A results directory's tables, as its command's results kind defines them."""
+    from harness.result_kinds import CHECKS, PHASES, kind_of
+
+    kind = kind_of(command)
+    if kind is None:
+        return []
+    out: list[Table] = []
+    for spec in kind.tables:
+        frame = spec.read(run_dir)
+        if frame is None:
+            continue
+        records = frame.to_dict("records")
+        if spec is PHASES:
+            out.append(phase_table(records))
+        elif spec is CHECKS:
+            out.append(checks_table(records))
+        else:
+            out.append(frame_table(spec.title, records, spec.shown or spec.columns))
+    return out

@@ -6,9 +6,11 @@ cell's evidence has the same shape, and the same documented schema, as a run's.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from harness.results import JUnitCase, RunDirectory, junit_xml
+from harness.result_kinds import CHECKS, PHASES, roundtrip_cases
+from harness.results import RunDirectory, junit_xml
 from harness.roundtrip import RoundtripPlan, RoundtripResult, save_requests
 
 
@@ -30,24 +32,12 @@ class RoundtripWriter:
         )
         rows: list[dict[str, Any]] = [p.record() for p in result.phases]
         if rows:
-            run_dir.write_csv("phases.csv", rows, list(rows[0]))
+            PHASES.write(run_dir, rows)
         save_requests(result, run_dir.path / "requests.jsonl")
         if not result.checks:
             return
-        allc = [*result.checks, *result.info_checks]
-        run_dir.write_csv("checks.csv", [c.record() for c in allc], list(allc[0].record()))
-        cases = [
-            JUnitCase(
-                classname=f"roundtrip.{plan.scenario.name}",
-                name=c.name,
-                seconds=0.0,
-                failure=None
-                if c.passed
-                else f"expected {c.expected}, observed {c.observed}. {c.detail}",
-                stdout=c.why,
-            )
-            for c in result.checks
-        ]
+        CHECKS.write(run_dir, [c.record() for c in (*result.checks, *result.info_checks)])
+        cases = roundtrip_cases(plan.scenario.name, result.checks)
         run_dir.write_text("junit.xml", junit_xml("roundtrip", cases))
         run_dir.write_text(
             "report.md", roundtrip_report(result, {"results_dir": str(run_dir.path)})
@@ -58,3 +48,13 @@ class RoundtripWriter:
             phases_chart(
                 rows, f"{plan.scenario.name}: {plan.model_ref}", run_dir.path / "phases.png"
             )
+
+
+def part_writer(path: Path, plan: RoundtripPlan, **meta: Any) -> RoundtripWriter:
+    """The files of one round trip inside a larger run (a matrix cell, a fault round):
+    the same files and schema as a ``roundtrip`` run, no chart. The caller ends the part's
+    ``run.json`` with its verdict (``writer.run_dir.finish``)."""
+    path.mkdir(parents=True, exist_ok=True)
+    sub = RunDirectory(path, "roundtrip")
+    sub.update_meta(plan=plan.describe(), **meta)
+    return RoundtripWriter(sub, plan, chart=False)

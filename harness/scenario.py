@@ -19,12 +19,15 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.errors import BadInput
+from harness.names import FAULTS, PATCHES, Fault
+
+__all__ = ["FAULTS", "PATCH_NAMES", "Fault"]  # re-exported for the CLI and tests
 
 # crashed-on-first-request: /health answered, then the engine died serving the first
 # completion (a kernel fault, say); skipped: the row needs a CPU feature this host lacks.
 Outcome = Literal["started", "crashed", "crashed-on-first-request", "timeout", "error", "skipped"]
 ConnectorMode = Literal["on", "off"]
-PATCH_NAMES = ("chunked-local-fix", "chunked-local-floor", "hits-minus-chunk")
+PATCH_NAMES = PATCHES
 
 
 class StrictModel(BaseModel):
@@ -187,26 +190,6 @@ class CrashReproScenario(FileScenario):
         if not isinstance(value.cpu_bytes_to_use, int):
             raise ValueError('cpu_bytes_to_use = "auto" needs a round trip; give bytes here')
         return value
-
-
-FAULTS = (
-    "none",
-    "corrupt-load",
-    "drop-store",
-    "no-load",
-    "partial-store",
-    "partial-load",
-    "segv-in-worker",
-)
-Fault = Literal[
-    "none",
-    "corrupt-load",
-    "drop-store",
-    "no-load",
-    "partial-store",
-    "partial-load",
-    "segv-in-worker",
-]
 
 
 class WorkloadSettings(StrictModel):

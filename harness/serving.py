@@ -1,24 +1,31 @@
-"""The server command line for a row: model, variant, connector, patch, device.
+"""What to launch for a row or a round trip: engine arguments, connector, environment.
 
-Kept apart from the launcher so that planning (``--dry-run``) and the real launch
-build exactly the same argv and environment.
+Turns scenario settings (model, variant, connector, patch, fault, device) into a
+``harness.launcher.ServerSpec``; the spec alone builds the argv, so planning
+(``--dry-run``) and the real launch run exactly the same command.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
-from harness.engine.amx import ENV_AMX, fix_enabled
+from harness.engine.amx import fix_enabled
 from harness.environments import Environment
 from harness.errors import BadInput
-from harness.models import default_cache_dir
+from harness.launcher import ServerSpec
+from harness.model_builder import default_cache_dir
+from harness.names import (
+    ENV_AMX,
+    ENV_PATCH,
+    ENV_REPORT_SPECS,
+    EXTRA_FAULT,
+    EXTRA_FAULT_CONTROL,
+    HOST_SPEC_MODULE,
+    HOST_SPEC_NAME,
+    PATCH_NONE,
+)
 from harness.scenario import OffloadSettings, ServerSettings
-
-HOST_SPEC_NAME = "HostOffloadingSpec"
-HOST_SPEC_MODULE = "harness.engine.host_offload"
 
 
 def offload_backend(settings: OffloadSettings, env: Environment) -> str:
@@ -54,9 +61,9 @@ def kv_transfer_config(
         extra["spec_name"] = HOST_SPEC_NAME
         extra["spec_module_path"] = HOST_SPEC_MODULE
         if fault:
-            extra["offload_check_fault"] = fault
+            extra[EXTRA_FAULT] = fault
         if fault_control:
-            extra["offload_check_fault_control"] = fault_control
+            extra[EXTRA_FAULT_CONTROL] = fault_control
     elif fault or fault_control:
         raise ValueError("fault injection needs the harness's host backend")
     extra.update(settings.extra_config)
@@ -67,36 +74,7 @@ def kv_transfer_config(
     }
 
 
-@dataclass
-class ServerPlan:
-    """Everything needed to launch one server, fixed before launch."""
-
-    python: str
-    model: str
-    served_model_name: str
-    args: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-
-    def argv(self, port: int | str = "<port>") -> list[str]:
-        from harness.launcher import API_SERVER_MODULE, HOST
-
-        return [
-            self.python,
-            "-m",
-            API_SERVER_MODULE,
-            "--model",
-            self.model,
-            "--host",
-            HOST,
-            "--port",
-            str(port),
-            "--served-model-name",
-            self.served_model_name,
-            *self.args,
-        ]
-
-
-def server_plan(
+def server_spec(
     *,
     env: Environment,
     model_path: str,
@@ -111,7 +89,7 @@ def server_plan(
     extra_args: list[str] | None = None,
     kv_cache_memory_bytes: int | None = None,
     amx: str = "auto",
-) -> ServerPlan:
+) -> ServerSpec:
     """The argv and environment of one server; ``kv_cache_memory_bytes`` sizes the pool
     in bytes (a token intent times KV bytes per token), which holds the same number of
     tokens whatever block size the engine picks on this machine."""
@@ -124,12 +102,7 @@ def server_plan(
         args += ["--gpu-memory-utilization", str(server.gpu_memory_utilization)]
     if kv_cache_memory_bytes is not None:
         args += ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]
-    if offload is not None:
-        args += [
-            "--kv-transfer-config",
-            json.dumps(kv_transfer_config(offload, env, fault, fault_control), sort_keys=True),
-        ]
-    args += list(server.extra_args) + list(extra_args or [])
+    kv = kv_transfer_config(offload, env, fault, fault_control) if offload is not None else None
 
     penv: dict[str, str] = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     if local_model:
@@ -153,7 +126,7 @@ def server_plan(
         penv["VLLM_CACHE_ROOT"] = str(
             default_cache_dir() / "vllm" / f"{env.vllm_dist}-{env.vllm_version}"
         )
-    penv["OFFLOAD_CHECK_PATCH"] = patch or "none"
+    penv[ENV_PATCH] = patch or PATCH_NONE
     # AMX tile permission in every vLLM process (harness.engine.amx): an environment
     # fix, on unless the variant or the user (OFFLOAD_CHECK_AMX=off) switches it off.
     penv[ENV_AMX] = "off" if amx == "off" or not fix_enabled() else "on"
@@ -161,6 +134,14 @@ def server_plan(
     # in the log instead of vanishing; harness.verdicts reads it as the root cause.
     penv["PYTHONFAULTHANDLER"] = "1"
     # Report the KV-cache groups the engine built (harness.engine.specs); print-only.
-    penv["OFFLOAD_CHECK_REPORT_SPECS"] = "1"
+    penv[ENV_REPORT_SPECS] = "1"
     penv.update(server.env)
-    return ServerPlan(env.python, model_path, served_model_name, args, penv)
+    return ServerSpec(
+        python=env.python,
+        model=model_path,
+        served_model_name=served_model_name,
+        args=args,
+        env=penv,
+        kv_transfer=kv,
+        tail=list(server.extra_args) + list(extra_args or []),
+    )

@@ -24,26 +24,8 @@ from typing import Any
 
 import pandas as pd
 
-CRASH_COLUMNS = [
-    "model",
-    "variant",
-    "vllm_version",
-    "connector",
-    "outcome",
-    "signature",
-    "expected",
-    "matched",
-]
-# Per-phase deltas of vLLM's own counters: bytes offloaded and loaded back, GPU
-# prefix-cache hit tokens, and the connector's external hit/query tokens.
-PHASE_HEADERS = [
-    "phase",
-    "d_stored_bytes",
-    "d_loaded_bytes",
-    "d_gpu_hits",
-    "d_ext_hits/d_ext_queries",
-]
-CHECK_COLUMNS = ["name", "passed", "expected", "observed", "detail"]
+from harness.result_kinds import CHECKS, MATRIX_CELLS, OUTCOMES, PHASES
+
 MAX_CELL = 300  # characters; a CI page is for reading, the files hold everything
 
 
@@ -174,7 +156,7 @@ def _signature(row: pd.Series) -> str:
 
 
 def _crash_repro(run_dir: Path, run: dict[str, Any]) -> list[str]:
-    frame, problem = _read_csv(run_dir / "outcomes.csv")
+    frame, problem = _read_csv(run_dir / OUTCOMES.name)
     summary = run.get("summary") if isinstance(run.get("summary"), dict) else {}
     extra = ""
     if summary:
@@ -197,7 +179,7 @@ def _crash_repro(run_dir: Path, run: dict[str, Any]) -> list[str]:
         expected = _col(row, "expected")
         known = _num(_col(row, "expected_known"), "")
         if expected and known:
-            # known_label's spelling, inline: this module imports nothing from the harness.
+            # known_label's spelling, inline: the summary imports no verdict logic.
             expected += f" (#{known})" if known.isdigit() else f" ({known})"
         matched = _truthy(_col(row, "matched"))
         rows.append(
@@ -212,7 +194,7 @@ def _crash_repro(run_dir: Path, run: dict[str, Any]) -> list[str]:
                 "yes" if matched else ("**NO**" if matched is False else ""),
             ]
         )
-    lines += _table(CRASH_COLUMNS, rows)
+    lines += _table(OUTCOMES.display, rows)
     why = [
         (_col(r, "variant"), _col(r, "connector"), _col(r, "why"), _col(r, "log"))
         for _, r in frame.iterrows()
@@ -227,21 +209,8 @@ def _crash_repro(run_dir: Path, run: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-MATRIX_COLUMNS = [
-    "family",
-    "model",
-    "variant",
-    "vLLM",
-    "engine KV specs",
-    "startup",
-    "round trip",
-    "expected",
-    "match",
-]
-
-
 def _matrix(run_dir: Path, run: dict[str, Any]) -> list[str]:
-    frame, problem = _read_csv(run_dir / "matrix.csv")
+    frame, problem = _read_csv(run_dir / MATRIX_CELLS.name)
     passed = None
     if frame is not None and len(frame) and "matched" in frame.columns:
         passed = all(_truthy(v) for v in frame["matched"])
@@ -272,7 +241,7 @@ def _matrix(run_dir: Path, run: dict[str, Any]) -> list[str]:
                 "yes" if matched else f"**NO**: {_col(row, 'why')}",
             ]
         )
-    return [*lines, *_table(MATRIX_COLUMNS, rows), ""]
+    return [*lines, *_table(MATRIX_CELLS.display, rows), ""]
 
 
 def is_informational(row: pd.Series) -> bool:
@@ -284,8 +253,8 @@ def is_informational(row: pd.Series) -> bool:
 
 
 def _roundtrip(run_dir: Path, run: dict[str, Any]) -> list[str]:
-    phases, phases_problem = _read_csv(run_dir / "phases.csv")
-    checks, checks_problem = _read_csv(run_dir / "checks.csv")
+    phases, phases_problem = _read_csv(run_dir / PHASES.name)
+    checks, checks_problem = _read_csv(run_dir / CHECKS.name)
     passed = run.get("passed") if isinstance(run.get("passed"), bool) else None
     counted = ""
     if checks is not None and "passed" in checks.columns:
@@ -328,7 +297,7 @@ def _roundtrip(run_dir: Path, run: dict[str, Any]) -> list[str]:
                     f"{hits}/{queries}",
                 ]
             )
-        lines += _table(PHASE_HEADERS, rows)
+        lines += _table(PHASES.display, rows)
     lines += ["", "### Checks", ""]
     if checks_problem:
         lines += [checks_problem]
@@ -351,7 +320,7 @@ def _roundtrip(run_dir: Path, run: dict[str, Any]) -> list[str]:
                     _col(r, "detail"),
                 ]
             )
-        lines += _table(CHECK_COLUMNS, rows)
+        lines += _table(CHECKS.display, rows)
     files = [
         f"{what} `{run_dir / name}`"
         for name, what in (("report.md", "full report"), ("logs/server.log", "server log"))

@@ -20,12 +20,11 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
-
+from harness.rules import Match, first_match
+from harness.rules import version_matches as version_matches  # re-exported for callers
 from harness.scenario import Expectation, KnownCrash
 
 # "(EngineCore pid=3689) " possibly nested: "(APIServer pid=1) (Worker pid=2) ".
@@ -414,31 +413,20 @@ class RowContext:
     model: str = ""
 
 
+# The Expectation fields compared with equality against the RowContext field of the same
+# name; ``vllm`` is matched as a specifier against ``vllm_version`` (first_match's default).
+EXPECTATION_FIELDS = ("variant", "patch", "connector", "chunked_local", "model")
+
+
+def match_expectation(ctx: RowContext, rules: Sequence[Expectation]) -> Match[Expectation] | None:
+    """The first rule matching the row, with its index in ``rules``; None when none does."""
+    return first_match(rules, asdict(ctx), fields=EXPECTATION_FIELDS)
+
+
 def expectation_for(ctx: RowContext, rules: Sequence[Expectation]) -> Expectation | None:
     """First matching rule wins; None when no rule matches (a scenario error)."""
-    for rule in rules:
-        if rule.variant is not None and rule.variant != ctx.variant:
-            continue
-        if rule.patch is not None and rule.patch != ctx.patch:
-            continue
-        if rule.connector is not None and rule.connector != ctx.connector:
-            continue
-        if rule.chunked_local is not None and rule.chunked_local != ctx.chunked_local:
-            continue
-        if rule.model is not None and rule.model != ctx.model:
-            continue
-        if rule.vllm is not None and not version_matches(ctx.vllm_version, rule.vllm):
-            continue
-        return rule
-    return None
-
-
-def version_matches(version: str, specifier: str) -> bool:
-    """Whether a vLLM version satisfies a PEP 440 specifier (dev builds included)."""
-    try:
-        return Version(version) in SpecifierSet(specifier, prereleases=True)
-    except InvalidVersion:
-        return False
+    found = match_expectation(ctx, rules)
+    return None if found is None else found.rule
 
 
 def judge(

@@ -25,8 +25,9 @@ import platform
 import sys
 from pathlib import Path
 
-ENV_AMX = "OFFLOAD_CHECK_AMX"
-LOG_PREFIX = "offload-check amx:"
+from harness.names import ENV_AMX
+from harness.names import LOG_AMX as LOG_PREFIX
+
 # The CPU flags (as /proc/cpuinfo spells them) that mean the CPU has AMX tiles.
 AMX_FLAGS = ("amx_tile", "amx_bf16", "amx_int8")
 # Flags worth recording: what vLLM's CPU kernels choose between.

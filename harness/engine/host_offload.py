@@ -51,6 +51,23 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
+from harness.names import (
+    ENV_TRACE,
+    EXTRA_FAULT,
+    EXTRA_FAULT_CONTROL,
+    FAULT_CORRUPT_LOAD,
+    FAULT_DROP_STORE,
+    FAULT_NO_LOAD,
+    FAULT_NONE,
+    FAULT_PARTIAL_LOAD,
+    FAULT_PARTIAL_STORE,
+    FAULT_SEGV,
+    FAULTS,
+    LOG_FAULT_SWITCH,
+    LOG_HOST_WORKER,
+    LOG_TRANSFER,
+)
+
 __all__ = [
     "FAULT_CONTROL_KEY",
     "FAULT_KEY",
@@ -64,28 +81,13 @@ __all__ = [
 # plain module logger's INFO lines would be swallowed inside the engine processes.
 logger = init_logger(f"vllm.offload_check.{__name__}")
 
-FAULT_KEY = "offload_check_fault"
+FAULT_KEY = EXTRA_FAULT
 """``kv_connector_extra_config`` key that selects a seeded fault (off by default)."""
 
-FAULT_CONTROL_KEY = "offload_check_fault_control"
+FAULT_CONTROL_KEY = EXTRA_FAULT_CONTROL
 """``kv_connector_extra_config`` key naming a file whose content is the current fault mode."""
 
-FAULT_NONE = "none"
-FAULT_CORRUPT_LOAD = "corrupt-load"
-FAULT_DROP_STORE = "drop-store"
-FAULT_NO_LOAD = "no-load"
-FAULT_PARTIAL_STORE = "partial-store"
-FAULT_PARTIAL_LOAD = "partial-load"
-FAULT_SEGV = "segv-in-worker"
-FAULT_MODES: tuple[str, ...] = (
-    FAULT_NONE,
-    FAULT_CORRUPT_LOAD,
-    FAULT_DROP_STORE,
-    FAULT_NO_LOAD,
-    FAULT_PARTIAL_STORE,
-    FAULT_PARTIAL_LOAD,
-    FAULT_SEGV,
-)
+FAULT_MODES: tuple[str, ...] = FAULTS
 """Accepted fault modes. corrupt-load, drop-store and no-load report success and the full
 byte count, so only the output check can catch them; partial-store / partial-load move (and
 honestly report) only the first KV-cache group's bytes, the shape of a connector that
@@ -95,7 +97,7 @@ name the signal and the vLLM frame, not report a server that "did not answer".""
 
 _CORRUPT_XOR_MASK = 0x01
 # OFFLOAD_CHECK_TRACE=1: print every transfer job (group, blocks, bytes) to the server log.
-_TRACE = os.environ.get("OFFLOAD_CHECK_TRACE") == "1"
+_TRACE = os.environ.get(ENV_TRACE) == "1"
 
 
 def parse_fault_mode(value: Any) -> str:
@@ -131,7 +133,7 @@ class FaultControl:
             with open(self.path, encoding="utf-8") as fh:
                 mode = parse_fault_mode(fh.read().strip())
             if mode != self._mode:
-                logger.info("offload-check host offload: fault is now %s", mode)
+                logger.info("%s %s", LOG_FAULT_SWITCH, mode)
             self._mode, self._stamp = mode, stamp
         return self._mode
 
@@ -256,8 +258,9 @@ class HostOffloadingWorker(OffloadingWorker):
 
         self._finished: deque[TransferResult] = deque()
         logger.info(
-            "offload-check host offload worker: rank %d, %d groups, %d tensors, "
+            "%s rank %d, %d groups, %d tensors, "
             "%d host chunks x %d B, blocks_per_chunk %d, fault=%s",
+            LOG_HOST_WORKER,
             rank,
             len(self.group_refs),
             len(self.engine_tensors),
@@ -393,7 +396,7 @@ class HostOffloadingWorker(OffloadingWorker):
                 for g in plan
             )
             print(
-                f"offload-check transfer: job={job_id} {'store' if to_host else 'load'} "
+                f"{LOG_TRANSFER} job={job_id} {'store' if to_host else 'load'} "
                 f"bytes={num_bytes} {groups} block_indices="
                 f"{list(engine_spec.block_indices)}",
                 file=sys.stderr,

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from harness.names import LOG_PATCH, PATCH_FIX, PATCH_FLOOR, PATCH_HITS_MINUS_CHUNK
+
 # Where the function has lived: 0.33 moved it to offloading/config.py and imports it
 # into the scheduler; 0.26-0.32 define it in offloading/scheduler.py; up to 0.25 it was
 # called ..._in_blocks in the single-file connector. Both the defining module and
@@ -37,13 +39,13 @@ TARGET_MODULES = (
 FUNCTION_NAMES = ("get_sliding_window_size_in_chunks", "get_sliding_window_size_in_blocks")
 MARK = "__offload_check_patch__"
 # A stable prefix the harness greps server logs for.
-LOG_PREFIX = "offload-check patch:"
+LOG_PREFIX = LOG_PATCH
 
 logger = logging.getLogger("vllm.offload_check.patches")
 
 
 SCHEDULER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
-MUTANT_PATCHES = ("hits-minus-chunk",)
+MUTANT_PATCHES = (PATCH_HITS_MINUS_CHUNK,)
 
 
 @dataclass
@@ -71,7 +73,7 @@ def _has_chunked_branch(fn: Callable[..., Any]) -> bool:
 
 
 def _wrap(orig: Callable[..., Any], patch: str, chunked_cls: type[Any]) -> Callable[..., Any]:
-    if patch == "chunked-local-fix":
+    if patch == PATCH_FIX:
 
         def window(kv_cache_spec: Any, tokens_per_chunk: int, *args: Any, **kwargs: Any) -> Any:
             if isinstance(kv_cache_spec, chunked_cls):
@@ -82,7 +84,7 @@ def _wrap(orig: Callable[..., Any], patch: str, chunked_cls: type[Any]) -> Calla
                 return _cdiv(kv_cache_spec.attention_chunk_size, tokens_per_chunk)
             return orig(kv_cache_spec, tokens_per_chunk, *args, **kwargs)
 
-    elif patch == "chunked-local-floor":
+    elif patch == PATCH_FLOOR:
 
         def window(kv_cache_spec: Any, tokens_per_chunk: int, *args: Any, **kwargs: Any) -> Any:
             if isinstance(kv_cache_spec, chunked_cls):
@@ -104,8 +106,8 @@ def _apply_hits_minus_chunk() -> PatchReport:
     cls = module.OffloadingConnectorScheduler
     orig = cls.get_num_new_matched_tokens
     target = [f"{SCHEDULER_MODULE}.OffloadingConnectorScheduler.get_num_new_matched_tokens"]
-    if getattr(orig, MARK, None) == "hits-minus-chunk":
-        return PatchReport("hits-minus-chunk", "applied", target, "(already)")
+    if getattr(orig, MARK, None) == PATCH_HITS_MINUS_CHUNK:
+        return PatchReport(PATCH_HITS_MINUS_CHUNK, "applied", target, "(already)")
 
     def get_num_new_matched_tokens(
         self: Any, request: Any, num_computed_tokens: int, *args: Any, **kwargs: Any
@@ -116,16 +118,16 @@ def _apply_hits_minus_chunk() -> PatchReport:
             hits = hits - chunk if hits > chunk else 0
         return hits, is_async
 
-    setattr(get_num_new_matched_tokens, MARK, "hits-minus-chunk")
+    setattr(get_num_new_matched_tokens, MARK, PATCH_HITS_MINUS_CHUNK)
     cls.get_num_new_matched_tokens = get_num_new_matched_tokens
-    return PatchReport("hits-minus-chunk", "applied", target)
+    return PatchReport(PATCH_HITS_MINUS_CHUNK, "applied", target)
 
 
 def apply(patch: str) -> PatchReport:
     """Apply ``patch`` in this process; idempotent (vLLM may load plugins twice)."""
-    if patch == "hits-minus-chunk":
+    if patch == PATCH_HITS_MINUS_CHUNK:
         return _apply_hits_minus_chunk()
-    if patch not in ("chunked-local-fix", "chunked-local-floor"):
+    if patch not in (PATCH_FIX, PATCH_FLOOR):
         raise ValueError(f"unknown patch {patch!r}")
     from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
 
@@ -143,7 +145,7 @@ def apply(patch: str) -> PatchReport:
         return PatchReport(patch, "not-found", [], "no offloading window function in this build")
 
     targets = [f"{m.__name__}.{n}" for m, n, _ in found]
-    if patch == "chunked-local-fix":
+    if patch == PATCH_FIX:
         originals = [getattr(fn, "__wrapped_original__", fn) for _, _, fn in found]
         if all(_has_chunked_branch(fn) for fn in originals):
             # Undo an earlier mutant in this process, so "fix" always means the fixed code.

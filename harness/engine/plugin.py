@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 
-ENV_PATCH = "OFFLOAD_CHECK_PATCH"
+from harness.names import ENV_PATCH, ENV_REPORT_SPECS
 
 logger = logging.getLogger("vllm.offload_check.plugin")
 
@@ -28,7 +28,7 @@ def register() -> None:
 
     rearm()
     apply_in_process()
-    if os.environ.get("OFFLOAD_CHECK_REPORT_SPECS") == "1":
+    if os.environ.get(ENV_REPORT_SPECS) == "1":
         from harness.engine.specs import install, install_kernel_report
 
         install()

@@ -20,9 +20,9 @@ import os
 import sys
 from typing import Any
 
-ENV_REPORT = "OFFLOAD_CHECK_REPORT_SPECS"
-# The harness greps server logs for this prefix; the rest of the line is JSON.
-LOG_PREFIX = "offload-check kv-groups:"
+from harness.names import LOG_KERNEL as KERNEL_PREFIX
+from harness.names import LOG_KV_GROUPS as LOG_PREFIX  # the rest of the line is JSON
+
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 FACTORY_MODULE = "vllm.distributed.kv_transfer.kv_connector.factory"
 MARK = "__offload_check_specs__"
@@ -138,7 +138,6 @@ def install() -> bool:
 # the choice depends on the CPU (vLLM's CPU attention runs its ``amx`` ISA on AMX hosts,
 # ``vec`` elsewhere; its MLA runs the AMX kernel with 128-token blocks or the reference
 # one with 16), so the same scenario runs different code on different machines.
-KERNEL_PREFIX = "offload-check kernel:"
 CPU_ATTN_MODULE = "vllm.v1.attention.backends.cpu_attn"
 _SEEN: set[str] = set()
 

@@ -27,7 +27,6 @@ CONFIG = str(ROOT / "scenarios" / "models" / "llama4-roundtrip.json")
 def shared_server(tmp_path_factory) -> Iterator[str]:
     """The default round trip's server, launched as a user would, outside the harness."""
     from harness import roundtrip as rt
-    from harness.launcher import VllmServer
     from harness.scenario import load_roundtrip
 
     plan = rt.plan_roundtrip(load_roundtrip(ROOT / "scenarios" / "roundtrip-cpu.toml"))
@@ -35,14 +34,7 @@ def shared_server(tmp_path_factory) -> Iterator[str]:
     sp = plan.server
     assert sp is not None
     log = tmp_path_factory.mktemp("shared") / "server.log"
-    server = VllmServer(
-        python=sp.python,
-        model=sp.model,
-        log_path=log,
-        args=sp.args,
-        env=sp.env,
-        served_model_name=sp.served_model_name,
-    )
+    server = sp.server(log)
     with server:
         assert server.proc is not None
         SHARED_SERVER_PIDS.add(server.proc.pid)

@@ -101,9 +101,9 @@ def test_rounds_share_one_server_and_never_share_prompts(tmp_path):
     control = tmp_path / "fault"
     sweep = fs.plan_sweep(scenario(), list(fs.DEFAULT_FAULTS), control)
     assert sweep.base.server is not None
-    kv = json.loads(
-        sweep.base.server.args[sweep.base.server.args.index("--kv-transfer-config") + 1]
-    )
+    argv = sweep.base.server.argv()
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kv == sweep.base.server.kv_transfer
     extra = kv["kv_connector_extra_config"]
     assert extra["offload_check_fault_control"] == str(control)
     assert "offload_check_fault" not in extra

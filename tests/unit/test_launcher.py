@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.launcher import VllmServer
+from harness.launcher import ServerSpec
 
 
 def fake_python(tmp_path: Path, body: str) -> str:
@@ -51,7 +51,7 @@ def no_lock(monkeypatch):
 
 def test_crash_is_known_at_once_not_at_the_timeout(tmp_path):
     py = fake_python(tmp_path, "echo 'Traceback (most recent call last):'; exit 3\n")
-    server = VllmServer(python=py, model="m", log_path=tmp_path / "log")
+    server = ServerSpec(py, "m").server(tmp_path / "log")
     server.start()
     t0 = time.monotonic()
     ready = server.wait_ready(timeout_s=60, poll_s=0.05)
@@ -70,7 +70,7 @@ def test_timeout_tears_down_a_tree_that_ignores_sigterm(tmp_path):
         sleep 300
     """,
     )
-    server = VllmServer(python=py, model="m", log_path=tmp_path / "log")
+    server = ServerSpec(py, "m").server(tmp_path / "log")
     server.start()
     pgid = server.proc.pid
     assert server.wait_ready(timeout_s=1, poll_s=0.1).state == "timeout"
@@ -84,8 +84,8 @@ def test_sigkilled_harness_takes_its_server_along(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from harness.launcher import VllmServer
-        s = VllmServer(python={py!r}, model="m", log_path=Path({str(tmp_path / "log")!r}))
+        from harness.launcher import ServerSpec
+        s = ServerSpec({py!r}, "m").server(Path({str(tmp_path / "log")!r}))
         s.start()
         print(s.proc.pid, flush=True)
         time.sleep(300)
@@ -109,9 +109,7 @@ def test_sigkilled_harness_takes_its_server_along(tmp_path):
 def test_missing_interpreter_is_bad_input(tmp_path):
     from harness.errors import BadInput
 
-    server = VllmServer(
-        python=str(tmp_path / "nope" / "python"), model="m", log_path=tmp_path / "log"
-    )
+    server = ServerSpec(str(tmp_path / "nope" / "python"), "m").server(tmp_path / "log")
     with pytest.raises(BadInput, match="interpreter not found"):
         server.start()
 
@@ -122,7 +120,7 @@ def test_a_dropped_connection_is_blamed_on_a_server_that_exits_just_after(tmp_pa
     from harness.roundtrip import Endpoint
 
     py = fake_python(tmp_path, "sleep 0.7\nexit 9\n")
-    server = VllmServer(python=py, model="m", log_path=tmp_path / "log")
+    server = ServerSpec(py, "m").server(tmp_path / "log")
     server.start()
     try:
         err = Endpoint(server.url, server)._dead("cold", RuntimeError("connection closed"))
@@ -130,3 +128,31 @@ def test_a_dropped_connection_is_blamed_on_a_server_that_exits_just_after(tmp_pa
         server.stop()
     assert isinstance(err, RuntimeFailure)
     assert "server died during the cold phase" in str(err) and "exit code 9" in str(err)
+
+
+def test_one_argv_builder_and_a_baseline_without_the_connector():
+    """Dry-run, launch and baseline share ``ServerSpec.argv``; the baseline only drops
+    the connector, keeping the user's extra arguments last."""
+    spec = ServerSpec(
+        "py",
+        "m",
+        "served",
+        ["--max-model-len", "2048"],
+        {"A": "1"},
+        {"kv_connector": "OffloadingConnector", "b": 2, "a": 1},
+        ["--distributed-executor-backend", "ray"],
+    )
+    argv = spec.argv(8000)
+    assert argv[:9] == [
+        "py", "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
+        "--host", "127.0.0.1", "--port", "8000",
+    ]  # fmt: skip
+    i = argv.index("--kv-transfer-config")
+    assert argv[i + 1] == '{"a": 1, "b": 2, "kv_connector": "OffloadingConnector"}'
+    assert argv[-2:] == ["--distributed-executor-backend", "ray"]
+    base = spec.without_offload()
+    assert "--kv-transfer-config" not in base.argv(8000)
+    assert [a for a in argv if a not in ("--kv-transfer-config", argv[i + 1])] == base.argv(8000)
+    assert spec.kv_transfer is not None and base.env == spec.env
+    server = spec.server(Path("log"), 8000)
+    assert server.command() == argv

@@ -19,6 +19,7 @@ from harness.engine import amx
 from harness.errors import BadInput
 from harness.matrix import plan_matrix
 from harness.metrics import CacheConfig
+from harness.roundtrip.plan import CPU_CAPACITY_SAFETY
 from harness.scenario import load_crash_repro, load_matrix, load_roundtrip
 from harness.workload import Completion, within_tolerance
 
@@ -142,7 +143,7 @@ def test_mla_plan_holds_for_the_reference_and_the_amx_block_size(block):
 def test_old_block_count_on_an_amx_host_was_an_impossible_plan():
     """What the AMX host saw: 160 blocks of 128 tokens behind a fixed 64 MiB tier."""
     plan = mla_plan()
-    plan.cpu_capacity_tokens = int(67108864 * roundtrip.CPU_CAPACITY_SAFETY) // 5120
+    plan.cpu_capacity_tokens = int(67108864 * CPU_CAPACITY_SAFETY) // 5120
     with pytest.raises(BadInput, match="impossible eviction plan"):
         roundtrip.size_filler(plan, CacheConfig(160, 128, {}))
 

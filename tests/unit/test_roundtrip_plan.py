@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness import roundtrip as rt
+from harness.environments import probe
 from harness.errors import BadInput
 from harness.metrics import CacheConfig
 from harness.scenario import load_roundtrip
@@ -30,11 +31,11 @@ def test_default_plan_figures():
 
 def test_scout_plan_matches_the_pr(monkeypatch):
     monkeypatch.setenv("OFFLOAD_CHECK_DEVICE", "cuda")
-    rt.probe.cache_clear()
+    probe.cache_clear()
     try:
         plan = rt.plan_roundtrip(scenario("scout-fp8-tp4.toml"))
     finally:
-        rt.probe.cache_clear()
+        probe.cache_clear()
     exp = plan.expected
     assert exp.kv_bytes_per_token == 196_608
     assert exp.hit_tokens == 1248

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import kv_layout, models
+from harness import kv_layout
+from harness import model_builder as models
 from harness.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[2]

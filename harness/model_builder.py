@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import BadInput
+from harness.names import ENV_CACHE
 
 # Bump when the files written for a given geometry change, to invalidate caches.
 BUILDER_VERSION = 2
@@ -41,7 +42,7 @@ DEFAULT_ARCHITECTURES = {
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("OFFLOAD_CHECK_CACHE")
+    root = os.environ.get(ENV_CACHE)
     if root:
         return Path(root)
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

@@ -1,0 +1,152 @@
+"""What ``--dry-run`` prints: the plan of each command, and the exact argv and environment
+of every server it would launch, so a user can check (or rerun by hand) before anything
+starts. Planning happened already; this module only renders it."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+
+
+def host_line(console: Console) -> None:
+    """The environment fixes every server gets on this host (dry-runs show them)."""
+    from harness.engine.amx import planned_state
+    from harness.names import ENV_AMX
+
+    state = planned_state()
+    why = {
+        "requested": "AMX tile permission requested in every vLLM process (vLLM's CPU "
+        f"attention needs it and never asks; {ENV_AMX}=off to reproduce that)",
+        "off": f"AMX present but {ENV_AMX}=off: vLLM's CPU attention may die by SIGILL",
+        "not-needed": "no AMX on this CPU: nothing to request",
+    }[state]
+    console.print(
+        f"  host: amx_permission={state} ({why}); servers run with PYTHONFAULTHANDLER=1",
+        highlight=False,
+    )
+
+
+def crash_repro_plan(console: Console, plan: object) -> None:
+    from harness.crash_repro import RunPlan, backends
+    from harness.verdicts import known_label
+
+    assert isinstance(plan, RunPlan)
+    skipped = sum(1 for r in plan.rows if r.skip_reason)
+    console.print(
+        f"[bold]scenario[/] {plan.scenario.name}: {len(plan.rows) - skipped} launches, "
+        "one at a time" + (f" ({skipped} rows skipped on this host)" if skipped else "")
+    )
+    host_line(console)
+    for n, env in plan.environments.items():
+        console.print(
+            f"  variant {n}: vLLM {env.vllm_version} ({env.vllm_dist}) on "
+            f"{env.device}, offload backend {backends(plan)[n]}, python {env.python}",
+            highlight=False,
+        )
+    for row in plan.rows:
+        exp = row.expected + (f" ({known_label(row.expected_known)})" if row.expected_known else "")
+        console.print(f"[bold]{row.key}[/] expect {exp}", highlight=False)
+        if row.skip_reason:
+            console.print(f"  skipped on this host: {row.skip_reason}", highlight=False)
+        env_txt = " ".join(f"{k}={v}" for k, v in sorted(row.plan.env.items()))
+        console.print(f"  env: {env_txt}", highlight=False, markup=False)
+        console.print("  argv: " + json.dumps(row.plan.argv()), highlight=False, markup=False)
+
+
+def roundtrip_plan(console: Console, plan: object) -> None:
+    from harness.roundtrip import RoundtripPlan
+
+    assert isinstance(plan, RoundtripPlan)
+    d = plan.describe()
+    exp = plan.expected
+    console.print(
+        f"[bold]roundtrip plan[/] {plan.scenario.name}: model {plan.model_ref}, "
+        f"variant {plan.variant}, TP {plan.tensor_parallel}",
+        highlight=False,
+    )
+    host_line(console)
+    kinds = ", ".join(
+        f"{k.kind} x{k.layers} {k.bytes_per_token:,} B/token"
+        + (f" window {k.window}" if k.window else "")
+        for k in exp.layout
+    )
+    console.print(
+        f"  KV layout: {kinds or 'unknown'}; offload chunk {exp.tokens_per_chunk} "
+        f"tokens, KV block {exp.kv_block_size}",
+        highlight=False,
+    )
+    if exp.mamba_state_bytes:
+        console.print(
+            f"  Mamba state {exp.mamba_state_bytes:,} B over all Mamba layers", highlight=False
+        )
+    for t in exp.targets:
+        need = ", ".join(f"{kind} {n}" for kind, n in t.loaded_by_kind.items())
+        console.print(
+            f"  {t.name}: {t.prompt_tokens} tokens -> stores {t.stored_tokens}, "
+            f"replay hit {t.hit_tokens}; each layer loads back ({need}) "
+            f"= {t.loaded_bytes:,} B",
+            highlight=False,
+        )
+    console.print(
+        f"  expected: stored {exp.stored_bytes:,} B, loaded {exp.loaded_bytes:,} B, "
+        f"external hits {exp.hit_tokens} tokens",
+        highlight=False,
+    )
+    console.print(
+        f"  filler: sized at launch from the live pool x "
+        f"{1 + plan.scenario.workload.filler_margin:g}; CPU tier capacity "
+        f"~{plan.cpu_capacity_tokens} tokens",
+        highlight=False,
+    )
+    for note in plan.notes:
+        console.print(f"  note: {note}", highlight=False)
+    if plan.server is not None:
+        env_txt = " ".join(f"{k}={v}" for k, v in sorted(plan.server.env.items()))
+        console.print(f"  env: {env_txt}", highlight=False, markup=False)
+        console.print("  argv: " + json.dumps(d["server_argv"]), highlight=False, markup=False)
+
+
+def matrix_plan(console: Console, plan: object) -> None:
+    from harness import matrix as mx
+
+    assert isinstance(plan, mx.MatrixPlan)
+    scen = plan.scenario
+    console.print(
+        f"[bold]matrix[/] {scen.name}: {len(plan.cells)} cells, one server at a time",
+        highlight=False,
+    )
+    for cell in plan.cells:
+        assert cell.plan is not None
+        exp = cell.plan.expected
+        console.print(
+            f"  {cell.key} (vLLM {cell.vllm_version}): expect "
+            f"{cell.expected_text()}; plan stores {exp.stored_bytes:,} B, loads "
+            f"{exp.loaded_bytes:,} B, hits {exp.hit_tokens} tokens",
+            highlight=False,
+            markup=False,
+        )
+
+
+def faults_plan(console: Console, sweep: object) -> None:
+    from harness import fault_sweep as fs
+
+    assert isinstance(sweep, fs.SweepPlan)
+    faults = sweep.faults
+    scen = sweep.base.scenario
+    base = sweep.base
+    console.print(
+        f"[bold]faults[/] {scen.name}: {len(faults)} rounds on one server "
+        f"({base.model_ref}, variant {base.variant}, TP {base.tensor_parallel})",
+        highlight=False,
+    )
+    host_line(console)
+    for i, (name, plan) in enumerate(zip(faults, sweep.plans, strict=True)):
+        must = ", ".join(sorted(fs.CAUGHT_BY[name])) or "nothing (every check passes)"
+        console.print(
+            f"  round {i}: {name} (seed {plan.scenario.workload.seed}) must fail: {must}",
+            highlight=False,
+            markup=False,
+        )
+    assert base.server is not None
+    console.print("  argv: " + json.dumps(base.server.argv()), highlight=False, markup=False)

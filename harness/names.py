@@ -1,0 +1,59 @@
+"""Names the harness and the code it loads into vLLM processes must spell alike.
+
+The launcher sets environment variables that ``harness.engine`` reads inside vLLM, the
+engine side prints log lines that ``harness.engine_log`` and the verdicts grep, and
+scenario files name faults and patches that the engine side implements. Each such name
+is defined here once. Standard library only: this module is imported inside every vLLM
+process (API server, EngineCore, workers).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+# --- seeded faults of the host offload backend (harness.engine.host_offload) ----------
+Fault = Literal[
+    "none",
+    "corrupt-load",
+    "drop-store",
+    "no-load",
+    "partial-store",
+    "partial-load",
+    "segv-in-worker",
+]
+FAULTS: tuple[str, ...] = get_args(Fault)
+FAULT_NONE, FAULT_CORRUPT_LOAD, FAULT_DROP_STORE, FAULT_NO_LOAD = FAULTS[:4]
+FAULT_PARTIAL_STORE, FAULT_PARTIAL_LOAD, FAULT_SEGV = FAULTS[4:]
+
+# --- patches applied inside vLLM (harness.engine.patches) ------------------------------
+PATCH_FIX = "chunked-local-fix"  # PR #51161's fix, on a stock build
+PATCH_FLOOR = "chunked-local-floor"  # a mutant of the fix: the window rounded down
+PATCH_HITS_MINUS_CHUNK = "hits-minus-chunk"  # a mutant connector admitting a chunk fewer
+PATCHES: tuple[str, ...] = (PATCH_FIX, PATCH_FLOOR, PATCH_HITS_MINUS_CHUNK)
+PATCH_NONE = "none"
+
+# --- kv_connector_extra_config keys the host backend reads ------------------------------
+HOST_SPEC_NAME = "HostOffloadingSpec"
+HOST_SPEC_MODULE = "harness.engine.host_offload"
+EXTRA_FAULT = "offload_check_fault"  # a fault fixed for the server's life
+EXTRA_FAULT_CONTROL = "offload_check_fault_control"  # a file holding the current fault
+
+# --- environment variables ---------------------------------------------------------------
+# Set by the launcher, read inside vLLM:
+ENV_PATCH = "OFFLOAD_CHECK_PATCH"  # the patch the plugin applies ("none": none)
+ENV_AMX = "OFFLOAD_CHECK_AMX"  # "on" / "off": ask Linux for AMX tile permission
+ENV_REPORT_SPECS = "OFFLOAD_CHECK_REPORT_SPECS"  # "1": print KV groups and kernels
+ENV_TRACE = "OFFLOAD_CHECK_TRACE"  # "1": print every transfer job of the host backend
+# Read by the harness itself:
+ENV_LOCK = "OFFLOAD_CHECK_LOCK"  # the machine-wide server lock's path ("none": off)
+ENV_CACHE = "OFFLOAD_CHECK_CACHE"  # models, per-build vLLM caches
+ENV_DEVICE = "OFFLOAD_CHECK_DEVICE"  # override the probed device (planning for GPUs)
+
+# --- log line prefixes the engine side prints and the harness reads ------------------------
+LOG_AMX = "offload-check amx:"
+LOG_PATCH = "offload-check patch:"
+LOG_KV_GROUPS = "offload-check kv-groups:"
+LOG_KERNEL = "offload-check kernel:"
+LOG_HOST_WORKER = "offload-check host offload worker:"
+LOG_FAULT_SWITCH = "offload-check host offload: fault is now"
+LOG_TRANSFER = "offload-check transfer:"

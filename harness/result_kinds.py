@@ -1,0 +1,388 @@
+"""Every command's results in one place: its table files and their columns, its JUnit
+cases, what ``report``, ``compare`` and the CI summary show of it.
+
+A results directory is read back by several consumers (``offload-check report``,
+``compare``, ``python -m harness.summary``, the nightly's trend step) long after the
+command that wrote it has exited, so they must agree with the writer on every file
+and column. Each column list is spelled here once; the writers take it from here
+(``TableFile.write``) and the readers select from it, and ``results/README.md``
+documents the same lists (``tests/unit/test_result_kinds.py`` keeps them equal).
+Adding a command means adding a ``ResultsKind`` here; adding a column means adding it
+here and to the README.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.results import JUnitCase, RunDirectory, junit_xml
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+@dataclass(frozen=True)
+class TableFile:
+    """One CSV file of a run: its columns, and which of them each reader uses."""
+
+    name: str  # file name in the run directory
+    title: str  # heading of the table wherever it is shown
+    columns: tuple[str, ...]  # every column, in file order (results/README.md)
+    key: tuple[str, ...] = ()  # a row's identity across runs (``compare``); () = no rows to match
+    compared: tuple[str, ...] = ()  # what ``compare`` diffs between two runs
+    shown: tuple[str, ...] = ()  # what ``report`` shows in the terminal
+    # Headers of its markdown table in report.md and the CI summary (cells rendered there).
+    display: tuple[str, ...] = ()
+
+    def write(self, run_dir: RunDirectory, records: Sequence[dict[str, Any]]) -> Path:
+        """Exactly ``columns``, in order: a record's other keys are not written."""
+        return run_dir.write_csv(self.name, records, self.columns)
+
+    def read(self, run_dir: Path) -> pd.DataFrame | None:
+        """The table as strings-or-numbers, None when the run never wrote it."""
+        import pandas as pd
+
+        path = run_dir / self.name
+        if not path.is_file():
+            return None
+        return pd.read_csv(path, keep_default_na=False)
+
+
+@dataclass(frozen=True)
+class ResultsKind:
+    """What one command writes into its run directory, besides ``run.json``."""
+
+    command: str
+    tables: tuple[TableFile, ...]
+    files: tuple[str, ...]  # every other file it may write (results/README.md)
+
+    def table(self, name: str) -> TableFile:
+        return next(t for t in self.tables if t.name == name)
+
+
+def _record_fields(cls: Any, *, drop: Sequence[str] = ()) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls) if f.name not in drop)
+
+
+# --- crash-repro --------------------------------------------------------------------------
+OUTCOMES = TableFile(
+    name="outcomes.csv",
+    title="crash-repro",
+    columns=(
+        "model",
+        "variant",
+        "vllm_version",
+        "patch",
+        "patch_status",
+        "connector",
+        "chunked_local",
+        "outcome",
+        "seconds",
+        "signature",
+        "exception",
+        "frame",
+        "message",
+        "known_issue",
+        "answered",
+        "answer",
+        "returncode",
+        "kernels",
+        "expected",
+        "expected_known",
+        "matched",
+        "why",
+        "log",
+        "command",
+    ),
+    key=("model", "variant", "connector"),
+    compared=("vllm_version", "outcome", "signature", "matched"),
+    shown=(
+        "model",
+        "variant",
+        "vllm_version",
+        "patch",
+        "connector",
+        "outcome",
+        "signature",
+        "seconds",
+        "expected",
+        "matched",
+    ),
+    display=(
+        "model",
+        "variant",
+        "vllm_version",
+        "connector",
+        "outcome",
+        "signature",
+        "expected",
+        "matched",
+    ),
+)
+CRASH_REPRO = ResultsKind(
+    command="crash-repro",
+    tables=(OUTCOMES,),
+    files=("junit.xml", "logs/<model>__<variant>__connector-<on|off>.log"),
+)
+
+
+def crash_repro_cases(rows: Sequence[Any]) -> list[JUnitCase]:
+    """One case per launched row, named by model, variant and connector."""
+    return [
+        JUnitCase(
+            classname=f"crash-repro.{r.model}",
+            name=f"{r.variant} connector={'on' if r.connector else 'off'}",
+            seconds=r.seconds or 0.0,
+            failure=None if r.matched else (r.why or "mismatch"),
+            stdout=f"outcome={r.outcome} {r.signature}\nlog={r.log}",
+            properties={
+                "outcome": r.outcome,
+                "expected": r.expected,
+                "vllm_version": r.vllm_version,
+            },
+        )
+        for r in rows
+    ]
+
+
+def write_crash_repro(run_dir: RunDirectory, rows: Sequence[Any]) -> None:
+    OUTCOMES.write(run_dir, [r.record() for r in rows])
+    run_dir.write_text("junit.xml", junit_xml("crash-repro", crash_repro_cases(rows)))
+
+
+# --- roundtrip ------------------------------------------------------------------------------
+def _phase_columns() -> tuple[str, ...]:
+    from harness.metrics import Snapshot
+
+    counters = _record_fields(Snapshot)
+    deltas = tuple(f"d_{c}" for c in counters)
+    totals = tuple(f"cum_{c}" for c in counters)
+    return ("phase", "requests", "seconds", *deltas, *totals)
+
+
+def _check_columns() -> tuple[str, ...]:
+    from harness.checks import CheckResult
+
+    return _record_fields(CheckResult)
+
+
+PHASES = TableFile(
+    name="phases.csv",
+    title="phases",
+    columns=_phase_columns(),
+    key=("phase",),
+    compared=("d_stored_bytes", "d_loaded_bytes", "d_gpu_hits", "d_ext_hits", "d_ext_queries"),
+    display=("phase", "d_stored_bytes", "d_loaded_bytes", "d_gpu_hits", "d_ext_hits/d_ext_queries"),
+)
+CHECKS = TableFile(
+    name="checks.csv",
+    title="checks",
+    columns=_check_columns(),
+    key=("name",),
+    compared=("passed", "observed"),
+    display=("name", "passed", "expected", "observed", "detail"),
+)
+ROUNDTRIP = ResultsKind(
+    command="roundtrip",
+    tables=(PHASES, CHECKS),
+    files=(
+        "requests.jsonl",
+        "junit.xml",
+        "report.md",
+        "phases.png",
+        "metrics/<phase>.prom",
+        "logs/server.log",
+        "logs/baseline-server.log",
+    ),
+)
+
+
+def roundtrip_cases(suite: str, checks: Sequence[Any]) -> list[JUnitCase]:
+    """One case per (non-informational) check of a round trip."""
+    return [
+        JUnitCase(
+            classname=f"roundtrip.{suite}",
+            name=c.name,
+            seconds=0.0,
+            failure=None
+            if c.passed
+            else f"expected {c.expected}, observed {c.observed}. {c.detail}",
+            stdout=c.why,
+        )
+        for c in checks
+    ]
+
+
+# --- matrix ---------------------------------------------------------------------------------
+MATRIX_CELLS = TableFile(
+    name="matrix.csv",
+    title="KV-cache spec family matrix",
+    columns=(
+        "family",
+        "geometry",
+        "variant",
+        "vllm_version",
+        "spec_classes",
+        "kernels",
+        "startup",
+        "startup_seconds",
+        "signature",
+        "message",
+        "known_issue",
+        "roundtrip",
+        "failed_checks",
+        "expected",
+        "observed",
+        "expected_issue",
+        "matched",
+        "why",
+        "seconds",
+        "cell_dir",
+    ),
+    key=("family", "geometry", "variant"),
+    compared=("vllm_version", "spec_classes", "startup", "roundtrip", "failed_checks", "matched"),
+    shown=(
+        "family",
+        "geometry",
+        "variant",
+        "vllm_version",
+        "spec_classes",
+        "startup",
+        "roundtrip",
+        "failed_checks",
+        "expected",
+        "matched",
+        "why",
+    ),
+    display=(
+        "family",
+        "model",
+        "variant",
+        "vLLM",
+        "engine KV specs",
+        "startup",
+        "round trip",
+        "expected",
+        "match",
+    ),
+)
+MATRIX = ResultsKind(
+    command="matrix",
+    tables=(MATRIX_CELLS,),
+    files=("junit.xml", "report.md", "cells/<family>__<geometry>__<variant>/"),
+)
+
+
+def matrix_cases(cells: Sequence[Any]) -> list[JUnitCase]:
+    """One case per cell; a cell whose run broke is an error, not a failure."""
+    return [
+        JUnitCase(
+            classname=f"matrix.{c.family}",
+            name=f"{c.geometry} / {c.variant}",
+            seconds=c.seconds,
+            failure=None
+            if c.matched or c.roundtrip == "error"
+            else f"expected {c.expected_text()}, observed {c.observed_text()}: {c.why}",
+            error=f"{c.why}" if c.roundtrip == "error" and not c.matched else None,
+            properties={
+                "spec_classes": c.specs,
+                "vllm_version": c.vllm_version,
+                "startup": c.startup,
+                "roundtrip": c.roundtrip,
+            },
+        )
+        for c in cells
+    ]
+
+
+def write_matrix(run_dir: RunDirectory, cells: Sequence[Any]) -> None:
+    from harness.markdown import matrix_report
+
+    MATRIX_CELLS.write(run_dir, [c.record() for c in cells])
+    run_dir.write_text("junit.xml", junit_xml("matrix", matrix_cases(cells)))
+    run_dir.write_text("report.md", matrix_report(cells, {"results_dir": str(run_dir.path)}))
+
+
+# --- faults ---------------------------------------------------------------------------------
+FAULT_ROUNDS = TableFile(
+    name="faults.csv",
+    title="faults",
+    columns=(
+        "round",
+        "fault",
+        "status",
+        "expected_failing",
+        "failing",
+        "missed",
+        "unexpected",
+        "seed",
+        "reason",
+    ),
+    key=("fault",),
+    compared=("status", "failing"),
+    shown=("round", "fault", "status", "expected_failing", "failing", "reason"),
+    display=("round", "fault", "must fail", "failed", "verdict", "why"),
+)
+FAULTS = ResultsKind(
+    command="faults",
+    tables=(FAULT_ROUNDS,),
+    files=("junit.xml", "report.md", "logs/server.log", "rounds/<NN>-<fault>/"),
+)
+
+
+def faults_cases(rounds: Sequence[Any]) -> list[JUnitCase]:
+    """One case per round, named by its fault."""
+    return [
+        JUnitCase(
+            classname="faults",
+            name=r.fault,
+            seconds=0.0,
+            failure=None if r.matched else f"{r.status}: {r.reason}",
+            properties={"must_fail": " ".join(sorted(r.expected))},
+        )
+        for r in rounds
+    ]
+
+
+def write_faults(run_dir: RunDirectory, rounds: Sequence[Any], meta: dict[str, Any]) -> None:
+    from harness.markdown import faults_report
+
+    FAULT_ROUNDS.write(run_dir, [r.record() for r in rounds])
+    run_dir.write_text("junit.xml", junit_xml("faults", faults_cases(rounds)))
+    run_dir.write_text(
+        "report.md", faults_report(rounds, {"results_dir": str(run_dir.path), **meta})
+    )
+
+
+# --- bench ------------------------------------------------------------------------------------
+BENCH_FIGURES = TableFile(
+    name="bench.csv",
+    title="bench",
+    columns=("figure", "value", "target", "ok"),
+    key=("figure",),
+    compared=("value", "ok"),
+    shown=("figure", "value", "target", "ok"),
+)
+BENCH = ResultsKind(
+    command="bench",
+    tables=(BENCH_FIGURES,),
+    files=("bench.json", "crash-repro/logs/", "roundtrip/logs/"),
+)
+
+KINDS: dict[str, ResultsKind] = {
+    k.command: k for k in (CRASH_REPRO, ROUNDTRIP, MATRIX, FAULTS, BENCH)
+}
+"""Every command that writes a results directory, by its ``run.json`` ``command``."""
+
+
+def kind_of(command: str) -> ResultsKind | None:
+    return KINDS.get(command)
+
+
+def write_bench(run_dir: RunDirectory, figures: Sequence[dict[str, Any]]) -> None:
+    """``bench.json`` keeps every sample (``detail``); ``bench.csv`` the figures."""
+    run_dir.write_json("bench.json", list(figures))
+    BENCH_FIGURES.write(run_dir, figures)

@@ -1,0 +1,53 @@
+"""What a round trip observed: per-phase counter deltas, every completion, the checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from harness import checks as ck
+from harness import metrics
+from harness.workload import Completion
+
+if TYPE_CHECKING:
+    from harness.roundtrip.plan import RoundtripPlan
+
+
+@dataclass
+class PhaseResult:
+    phase: str
+    requests: int
+    delta: metrics.Snapshot
+    total: metrics.Snapshot
+    seconds: float
+
+    def record(self) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "phase": self.phase,
+            "requests": self.requests,
+            "seconds": round(self.seconds, 3),
+        }
+        for k, v in self.delta.as_dict().items():
+            row[f"d_{k}"] = v
+        for k, v in self.total.as_dict().items():
+            row[f"cum_{k}"] = v
+        return row
+
+
+@dataclass
+class RoundtripResult:
+    plan: RoundtripPlan
+    phases: list[PhaseResult] = field(default_factory=list)
+    completions: list[Completion] = field(default_factory=list)
+    checks: list[ck.CheckResult] = field(default_factory=list)
+    # Reported, never failing: cold vs warm may differ numerically on GPUs.
+    info_checks: list[ck.CheckResult] = field(default_factory=list)
+    startup_seconds: float | None = None
+    generation_seconds: float = 0.0
+    engine_groups: list[dict[str, Any]] | None = None  # as harness.engine.specs reported
+    # Per server ("server", "baseline"): the kernels it chose and its AMX permission.
+    engine_kernels: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)

@@ -1,0 +1,74 @@
+"""The results registry is the one spelling of every table file's columns: the records
+the commands produce have exactly those columns, the README documents each of them, and
+every reader (report, compare, CI summary) selects only columns that exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from harness import result_kinds as rk
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "results" / "README.md").read_text()
+TABLES = [t for k in rk.KINDS.values() for t in k.tables]
+
+
+def _section(name: str) -> str:
+    """The README text from the heading (or paragraph) naming ``name`` to the next heading."""
+    start = README.index(f"`{name}`")
+    start = README.rfind("\n", 0, start)
+    end = re.search(r"\n#{2,3} ", README[start + 1 :])
+    return README[start : start + 1 + end.start()] if end else README[start:]
+
+
+@pytest.mark.parametrize("table", TABLES, ids=lambda t: t.name)
+def test_every_column_is_documented(table):
+    text = _section(table.name)
+    # phases.csv documents its counters once for both the d_ and cum_ columns.
+    missing = [
+        c
+        for c in table.columns
+        if f"`{c}`" not in text and f"`{re.sub(r'^(d|cum)_', '', c)}`" not in text
+    ]
+    assert not missing, f"{table.name}: undocumented columns {missing}"
+
+
+@pytest.mark.parametrize("table", TABLES, ids=lambda t: t.name)
+def test_readers_select_only_written_columns(table):
+    for use in ("key", "compared", "shown"):
+        extra = set(getattr(table, use)) - set(table.columns)
+        assert not extra, f"{table.name}.{use} names unwritten columns {extra}"
+
+
+def test_records_have_exactly_the_registered_columns():
+    from harness.fault_sweep import CAUGHT_BY, Round
+    from harness.matrix import Cell
+    from harness.scenario import CellExpectation
+
+    rnd = Round(0, "none", CAUGHT_BY["none"])
+    assert tuple(rnd.record()) == rk.FAULT_ROUNDS.columns
+    cell = Cell(
+        family="chunked-local",
+        geometry="g",
+        variant="current",
+        vllm_version="0.32.0",
+        rule=CellExpectation(startup="started", roundtrip="pass"),
+    )
+    assert tuple(cell.record()) == rk.MATRIX_CELLS.columns
+
+
+def test_crash_repro_rows_carry_every_column():
+    from harness.crash_repro import Row
+    from harness.launcher import ServerSpec
+
+    row = Row("m", "current", True, None, "0.32.0", True, ServerSpec("py", "m"))
+    assert set(rk.OUTCOMES.columns) <= set(row.record())
+
+
+def test_every_command_with_a_run_directory_is_registered():
+    assert set(rk.KINDS) == {"crash-repro", "roundtrip", "matrix", "faults", "bench"}
+    for kind in rk.KINDS.values():
+        assert f"{kind.command} runs" in README or kind.command == "crash-repro", kind.command
