@@ -185,9 +185,9 @@ def run_roundtrip_bench(scenario_path: Path, out_dir: Path) -> dict[str, Any]:
     floor = (result.startup_seconds or 0.0) + result.generation_seconds
     return {
         "passed": result.passed,
-        "pool_tokens": plan.pool_tokens,
-        "filler_tokens": plan.filler_tokens,
-        "filler_over_pool": round(plan.filler_tokens / (plan.pool_tokens or 1), 3),
+        "pool_tokens": result.filler.pool_tokens if result.filler else None,
+        "filler_tokens": result.filler.tokens if result.filler else 0,
+        "filler_over_pool": result.filler.over_pool if result.filler else None,
         "filler_target": FILLER_TARGET,
         "wall_s": round(wall, 2),
         "startup_s": round(result.startup_seconds or 0.0, 2),

@@ -186,7 +186,7 @@ def plan_run(
                     chunked_local=bool(entry.chunked_local_layers),
                     plan=server_spec(
                         env=env,
-                        model_path=f"<{entry.name}>",
+                        model_path=str(_model_dir(entry, scenario)),
                         served_model_name=entry.name,
                         server=scenario.server,
                         offload=scenario.offload if on else None,
@@ -220,15 +220,22 @@ def plan_run(
     return plan
 
 
-def build_models(plan: RunPlan, cache_dir: Path | None = None) -> None:
+def _weights(scenario: CrashReproScenario) -> str:
+    return "dummy" if scenario.server.load_format == "dummy" else "random"
+
+
+def _model_dir(entry: ModelEntry, scenario: CrashReproScenario) -> Path:
+    """Where the row's model will be built: planned before any build, so the argv
+    printed by ``--dry-run`` is the one launched."""
+    return model_builder.model_dir(entry.config, entry.name, weights=_weights(scenario))
+
+
+def build_models(plan: RunPlan) -> None:
+    """Build (or reuse) every model the rows name, where the plan said it would be."""
     for entry in plan.models:
-        weights = "dummy" if plan.scenario.server.load_format == "dummy" else "random"
-        entry.path = str(
-            model_builder.build_model(entry.config, entry.name, cache_dir, weights=weights)
-        )
-    paths = {e.name: e.path for e in plan.models}
-    for row in plan.rows:
-        row.plan.model = paths[row.model]
+        path = model_builder.build_model(entry.config, entry.name, weights=_weights(plan.scenario))
+        assert path == _model_dir(entry, plan.scenario), path
+        entry.path = str(path)
 
 
 def _patch_status(lines: list[str]) -> str:

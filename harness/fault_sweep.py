@@ -14,6 +14,7 @@ extra one a harness that blames the wrong thing.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import shutil
 import tempfile
 import uuid
@@ -168,11 +169,8 @@ def plan_sweep(
         s = copy.deepcopy(base.scenario)
         s.workload.seed = base.scenario.workload.seed + SEED_STRIDE * i
         targets, _ = make_prompts(s.workload.target_tokens, 1, 0, base.vocab_size, s.workload.seed)
-        plan = copy.copy(base)
-        plan.scenario, plan.targets, plan.fault = s, targets, fault
-        plan.expected = copy.deepcopy(base.expected)
-        plan.notes = list(base.notes)
-        sweep.plans.append(plan)
+        # Same lengths, so the same expected figures; only the prompts and the fault differ.
+        sweep.plans.append(dataclasses.replace(base, scenario=s, targets=targets, fault=fault))
     return sweep
 
 

@@ -84,7 +84,7 @@ class ReadyResult:
     returncode: int | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServerSpec:
     """What to launch, fixed before launch: the one place a server's argv is built.
 

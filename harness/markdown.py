@@ -18,7 +18,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def roundtrip_report(result: Any, meta: dict[str, Any]) -> str:
-    plan = result.plan
+    plan, filler = result.plan, result.filler
     verdict = "PASS" if result.passed else "FAIL"
     lines = [f"# offload-check roundtrip: {verdict}", ""]
     env = plan.env
@@ -32,8 +32,8 @@ def roundtrip_report(result: Any, meta: dict[str, Any]) -> str:
         ),
         f"- patch: `{plan.patch or 'none'}`, fault: `{plan.fault}`, TP: {plan.tensor_parallel}",
         f"- KV block {plan.kv_block_size} tokens, offload chunk {plan.tokens_per_chunk} tokens",
-        f"- pool {plan.pool_tokens} tokens; filler {plan.filler_tokens} tokens "
-        f"({plan.filler_count} prompts)",
+        f"- pool {filler.pool_tokens if filler else '?'} tokens; filler "
+        f"{filler.tokens if filler else 0} tokens ({filler.count if filler else 0} prompts)",
         f"- results: `{meta.get('results_dir', '')}`",
         "",
         "## Phases",
@@ -81,8 +81,9 @@ def roundtrip_report(result: Any, meta: dict[str, Any]) -> str:
         for c in result.info_checks
     ]
     lines.append(_table(["check", "result", "expected", "observed", "why / detail"], rows))
-    if plan.notes:
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in plan.notes]
+    notes = [*plan.notes, *result.notes]
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     lines += [
         "",
         "Cold vs warm output is informational: on GPUs a full prefill and a "

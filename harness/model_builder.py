@@ -152,6 +152,19 @@ def _write_random_weights(out_dir: Path, seed: int) -> None:
     model.save_pretrained(str(out_dir), safe_serialization=True)
 
 
+def model_dir(
+    config: dict[str, Any],
+    name: str,
+    cache_dir: Path | None = None,
+    weights: str = "dummy",
+    seed: int = 0,
+) -> Path:
+    """Where the model for a geometry lives (built or not): keyed by its content, so a
+    plan can name it before anything is built."""
+    cache = (cache_dir or default_cache_dir()) / "models"
+    return cache / f"{name}-{geometry_key(config, weights, seed)}"
+
+
 def build_model(
     config: dict[str, Any],
     name: str,
@@ -161,8 +174,8 @@ def build_model(
 ) -> Path:
     """Write (or reuse) the model directory for a geometry; returns its path."""
     check_buildable(config, name)
-    cache = (cache_dir or default_cache_dir()) / "models"
-    target = cache / f"{name}-{geometry_key(config, weights, seed)}"
+    target = model_dir(config, name, cache_dir, weights, seed)
+    cache = target.parent
     if (target / ".complete").is_file():
         return target
     cache.mkdir(parents=True, exist_ok=True)

@@ -99,9 +99,9 @@ def rebuild(plan: rt.RoundtripPlan, run: Path) -> rt.RoundtripResult:
     rt.read_engine_layout(plan, result, run / "server.log")
     w = plan.scenario.workload
     start, cache = _snapshot(run / "metrics" / "start.prom")
-    if plan.filler_count is None:
-        rt.size_filler(plan, cache)
-    fillers = make_fillers(plan.filler_lengths, plan.vocab_size, w.seed)
+    result.filler = rt.size_filler(plan, cache)
+    result.note(result.filler.note)
+    fillers = make_fillers(list(result.filler.lengths), plan.vocab_size, w.seed)
     traffic: dict[str, list[Prompt]] = {
         "cold": plan.targets,
         "warm": plan.targets,

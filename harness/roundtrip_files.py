@@ -25,7 +25,7 @@ class RoundtripWriter:
 
         plan, run_dir = self.plan, self.run_dir
         run_dir.update_meta(
-            plan=plan.describe(),
+            plan=result.describe_plan(),
             startup_seconds=result.startup_seconds,
             engine_kv_groups=result.engine_groups,
             engine_kernels=result.engine_kernels,

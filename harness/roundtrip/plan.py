@@ -5,7 +5,7 @@ the live pool (the filler). Impossible plans are refused here with one clear lin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,31 +33,36 @@ DEFAULT_KV_BLOCK = {"cpu": 128, "cuda": 16}
 CPU_CAPACITY_SAFETY = 0.9
 
 
-@dataclass
+@dataclass(frozen=True)
 class RoundtripPlan:
+    """Everything known before launch; never changed after ``plan_roundtrip`` returns.
+
+    What only the running server can tell (the live pool and the filler sized from it,
+    the engine's Mamba state size, bytes per token measured in attach mode) goes into
+    the ``RoundtripResult``, and the figures a run is judged by are derived from both
+    (``roundtrip.evaluate.derive_expected``).
+    """
+
     scenario: RoundtripScenario
     variant: str
     env: Environment | None  # None in attach mode
     geometry: dict[str, Any] | None
-    model_ref: str  # a local directory (filled by build), a hub id, or the attached model
+    model_ref: str  # the geometry file, a hub id, or the attached model
     served_name: str
     patch: str | None
     fault: str
     tensor_parallel: int
     kv_block_size: int
     tokens_per_chunk: int
-    expected: ck.Expected
+    expected: ck.Expected  # as planned from the geometry (observations may refine it)
     targets: list[Prompt]
     server: ServerSpec | None
     vocab_size: int
     cpu_capacity_tokens: int | None
-    filler_count: int | None = None
-    filler_lengths: list[int] = field(default_factory=list)
-    filler_tokens: int = 0
-    pool_tokens: int | None = None
-    notes: list[str] = field(default_factory=list)
+    notes: tuple[str, ...] = ()  # planning remarks
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, filler: Filler | None = None) -> dict[str, Any]:
+        """``run.json``'s ``plan``: the plan, with the filler once the live pool sized it."""
         return {
             "variant": self.variant,
             "model": self.model_ref,
@@ -69,18 +74,37 @@ class RoundtripPlan:
             "offload_tokens_per_chunk": self.tokens_per_chunk,
             "targets": {p.name: len(p.token_ids) for p in self.targets},
             "filler_prompt_tokens": self.scenario.workload.filler_tokens,
-            "filler_count": self.filler_count,
-            "filler_tokens": self.filler_tokens,
-            "pool_tokens": self.pool_tokens,
-            "filler_over_pool": (
-                round(self.filler_tokens / self.pool_tokens, 3) if self.pool_tokens else None
-            ),
+            "filler_count": filler.count if filler else None,
+            "filler_tokens": filler.tokens if filler else 0,
+            "pool_tokens": filler.pool_tokens if filler else None,
+            "filler_over_pool": filler.over_pool if filler else None,
             "cpu_capacity_tokens": self.cpu_capacity_tokens,
             "expected": self.expected.as_dict(),
             "server_argv": self.server.argv() if self.server else None,
             "server_env": self.server.env if self.server else None,
-            "notes": self.notes,
+            "notes": list(self.notes),
         }
+
+
+@dataclass(frozen=True)
+class Filler:
+    """The unrelated traffic that evicts the GPU prefix cache, sized from the live pool."""
+
+    pool_tokens: int
+    lengths: tuple[int, ...]
+    note: str = ""  # when the engine built another pool than server.pool_tokens asked for
+
+    @property
+    def count(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths)
+
+    @property
+    def over_pool(self) -> float | None:
+        return round(self.tokens / self.pool_tokens, 3) if self.pool_tokens else None
 
 
 def targets_and_expected(
@@ -206,7 +230,12 @@ def plan_roundtrip(
         extra = ["--block-size", str(scn.server.block_size), *extra]
     sp = server_spec(
         env=env,
-        model_path=scn.hub_model or f"<{geometry_path.stem}>",
+        model_path=scn.hub_model
+        or str(
+            model_builder.model_dir(
+                geometry, geometry_path.stem, weights=scn.weights, seed=scn.weight_seed
+            )
+        ),
         served_model_name=served,
         server=scn.server,
         offload=offload,
@@ -219,7 +248,13 @@ def plan_roundtrip(
         kv_cache_memory_bytes=kv_memory,
         amx=var.amx,
     )
-    plan = RoundtripPlan(
+    notes: list[str] = []
+    if chunk and any(t.hit_tokens > chunk for t in expected.targets):
+        notes.append(
+            f"prompts cross attention_chunk_size {chunk}: chunked-local layers load only the "
+            "current attention chunk's part of the hit, so loaded < stored by design"
+        )
+    return RoundtripPlan(
         scenario=scn,
         variant=name,
         env=env,
@@ -236,13 +271,8 @@ def plan_roundtrip(
         server=sp,
         vocab_size=vocab,
         cpu_capacity_tokens=capacity,
+        notes=tuple(notes),
     )
-    if chunk and any(t.hit_tokens > chunk for t in expected.targets):
-        plan.notes.append(
-            f"prompts cross attention_chunk_size {chunk}: chunked-local layers load only the "
-            "current attention chunk's part of the hit, so loaded < stored by design"
-        )
-    return plan
 
 
 # Headroom of an "auto" CPU tier over what targets + filler store.
@@ -311,13 +341,14 @@ def _sized_cpu_tier(
 
 
 def build_local_model(plan: RoundtripPlan) -> None:
+    """Build (or reuse) the local model where the plan's server expects it."""
     if plan.scenario.hub_model or plan.server is None or plan.geometry is None:
         return
     name = Path(plan.model_ref).stem
     path = model_builder.build_model(
         plan.geometry, name, weights=plan.scenario.weights, seed=plan.scenario.weight_seed
     )
-    plan.server.model = str(path)
+    assert str(path) == plan.server.model, (path, plan.server.model)
     if plan.scenario.weights == "random" and plan.scenario.server.load_format == "dummy":
         raise BadInput(
             'weights = "random" needs server.load_format = "auto": dummy '
@@ -327,7 +358,7 @@ def build_local_model(plan: RoundtripPlan) -> None:
 
 def size_filler(
     plan: RoundtripPlan, cache: metrics.CacheConfig | None, pool_override: int | None = None
-) -> None:
+) -> Filler:
     """Filler = live pool x (1 + margin) tokens, in whole prompts; refuses what cannot work."""
     if pool_override is not None:
         pool = pool_override
@@ -338,19 +369,17 @@ def size_filler(
             "the server exposes no vllm:cache_config_info; cannot size the "
             "filler from the live pool"
         )
-    plan.pool_tokens = pool
     intent = plan.scenario.server.pool_tokens
+    note = ""
     if intent is not None and cache is not None and abs(pool - intent) > cache.block_size:
-        plan.notes.append(
+        note = (
             f"the engine built a {pool}-token pool for server.pool_tokens "
             f"{intent} (KV block {cache.block_size}); the filler follows the "
             "live pool"
         )
-    plan.filler_lengths = _filler_lengths(plan.scenario, pool)
-    plan.filler_count = len(plan.filler_lengths)
-    plan.filler_tokens = sum(plan.filler_lengths)
+    filler = Filler(pool, tuple(_filler_lengths(plan.scenario, pool)), note)
     if plan.cpu_capacity_tokens is not None:
-        need = sum(t.stored_tokens for t in plan.expected.targets) + plan.filler_tokens
+        need = sum(t.stored_tokens for t in plan.expected.targets) + filler.tokens
         if need > plan.cpu_capacity_tokens:
             raise BadInput(
                 f"impossible eviction plan: the CPU tier holds ~{plan.cpu_capacity_tokens} "
@@ -358,3 +387,4 @@ def size_filler(
                 "targets from the CPU tier too. Raise offload.cpu_bytes_to_use or shrink "
                 "the GPU pool (--num-gpu-blocks-override)"
             )
+    return filler

@@ -10,7 +10,7 @@ from harness import metrics
 from harness.workload import Completion
 
 if TYPE_CHECKING:
-    from harness.roundtrip.plan import RoundtripPlan
+    from harness.roundtrip.plan import Filler, RoundtripPlan
 
 
 @dataclass
@@ -47,7 +47,27 @@ class RoundtripResult:
     engine_groups: list[dict[str, Any]] | None = None  # as harness.engine.specs reported
     # Per server ("server", "baseline"): the kernels it chose and its AMX permission.
     engine_kernels: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Observations the plan could not know: the filler sized from the live pool, the
+    # Mamba state size the engine keeps, and remarks on what was seen.
+    filler: Filler | None = None
+    engine_mamba_state_bytes: int | None = None
+    notes: list[str] = field(default_factory=list)
+    # The figures the run was judged by: the plan's, refined by the observations
+    # (``roundtrip.evaluate.derive_expected``); None until evaluated.
+    expected: ck.Expected | None = None
 
     @property
     def passed(self) -> bool:
         return bool(self.checks) and all(c.passed for c in self.checks)
+
+    def note(self, text: str) -> None:
+        if text and text not in self.notes and text not in self.plan.notes:
+            self.notes.append(text)
+
+    def describe_plan(self) -> dict[str, Any]:
+        """``run.json``'s ``plan``: the plan with what the run has observed so far."""
+        out = self.plan.describe(self.filler)
+        if self.expected is not None:
+            out["expected"] = self.expected.as_dict()
+        out["notes"] = [*self.plan.notes, *self.notes]
+        return out

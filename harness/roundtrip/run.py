@@ -209,13 +209,13 @@ def run_round(
         metrics_dir.mkdir(parents=True, exist_ok=True)
         start, cache = ep.snapshot("start")
         (metrics_dir / "start.prom").write_text(ep.last_text)
-        if plan.filler_count is None:
-            size_filler(plan, cache)
-        fillers = make_fillers(plan.filler_lengths, plan.vocab_size, w.seed)
+        filler = result.filler = size_filler(plan, cache)
+        result.note(filler.note)
+        fillers = make_fillers(list(filler.lengths), plan.vocab_size, w.seed)
         reporter.status(
-            f"pool {plan.pool_tokens} tokens; filler {plan.filler_count} x "
-            f"{w.filler_tokens} = {plan.filler_tokens} tokens "
-            f"({plan.filler_tokens / max(plan.pool_tokens or 1, 1):.2f}x pool)"
+            f"pool {filler.pool_tokens} tokens; filler {filler.count} x "
+            f"{w.filler_tokens} = {filler.tokens} tokens "
+            f"({filler.tokens / max(filler.pool_tokens, 1):.2f}x pool)"
         )
         on_record(result)
         prev = start
@@ -276,13 +276,10 @@ def read_engine_layout(plan: RoundtripPlan, result: RoundtripResult, log: Path) 
         if kv_layout.spec_kind(g) == "mamba" and g.get("state_bytes")
     ]
     if states and sum(states) != plan.expected.mamba_state_bytes:
-        plan.notes.append(
+        result.engine_mamba_state_bytes = sum(states)
+        result.note(
             f"Mamba state: the engine keeps {sum(states):,} B over all layers "
             f"(the config at its dtype gives {plan.expected.mamba_state_bytes:,})"
-        )
-        plan.expected.mamba_state_bytes = sum(states)
-        plan.expected.recompute(
-            {p.name: len(p.token_ids) for p in plan.targets}, plan.scenario.workload.max_tokens
         )
 
 

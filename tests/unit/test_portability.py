@@ -7,6 +7,7 @@ a Xeon with AMX), and the evidence recorded there is judged the same way everywh
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -136,14 +137,15 @@ def test_mla_plan_holds_for_the_reference_and_the_amx_block_size(block):
     """The same bytes make 160 blocks of 16 (reference MLA) or 20 of 128 (AMX MLA)."""
     plan = mla_plan()
     blocks = 2560 * MLA_BYTES_PER_TOKEN // (block * MLA_BYTES_PER_TOKEN)
-    roundtrip.size_filler(plan, CacheConfig(blocks, block, {}))
-    assert plan.pool_tokens == 2560 and not plan.notes
+    filler = roundtrip.size_filler(plan, CacheConfig(blocks, block, {}))
+    assert filler.pool_tokens == 2560 and not filler.note
 
 
 def test_old_block_count_on_an_amx_host_was_an_impossible_plan():
     """What the AMX host saw: 160 blocks of 128 tokens behind a fixed 64 MiB tier."""
-    plan = mla_plan()
-    plan.cpu_capacity_tokens = int(67108864 * CPU_CAPACITY_SAFETY) // 5120
+    plan = dataclasses.replace(
+        mla_plan(), cpu_capacity_tokens=int(67108864 * CPU_CAPACITY_SAFETY) // 5120
+    )
     with pytest.raises(BadInput, match="impossible eviction plan"):
         roundtrip.size_filler(plan, CacheConfig(160, 128, {}))
 

@@ -118,7 +118,7 @@ def test_replayed_phase_deltas_are_the_runs(case: str) -> None:
 def test_replayed_plan_is_the_runs(case: str) -> None:
     """The plan remade from the CLI args predicts what the run's plan predicted."""
     recorded = json.loads((FIXTURES / case / "run.json").read_text())["plan"]
-    plan = json.loads(json.dumps(_replayed(case).plan.describe()))
+    plan = json.loads(json.dumps(_replayed(case).describe_plan()))
     for key in (
         "variant",
         "patch",

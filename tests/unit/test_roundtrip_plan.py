@@ -79,10 +79,41 @@ def test_refuses_a_cpu_tier_that_cannot_hold_targets_and_filler():
 
 def test_filler_is_pool_times_margin_exactly():
     plan = rt.plan_roundtrip(scenario())
-    rt.size_filler(plan, CacheConfig(96, 128, {"kv_cache_size_tokens": "3072"}))
-    assert plan.pool_tokens == 3072
-    assert plan.filler_tokens == 3840 and plan.filler_lengths == [900] * 4 + [240]
-    assert plan.describe()["filler_over_pool"] == 1.25
+    filler = rt.size_filler(plan, CacheConfig(96, 128, {"kv_cache_size_tokens": "3072"}))
+    assert filler.pool_tokens == 3072
+    assert filler.tokens == 3840 and list(filler.lengths) == [900] * 4 + [240]
+    assert plan.describe(filler)["filler_over_pool"] == 1.25
+    assert plan.describe()["filler_count"] is None  # the plan itself never learns it
+
+
+def test_plans_are_frozen_and_observations_go_to_the_result():
+    """What only the server can tell lives in the result; the plan stays as planned."""
+    import dataclasses
+
+    from harness.metrics import Snapshot
+    from harness.roundtrip.evaluate import derive_expected
+
+    plan = rt.plan_roundtrip(scenario())
+    before = plan.describe()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.fault = "corrupt-load"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.server.model = "elsewhere"  # type: ignore[misc]
+    result = rt.RoundtripResult(plan)
+    result.filler = rt.size_filler(plan, CacheConfig(96, 128, {"kv_cache_size_tokens": "3072"}))
+    result.engine_mamba_state_bytes = 4096  # not this model's, but derivation must use it
+    exp = derive_expected(plan, result)
+    assert exp.mamba_state_bytes == 4096 and plan.expected.mamba_state_bytes == 0
+    assert plan.describe() == before
+    described = result.describe_plan()
+    assert described["pool_tokens"] == 3072 and described["filler_count"] == 5
+    # Attach mode: bytes per token measured from the cold phase, the plan untouched.
+    attached = dataclasses.replace(plan, expected=dataclasses.replace(plan.expected))
+    attached.expected.exact_load = False
+    cold = Snapshot(stored_bytes=2 * 1_310_720)
+    result = rt.RoundtripResult(attached, phases=[rt.PhaseResult("cold", 2, cold, cold, 1.0)])
+    assert derive_expected(attached, result).kv_bytes_per_token == 2 * 1024
+    assert attached.expected.kv_bytes_per_token == 1024
 
 
 def test_unknown_variant_and_fault_without_host_backend():
