@@ -217,8 +217,8 @@ def _open_run(results_dir: Path, command: str, scenario: Any) -> Any:
 
 def _run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
     from harness import crash_repro
-    from harness.reporting import CrashReproProgress, crash_repro_table
     from harness.result_kinds import write_crash_repro
+    from harness.terminal import CrashReproProgress, crash_repro_table
 
     assert isinstance(plan, crash_repro.RunPlan)
     run_dir = _open_run(results_dir, "crash-repro", plan.scenario)
@@ -375,8 +375,8 @@ def _run_roundtrip(
     plan: object, results_dir: Path, url: str | None, port: int | None, baseline: bool = False
 ) -> int:
     from harness import roundtrip as rt
-    from harness.reporting import RoundtripProgress, checks_table, phase_table
     from harness.roundtrip_files import RoundtripWriter
+    from harness.terminal import RoundtripProgress, checks_table, phase_table
 
     assert isinstance(plan, rt.RoundtripPlan)
     run_dir = _open_run(results_dir, "roundtrip", plan.scenario)
@@ -478,8 +478,8 @@ def matrix_cmd(
 
 def _run_matrix(plan: object, results_dir: Path) -> int:
     from harness import matrix as mx
-    from harness.reporting import MatrixProgress, matrix_table
     from harness.result_kinds import write_matrix
+    from harness.terminal import MatrixProgress, matrix_table
 
     assert isinstance(plan, mx.MatrixPlan)
     run_dir = _open_run(results_dir, "matrix", plan.scenario)
@@ -568,8 +568,8 @@ def faults_cmd(
 def _run_faults(sweep: object, results_dir: Path, port: int | None) -> int:
     from harness import fault_sweep as fs
     from harness import roundtrip as rt
-    from harness.reporting import RoundtripProgress, frame_table
     from harness.result_kinds import FAULT_ROUNDS, write_faults
+    from harness.terminal import RoundtripProgress, frame_table
 
     assert isinstance(sweep, fs.SweepPlan)
     base = sweep.base
@@ -628,10 +628,10 @@ def bench_cmd(
     """
     from harness.bench import run_bench
     from harness.launcher import install_signal_handlers
-    from harness.reporting import bench_table
     from harness.result_kinds import write_bench
     from harness.results import RunDirectory, new_run_dir
     from harness.scenario import load_crash_repro
+    from harness.terminal import bench_table
 
     install_signal_handlers()
     parts = {"copy", "roundtrip", "crash-repro"} if only is BenchPart.all else {only.value}
@@ -667,7 +667,7 @@ def report_cmd(
     run_dir: Annotated[Path, typer.Argument(help="a results directory (results/<run-id>)")],
 ) -> None:
     """Re-render the tables of a finished (or interrupted) run from its files."""
-    from harness.reporting import run_tables
+    from harness.terminal import run_tables
 
     try:
         meta = _read_run(run_dir)
@@ -689,7 +689,7 @@ def compare_cmd(
 ) -> None:
     """Show what changed between two runs of the same command (for nightly trends)."""
     from harness.compare import compare_runs
-    from harness.reporting import frame_table
+    from harness.terminal import frame_table
 
     try:
         tables, changed = compare_runs(run_a, run_b)

@@ -19,6 +19,17 @@ from harness.names import LOG_KV_GROUPS as REPORT_PREFIX
 
 # Offloading-relevant kinds, in the order the scheduler's classifier tests them.
 KINDS = ("sliding-window", "chunked-local", "mamba", "mla", "full")
+"""Layer kinds, one per KV-cache spec family the offloading scheduler treats apart; the
+most specific first (a model's family is named by its first kind present)."""
+FAMILY_OF_KIND = {
+    "sliding-window": "sliding-window",
+    "chunked-local": "chunked-local",
+    "mamba": "mamba-hybrid",  # Mamba layers always come with attention layers
+    "mla": "mla",
+    "full": "full-attention",
+}
+"""A model's family (the matrix's word) from its layer kinds (this module's word): the
+two vocabularies meet here and nowhere else."""
 SPEC_KINDS = {  # spec class (or a base of it) -> kind; the first match in the MRO wins
     "SlidingWindowSpec": "sliding-window",
     "SlidingWindowMLASpec": "sliding-window",
@@ -54,6 +65,12 @@ def _attention_bpt(text: dict[str, Any], dtype: int) -> int:
     kv_heads = int(text.get("num_key_value_heads") or heads)
     head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
     return 2 * kv_heads * head_dim * dtype
+
+
+def family(config: dict[str, Any]) -> str:
+    """The model's family: its most specific layer kind, as the matrix names it."""
+    kinds = set(layer_kinds(config))
+    return FAMILY_OF_KIND[next(k for k in KINDS if k in kinds)]
 
 
 def layer_kinds(config: dict[str, Any]) -> list[str]:

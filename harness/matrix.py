@@ -40,6 +40,7 @@ from harness.scenario import (
     MatrixEntry,
     MatrixScenario,
     RoundtripScenario,
+    load_model_config,
     load_roundtrip,
     load_variants,
 )
@@ -250,6 +251,12 @@ def plan_matrix(
         if geometries and stem not in geometries:
             continue
         geometry = scn.resolve(entry.geometry)
+        actual = kv_layout.family(load_model_config(geometry))
+        if actual != entry.family:
+            raise BadInput(
+                f"{scn.source}: {entry.geometry} is a {actual} model (by its layers), "
+                f"listed as family {entry.family}"
+            )
         for n in names:
             found = match_rule(scn, entry.family, stem, n, versions[n])
             cell = Cell(entry.family, stem, n, versions[n], found.rule, rule_index=found.index)

@@ -298,3 +298,22 @@ def test_engine_pages_are_one_rank_and_the_plan_is_all_ranks():
     assert not check_layout(
         kv_layout.predict(geometry("gemma3-interleaved")), kv_layout.from_engine(half)
     ).passed
+
+
+def test_a_family_is_named_by_the_geometrys_layers():
+    """The matrix's families and the layer kinds meet in one mapping: an entry whose
+    geometry has other layers than its family says is refused before any launch."""
+    from harness.matrix import plan_matrix
+
+    models = ROOT / "scenarios" / "models"
+    seen = {
+        kv_layout.family(json.loads((models / f"{g}.json").read_text()))
+        for g in ("llama3-full", "mistral-swa", "gemma3-interleaved", "llama4-roundtrip",
+                  "granite-hybrid-mamba", "deepseek-mla")
+    }  # fmt: skip
+    assert seen == set(kv_layout.FAMILY_OF_KIND.values())
+    scn = load_matrix(ROOT / "scenarios" / "matrix.toml")
+    mla = next(e for e in scn.entries if e.family == "mla")
+    mla.geometry = "models/llama3-full.json"
+    with pytest.raises(BadInput, match="is a full-attention model"):
+        plan_matrix(scn)
