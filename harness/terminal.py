@@ -330,3 +330,118 @@ def run_tables(command: str, run_dir: Path) -> list[Table]:
         else:
             out.append(frame_table(spec.title, records, spec.shown or spec.columns))
     return out
+
+
+ENV_STATE_STYLE = {"ready": "green", "created": "cyan", "unavailable": "yellow"}
+
+
+def _size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+class EnvsProgress:
+    """Release environments, one line per release when it is done; on a terminal a
+    spinner shows the step under way (an install takes a minute or more)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.live = console.is_terminal
+        self._status: Any = None
+        self._prefix = ""
+
+    def __enter__(self) -> EnvsProgress:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def env_started(self, release: str, index: int, total: int) -> None:
+        self._prefix = f"[{index}/{total}] {release}"
+        if self.live:
+            self._status = self.console.status(escape(f"{self._prefix}: checking"))
+            self._status.start()
+        else:
+            self.console.print(f"{self._prefix} ...", highlight=False, markup=False)
+
+    def env_step(self, release: str, message: str) -> None:
+        if self._status is not None:
+            self._status.update(escape(f"{self._prefix}: {message}"))
+
+    def env_finished(self, status: Any, index: int, total: int) -> None:
+        self._stop()
+        style = ENV_STATE_STYLE.get(status.state, "white")
+        line = Text(f"[{index}/{total}] {status.release}: ")
+        line.append(status.state, style=style)
+        if status.state == "unavailable":
+            line.append(f": {status.reason}")
+        else:
+            line.append(f" ({status.seconds:.0f}s, {_size(status.disk_bytes)})")
+        self.console.print(line, highlight=False)
+
+
+def env_status_table(statuses: Sequence[Any]) -> Table:
+    """What ``envs create`` did for each release."""
+    table = Table(title="release environments", header_style="bold")
+    for col in ("release", "state", "vLLM", "time", "disk", "python or reason"):
+        table.add_column(col, overflow="fold")
+    for s in statuses:
+        table.add_row(
+            s.release,
+            Text(s.state, style=ENV_STATE_STYLE.get(s.state, "white")),
+            s.vllm_version or "-",
+            f"{s.seconds:.0f}s",
+            _size(s.disk_bytes),
+            s.python if s.ok else s.reason,
+        )
+    return table
+
+
+def envs_table(entries: Sequence[Any], total: Any, where: Path) -> Table:
+    """``envs list``: each environment's disk three ways (see ``release_envs.DiskUsage``)."""
+    table = Table(
+        title=f"release environments in {where}",
+        header_style="bold",
+        caption=(
+            f"{len(entries)} environment(s): {_size(total.allocated)} on disk together "
+            f"(hard links once), {_size(total.apparent)} apparent"
+            if entries
+            else "none"
+        ),
+    )
+    for col in ("environment", "vLLM", "complete", "on disk", "apparent", "freed if removed"):
+        table.add_column(col, overflow="fold")
+    for e in entries:
+        table.add_row(
+            e.name,
+            str(e.stamp.get("vllm_version") or "-"),
+            Text("yes", style="green") if e.complete else Text("no (not reused)", style="red"),
+            _size(e.disk.allocated),
+            _size(e.disk.apparent),
+            _size(e.disk.exclusive),
+        )
+    return table
+
+
+def prune_lines(removed: Sequence[Any], busy: Sequence[Any]) -> list[Text]:
+    """``envs prune``: one line per environment removed or left (being built)."""
+    lines = []
+    for e in removed:
+        what = "" if e.complete else " (incomplete)"
+        lines.append(Text(f"removed {e.name}{what}: {_size(e.disk.exclusive)} freed"))
+    for e in busy:
+        lines.append(Text(f"kept {e.name}: being built by another process", style="yellow"))
+    freed = sum(e.disk.exclusive for e in removed)
+    lines.append(Text(f"{len(removed)} removed, {_size(freed)} freed", style="bold"))
+    return lines
