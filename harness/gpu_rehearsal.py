@@ -58,10 +58,14 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from harness.errors import BadInput
 from harness.names import ENV_DEVICE
+
+if TYPE_CHECKING:
+    from harness.launcher import ServerSpec
+    from harness.scenario import ServerSettings
 
 STAGES = ("parse", "engine-args", "engine-config", "offload")
 DEVICE_ENV = ENV_DEVICE
@@ -183,47 +187,34 @@ def gpu_planning() -> Iterator[None]:
         probe.cache_clear()
 
 
-def plan_roundtrip_launch(
-    scenario: Path,
-    *,
-    tp: int | None = None,
-    variant: str | None = None,
-    patch: str | None = None,
-    config: str | None = None,
-    fault: str | None = None,
-    extra_args: list[str] | None = None,
-) -> PlannedLaunch:
-    """The round trip's server on a GPU runner, planned by ``plan_roundtrip`` itself."""
-    from harness import roundtrip as rt
-    from harness.scenario import load_roundtrip
-    from harness.serving import kv_transfer_config
-
-    scn = load_roundtrip(scenario)
-    with gpu_planning():
-        plan = rt.plan_roundtrip(
-            scn,
-            variant=variant,
-            patch=patch,
-            config=config,
-            tp=tp,
-            fault=fault,
-            extra_args=extra_args,
-        )
-    assert plan.server is not None and plan.env is not None
-    server = scn.server
-    intended: dict[str, Any] = {
-        "model": plan.server.model,
-        "served_model_name": [plan.server.served_model_name],
-        "tensor_parallel_size": plan.tensor_parallel,
+def _intended(spec: ServerSpec, server: ServerSettings, tp: int) -> dict[str, Any]:
+    """What vLLM's own parser must make of the argv: the engine arguments the harness
+    meant, field by field (a flag vLLM renamed or dropped shows up as a difference)."""
+    return {
+        "model": spec.model,
+        "served_model_name": [spec.served_model_name],
+        "tensor_parallel_size": tp,
         "max_model_len": server.max_model_len,
         "gpu_memory_utilization": server.gpu_memory_utilization,
         # Unset, the CUDA platform's default applies: not knowable on a CPU build.
         "block_size": server.block_size,
         "load_format": server.load_format or None,
-        "kv_transfer_config": kv_transfer_config(
-            scn.offload, plan.env, None if plan.fault == "none" else plan.fault
-        ),
+        "kv_transfer_config": spec.kv_transfer,
     }
+
+
+def plan_roundtrip_launch(scenario: Path, **options: Any) -> PlannedLaunch:
+    """The round trip's server on a GPU runner, planned by ``plan_roundtrip`` itself
+    (``options`` are its keyword arguments: tp, variant, patch, config, fault, ...)."""
+    from harness import roundtrip as rt
+    from harness.scenario import load_roundtrip
+
+    scn = load_roundtrip(scenario)
+    with gpu_planning():
+        plan = rt.plan_roundtrip(scn, **options)
+    config = options.get("config")
+    assert plan.server is not None and plan.env is not None
+    intended = _intended(plan.server, scn.server, plan.tensor_parallel)
     geometry_path = Path(config) if config else scn.resolve(scn.geometry)
     return PlannedLaunch(
         label=f"roundtrip {scn.name} tp={plan.tensor_parallel} ({plan.variant})",
@@ -253,7 +244,6 @@ def plan_crash_repro_launches(
     """
     from harness import crash_repro
     from harness.scenario import load_crash_repro
-    from harness.serving import kv_transfer_config
 
     scn = load_crash_repro(scenario)
     with gpu_planning():
@@ -268,17 +258,7 @@ def plan_crash_repro_launches(
     geometries = {m.name: m.config for m in plan.models}
     launches = []
     for row in plan.rows:
-        env = plan.environments[row.variant]
-        intended: dict[str, Any] = {
-            "model": row.plan.model,
-            "served_model_name": [row.plan.served_model_name],
-            "tensor_parallel_size": 1,
-            "max_model_len": scn.server.max_model_len,
-            "gpu_memory_utilization": scn.server.gpu_memory_utilization,
-            "block_size": scn.server.block_size,
-            "load_format": scn.server.load_format or None,
-            "kv_transfer_config": (kv_transfer_config(scn.offload, env) if row.connector else None),
-        }
+        intended = _intended(row.plan, scn.server, 1)
         launches.append(
             PlannedLaunch(
                 label=f"crash-repro {row.key}",
