@@ -121,13 +121,22 @@ def descendant_vllm(proc: subprocess.Popen) -> list[psutil.Process]:
 def wait_for_engine(proc: subprocess.Popen, timeout: float = 120) -> list[psutil.Process]:
     """The harness's vLLM processes, once its server has spawned its EngineCore."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and proc.poll() is None:
         ours = descendant_vllm(proc)
-        if any(p.name().startswith("VLLM::") for p in ours):
+        if any(_is_engine(p) for p in ours):
             return ours
-        time.sleep(0.5)
+        time.sleep(0.2)
     proc.kill()
-    pytest.fail("the server never spawned its engine")
+    pytest.fail(f"the server never spawned its engine (harness exit code {proc.poll()})")
+
+
+def _is_engine(proc: psutil.Process) -> bool:
+    """An EngineCore (or worker): vLLM renames them ``VLLM::...``; a process may exit
+    between being listed and being asked its name, which is not an engine."""
+    try:
+        return proc.name().startswith("VLLM::") or proc.cmdline()[:1] == ["VLLM::EngineCore"]
+    except (psutil.Error, IndexError):
+        return False
 
 
 # --- test tiers and the launch budget ---------------------------------------------------

@@ -261,6 +261,10 @@ def test_startup_timeout_tears_everything_down(tmp_path):
     assert df.outcome.tolist() == ["timeout"]
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.launches(1)
 def test_ctrl_c_stops_servers_and_keeps_results(tmp_path):
     proc = subprocess.Popen(
@@ -280,6 +284,10 @@ def test_ctrl_c_stops_servers_and_keeps_results(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A terminal's Ctrl-C, whatever started this test session: a test runner launched
+        # in the background of a shell without job control inherits SIGINT ignored, and
+        # Python keeps an inherited SIG_IGN, so the harness would never see the signal.
+        preexec_fn=_sigint_default,
     )
     # Wait until the engine has spawned children, so there is a tree to tear down.
     ours = wait_for_engine(proc)
