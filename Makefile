@@ -178,11 +178,11 @@ _engine-side-on-stock: setup
 # The PR tier (what .ci/run calls): lint, then every unit test and the real-engine tests
 # not marked nightly (README, "Test tiers").
 test: lint _engine-side-on-stock
-	$(VENV)/bin/python -m pytest tests -m "not nightly" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests -m "not nightly" --durations=25 $(PYTEST_ARGS)
 
 # The nightly tier: everything, soak and slow cells included.
 test-nightly: lint _engine-side-on-stock
-	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests --durations=40 $(PYTEST_ARGS)
 
 test-unit: setup
 	$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)

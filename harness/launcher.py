@@ -28,6 +28,8 @@ from harness.errors import BadInput, HarnessError
 from harness.names import ENV_LOCK
 
 HOST = "127.0.0.1"
+READY_GRACE_S = 15.0  # SIGTERM to SIGKILL for a serving server: time to exit cleanly
+STARTING_GRACE_S = 3.0  # the same for one still starting, which ignores SIGTERM
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # Every server the harness started and has not torn down yet; the signal and exit
 # hooks below use it so that even an unexpected exit leaves no vLLM behind.
@@ -132,6 +134,7 @@ class VllmServer:
 
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     started_at: float = field(default=0.0, init=False)
+    ready: bool = field(default=False, init=False)  # answered /health at least once
     _log: Any = field(default=None, init=False, repr=False)
     _slot: Any = field(default=None, init=False, repr=False)
     _reaper: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
@@ -206,6 +209,7 @@ class VllmServer:
             if code is not None:
                 return ReadyResult("exited", elapsed, code)
             if self._health_ok():
+                self.ready = True
                 return ReadyResult("started", time.monotonic() - self.started_at)
             if time.monotonic() >= deadline:
                 return ReadyResult("timeout", elapsed)
@@ -226,8 +230,16 @@ class VllmServer:
         """POST (or GET without payload) JSON to the server; raises HarnessError on failure."""
         return http_json(f"{self.url}{path}", payload, timeout_s)
 
-    def stop(self, grace_s: float = 15.0) -> int | None:
-        """Terminate the process group, then kill whatever is left, then reap."""
+    def stop(self, grace_s: float | None = None) -> int | None:
+        """Terminate the process group, then kill whatever is left, then reap.
+
+        The grace before the kill is 15 s for a server that answered ``/health``, but
+        only ``STARTING_GRACE_S`` for one that never did: vLLM's API server ignores a
+        SIGTERM while its engine starts, so a longer wait only delays the kill (a
+        startup-timeout verdict or a Ctrl-C during startup spent 15 s here).
+        """
+        if grace_s is None:
+            grace_s = READY_GRACE_S if self.ready else STARTING_GRACE_S
         proc = self.proc
         if proc is None:
             self._release_slot()

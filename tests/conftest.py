@@ -145,11 +145,11 @@ def _is_engine(proc: psutil.Process) -> bool:
 # share declare theirs here (counted once however many tests use them). The totals are
 # printed after collection and kept equal to the README's table by tests/unit/test_tiers.py.
 FIXTURE_LAUNCHES: dict[str, int] = {
-    "small_chunk_matrix": 6,  # crash-repro on llama4-small-chunk (+2 on AMX hosts)
+    "small_chunk_matrix": 3,  # crash-repro on llama4-small-chunk, connector on (+1 on AMX)
     "default_matrix": 12,  # the whole `make crash-repro` (+2 on AMX hosts)
     "clean_run": 2,  # roundtrip --baseline: the connector server and the baseline server
-    "subset": 6,  # matrix: three geometries x stock/current
-    "rest_of_matrix": 6,  # matrix: the other three geometries x stock/current
+    "subset": 4,  # matrix: MLA and Gemma 3 sliding window x stock/current
+    "rest_of_matrix": 8,  # matrix: the other four geometries x stock/current
     "shared_server": 1,  # one server for the attach-mode tests (client-side variations)
 }
 LAUNCH_SUMMARY = "offload-check: {n} server launches in {tests} tests"
@@ -190,7 +190,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(f"engine tests without @pytest.mark.launches(n): {bad}")
 
 
+TIERS_SUMMARY = "offload-check tiers: pr={pr} nightly={nightly}"
+
+
 def pytest_report_collectionfinish(
     config: pytest.Config, start_path: Path, items: list[pytest.Item]
-) -> str:
-    return LAUNCH_SUMMARY.format(n=launch_count(items), tests=len(items))
+) -> list[str]:
+    """The selection's launches, and each tier's out of what was collected (one collection
+    gives tests/unit/test_tiers.py both numbers)."""
+    pr = [i for i in items if i.get_closest_marker("nightly") is None]
+    return [
+        LAUNCH_SUMMARY.format(n=launch_count(items), tests=len(items)),
+        TIERS_SUMMARY.format(pr=launch_count(pr), nightly=launch_count(items)),
+    ]

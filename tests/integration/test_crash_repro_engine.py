@@ -25,9 +25,11 @@ pytestmark = pytest.mark.engine
 MODELS = ROOT / "scenarios" / "models"
 # The default matrix: 2 models x 3 variants x connector on/off, plus current-no-amx on
 # the small-chunk model (launched only on AMX hosts, skipped elsewhere). The PR tier runs
-# the small-chunk model's rows; the nightly tier the whole of `make crash-repro`.
-AMX_ROWS = 2
-ROWS = {"small_chunk_matrix": 6 + AMX_ROWS, "default_matrix": 12 + AMX_ROWS}
+# the small-chunk model's rows with the connector on, and one control (stock without the
+# connector, test_stock_starts_without_the_connector); the nightly tier the whole of
+# `make crash-repro`, every control included.
+AMX_ROWS = {"small_chunk_matrix": 1, "default_matrix": 2}
+ROWS = {"small_chunk_matrix": 3 + 1, "default_matrix": 12 + 2}
 nightly = pytest.mark.nightly
 
 
@@ -48,10 +50,12 @@ def default_matrix(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small_chunk_matrix(tmp_path_factory):
-    """Every variant on the small-chunk model (6 launches, 8 on AMX): each startup verdict
-    kind, the #51150 crash and its fix, controls, and the AMX row."""
+    """Every variant on the small-chunk model with the connector on (3 launches, 4 on AMX):
+    the #51150 crash, its fix, the current build, and the AMX row."""
     results = tmp_path_factory.mktemp("results")
-    return crash_repro(results, "--config", str(MODELS / "llama4-small-chunk.json"))
+    return crash_repro(
+        results, "--config", str(MODELS / "llama4-small-chunk.json"), "--connector", "on"
+    )
 
 
 def row(df: pd.DataFrame, model: str, variant: str, connector: str) -> pd.Series:
@@ -91,10 +95,32 @@ def test_matrix_verdicts(request, matrix, model):
     # Which attention kernel ran is recorded, whatever this CPU made vLLM choose.
     assert current.kernels.startswith("CPUAttentionBackend/"), current.kernels
 
-    for variant in ("stock", "stock+fix", "current"):
-        control = row(df, model, variant, "off")
-        assert control.outcome == "started" and str(control.answered) == "True", variant
+    if matrix == "default_matrix":
+        for variant in ("stock", "stock+fix", "current"):
+            control = row(df, model, variant, "off")
+            assert control.outcome == "started" and str(control.answered) == "True", variant
+    else:
+        assert set(df.connector) == {"on"}
     assert all(str(m) == "True" for m in df.matched)
+
+
+@pytest.mark.launches(1)
+def test_stock_starts_without_the_connector(tmp_path):
+    """The control that makes the stock crash the connector's: the same build, the same
+    model, no offloading, starts and answers."""
+    code, run, out = crash_repro(
+        tmp_path,
+        "--config",
+        str(MODELS / "llama4-small-chunk.json"),
+        "--variant",
+        "stock",
+        "--connector",
+        "off",
+    )
+    assert code == 0, out
+    df = outcomes(run)
+    assert len(df) == 1 and df.outcome[0] == "started" and str(df.answered[0]) == "True"
+    assert df.vllm_version[0] == "0.27.1"
 
 
 def test_amx_sigill_row_follows_the_host(small_chunk_matrix):
@@ -103,7 +129,7 @@ def test_amx_sigill_row_follows_the_host(small_chunk_matrix):
     _, run, _ = small_chunk_matrix
     df = outcomes(run)
     rows = df[df.variant == "current-no-amx"]
-    assert sorted(rows.model) == ["llama4-small-chunk"] * 2
+    assert list(rows.model) == ["llama4-small-chunk"] and list(rows.connector) == ["on"]
     for _, r in rows.iterrows():
         assert r.expected == "crashed-on-first-request" and str(r.matched) == "True"
         if has_amx():
@@ -156,7 +182,7 @@ outcome = "crashed-on-first-request"
 )
 def test_matrix_results_files(request, matrix):
     _, run, stdout = request.getfixturevalue(matrix)
-    rows, launched = ROWS[matrix], ROWS[matrix] - (0 if has_amx() else AMX_ROWS)
+    rows, launched = ROWS[matrix], ROWS[matrix] - (0 if has_amx() else AMX_ROWS[matrix])
     meta = json.loads((run / "run.json").read_text())
     assert meta["status"] == "finished" and meta["exit_code"] == 0
     assert meta["variants"]["stock"]["vllm_version"] == "0.27.1"

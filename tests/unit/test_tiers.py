@@ -6,6 +6,7 @@ A launch is what a tier costs; a test added to the PR tier without updating the 
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -14,31 +15,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SUMMARY = re.compile(r"offload-check: (\d+) server launches in (\d+) tests")
+TIERS = re.compile(r"offload-check tiers: pr=(\d+) nightly=(\d+)")
 
 
-def collected_launches(*marker: str) -> int:
+@functools.cache
+def collected_launches() -> dict[str, int]:
+    """Both tiers' launches from one ``--collect-only`` of the whole suite."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--collect-only",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            *marker,
-            "tests",
-        ],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    m = SUMMARY.search(proc.stdout)
+    m = TIERS.search(proc.stdout)
     assert m, proc.stdout[-2000:]
-    return int(m[1])
+    return {"PR": int(m[1]), "nightly": int(m[2])}
 
 
 def readme_launches(tier: str) -> int:
@@ -50,11 +43,25 @@ def readme_launches(tier: str) -> int:
     return int(re.search(r"\| (\d+) \(\+\d+ on AMX hosts\) \|$", row)[1])  # type: ignore[index]
 
 
-@pytest.mark.parametrize(("tier", "marker"), [("PR", ("-m", "not nightly")), ("nightly", ())])
-def test_readme_launch_budget_is_what_pytest_collects(tier, marker):
-    assert collected_launches(*marker) == readme_launches(tier)
+@pytest.mark.parametrize("tier", ["PR", "nightly"])
+def test_readme_launch_budget_is_what_pytest_collects(tier):
+    assert collected_launches()[tier] == readme_launches(tier)
 
 
 def test_nightly_tier_adds_engine_tests():
     """The nightly tier must hold more than the PR tier (soak, faults, whole matrices)."""
-    assert collected_launches("-m", "nightly") > 0
+    launches = collected_launches()
+    assert launches["nightly"] > launches["PR"] > 0
+
+
+def test_the_pr_selection_reports_the_pr_budget():
+    """What `make test` selects (-m "not nightly") is what the tiers line calls PR."""
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+            "-m", "not nightly", "tests/integration",
+        ],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    m = re.search(r"offload-check: (\d+) server launches", proc.stdout)
+    assert m and int(m[1]) == collected_launches()["PR"], proc.stdout[-2000:]
