@@ -354,12 +354,7 @@ class EnvsProgress:
     def __enter__(self) -> EnvsProgress:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._stop()
 
     def _stop(self) -> None:
