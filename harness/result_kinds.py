@@ -59,9 +59,6 @@ class ResultsKind:
     tables: tuple[TableFile, ...]
     files: tuple[str, ...]  # every other file it may write (results/README.md)
 
-    def table(self, name: str) -> TableFile:
-        return next(t for t in self.tables if t.name == name)
-
 
 def _record_fields(cls: Any, *, drop: Sequence[str] = ()) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls) if f.name not in drop)

@@ -72,3 +72,9 @@ def test_every_command_with_a_run_directory_is_registered():
     assert set(rk.KINDS) == {"crash-repro", "roundtrip", "matrix", "faults", "bench"}
     for kind in rk.KINDS.values():
         assert f"{kind.command} runs" in README or kind.command == "crash-repro", kind.command
+
+
+def test_every_other_file_is_documented():
+    for kind in rk.KINDS.values():
+        for name in kind.files:
+            assert name.split("<")[0].rstrip("/") in README, (kind.command, name)
