@@ -13,44 +13,48 @@ def phases_chart(phases: Sequence[dict[str, Any]], title: str, out: Path) -> Pat
     matplotlib.use("Agg")  # no display on servers and CI
     import matplotlib.pyplot as plt
 
-    names = [str(p["phase"]) for p in phases]
-    x = range(len(names))
     fig, (ax_bytes, ax_hits) = plt.subplots(1, 2, figsize=(10, 3.8))
-    width = 0.38
-    ax_bytes.bar(
-        [i - width / 2 for i in x],
-        [p["d_stored_bytes"] / 1e6 for p in phases],
-        width,
-        label="stored",
+    _paired_bars(ax_bytes, phases, ("stored", "loaded"), 1e6, "MB (per phase)", "offloaded bytes")
+    _paired_bars(
+        ax_hits,
+        phases,
+        ("GPU prefix-cache hits", "external (connector) hits"),
+        1,
+        "tokens (per phase)",
+        "prefix hits",
     )
-    ax_bytes.bar(
-        [i + width / 2 for i in x],
-        [p["d_loaded_bytes"] / 1e6 for p in phases],
-        width,
-        label="loaded",
-    )
-    ax_bytes.set_xticks(list(x), names)
-    ax_bytes.set_ylabel("MB (per phase)")
-    ax_bytes.set_title("offloaded bytes")
-    ax_bytes.legend()
-    ax_hits.bar(
-        [i - width / 2 for i in x],
-        [p["d_gpu_hits"] for p in phases],
-        width,
-        label="GPU prefix-cache hits",
-    )
-    ax_hits.bar(
-        [i + width / 2 for i in x],
-        [p["d_ext_hits"] for p in phases],
-        width,
-        label="external (connector) hits",
-    )
-    ax_hits.set_xticks(list(x), names)
-    ax_hits.set_ylabel("tokens (per phase)")
-    ax_hits.set_title("prefix hits")
-    ax_hits.legend()
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+# Which phases.csv column each bar label plots.
+_COLUMN = {
+    "stored": "d_stored_bytes",
+    "loaded": "d_loaded_bytes",
+    "GPU prefix-cache hits": "d_gpu_hits",
+    "external (connector) hits": "d_ext_hits",
+}
+
+
+def _paired_bars(
+    ax: Any,
+    phases: Sequence[dict[str, Any]],
+    labels: tuple[str, str],
+    scale: float,
+    ylabel: str,
+    title: str,
+) -> None:
+    """Two bars per phase side by side, so a stored/loaded or GPU/external gap shows."""
+    width = 0.38
+    x = range(len(phases))
+    for offset, label in zip((-width / 2, width / 2), labels, strict=True):
+        ax.bar(
+            [i + offset for i in x], [p[_COLUMN[label]] / scale for p in phases], width, label=label
+        )
+    ax.set_xticks(list(x), [str(p["phase"]) for p in phases])
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()

@@ -248,31 +248,35 @@ def _byte_diff(exp: Expected, diff: int) -> str:
     return f"off by {diff:+,} B" + (f" (= {' or '.join(worth)})" if worth else "")
 
 
+def _must_be_zero(name: str, value: float, observed: str, expected: str, why: str) -> CheckResult:
+    return CheckResult(name, value == 0, expected, observed, why)
+
+
 def check_filler_loaded_nothing(filler_loaded: float) -> CheckResult:
-    ok = filler_loaded == 0
-    return CheckResult(
+    return _must_be_zero(
         "filler-loaded-nothing",
-        ok,
-        "0 B",
+        filler_loaded,
         _fmt_bytes(filler_loaded),
+        "0 B",
         "unrelated prompts share no prefix with the targets: any load is a false hit",
     )
 
 
 def check_evicted(replay_gpu_hits: float) -> CheckResult:
-    ok = replay_gpu_hits == 0
-    return CheckResult(
+    result = _must_be_zero(
         "gpu-cache-evicted",
-        ok,
-        "0 GPU prefix-cache hit tokens on replay",
+        replay_gpu_hits,
         f"{int(replay_gpu_hits)} tokens",
+        "0 GPU prefix-cache hit tokens on replay",
         "the replay must come from the connector, so the filler must have evicted the "
         "targets from the GPU prefix cache",
-        ""
-        if ok
-        else "the filler was too small to evict the GPU pool; the replay was "
-        "served from GPU memory and proves nothing about offloading",
     )
+    if not result.passed:
+        result.detail = (
+            "the filler was too small to evict the GPU pool; the replay was "
+            "served from GPU memory and proves nothing about offloading"
+        )
+    return result
 
 
 def check_loaded(exp: Expected, replay_loaded: float) -> CheckResult:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from harness import engine_log, model_builder
 from harness.engine.amx import cpu_flags
@@ -142,6 +142,15 @@ def load_models(scenario: CrashReproScenario, configs: list[str] | None) -> list
     if len(set(names)) != len(names):
         raise BadInput(f"model configs must have distinct file names, got {names}")
     return entries
+
+
+class RunOptions(TypedDict, total=False):
+    """What a caller may narrow a crash-repro run to: ``plan_run``'s keywords."""
+
+    variant_names: list[str] | None
+    patch: str | None
+    configs: list[str] | None
+    connector_modes: list[str] | None
 
 
 def plan_run(

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from harness import names
 from harness import roundtrip as rt
@@ -145,25 +145,16 @@ def plan_sweep(
     scn: RoundtripScenario,
     faults: list[str],
     control_path: Path,
-    *,
-    variant: str | None = None,
-    config: str | None = None,
-    tp: int | None = None,
-    extra_args: list[str] | None = None,
+    **options: Unpack[rt.RoundtripOptions],
 ) -> SweepPlan:
     """One server plan with a fault control file, and a round-trip plan per fault."""
     if scn.fault != "none":
         raise BadInput(
             f"scenario {scn.name} fixes fault = {scn.fault!r}; the sweep sets faults itself"
         )
-    base = rt.plan_roundtrip(
-        scn,
-        variant=variant,
-        config=config,
-        tp=tp,
-        fault_control=str(control_path),
-        extra_args=extra_args,
-    )
+    if options.get("fault") not in (None, "none"):
+        raise BadInput("the faults sweep sets each round's fault itself")
+    base = rt.plan_roundtrip(scn, fault_control=str(control_path), **options)
     sweep = SweepPlan(base, faults, control_path)
     for i, fault in enumerate(faults):
         s = copy.deepcopy(base.scenario)

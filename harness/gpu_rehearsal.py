@@ -58,12 +58,13 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, Unpack
 
 from harness.errors import BadInput
 from harness.names import ENV_DEVICE
 
 if TYPE_CHECKING:
+    from harness.crash_repro import RunOptions
     from harness.launcher import ServerSpec
     from harness.scenario import ServerSettings
 
@@ -229,14 +230,7 @@ def plan_roundtrip_launch(scenario: Path, **options: Any) -> PlannedLaunch:
     )
 
 
-def plan_crash_repro_launches(
-    scenario: Path,
-    *,
-    variants: list[str] | None = None,
-    patch: str | None = None,
-    configs: list[str] | None = None,
-    connector_modes: list[str] | None = None,
-) -> list[PlannedLaunch]:
+def plan_crash_repro_launches(scenario: Path, **options: Unpack[RunOptions]) -> list[PlannedLaunch]:
     """Every row of the crash matrix on a GPU runner, its weight-free models built for real.
 
     ``build_models`` is the launcher's own step, so the argv names the very directory a
@@ -247,13 +241,7 @@ def plan_crash_repro_launches(
 
     scn = load_crash_repro(scenario)
     with gpu_planning():
-        plan = crash_repro.plan_run(
-            scn,
-            variant_names=variants,
-            patch=patch,
-            configs=configs,
-            connector_modes=connector_modes,
-        )
+        plan = crash_repro.plan_run(scn, **options)
     crash_repro.build_models(plan)
     geometries = {m.name: m.config for m in plan.models}
     launches = []
@@ -323,7 +311,7 @@ def plan_command(args: Sequence[str], root: Path) -> list[PlannedLaunch]:
         configs = [str(rel(c)) for c in params.get("config") or []]
         return plan_crash_repro_launches(
             scenario(params.get("scenario"), "crash-repro.toml"),
-            variants=list(params.get("variant") or []) or None,
+            variant_names=list(params.get("variant") or []) or None,
             patch=params.get("patch"),
             configs=configs or None,
             connector_modes=modes,

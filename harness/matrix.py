@@ -124,31 +124,21 @@ class Cell:
         return [self.family, self.geometry, self.variant, self.vllm_version, self.specs]
 
     def record(self) -> dict[str, Any]:
-        """One row of matrix.csv (documented in results/README.md)."""
-        return {
-            "family": self.family,
-            "geometry": self.geometry,
-            "variant": self.variant,
-            "vllm_version": self.vllm_version,
+        """One row of matrix.csv: its columns (``result_kinds.MATRIX_CELLS``) are this
+        cell's fields of the same name, except those rendered here."""
+        from harness.result_kinds import MATRIX_CELLS
+
+        issue = self.rule.known or self.rule.issue
+        rendered = {
             "spec_classes": self.specs,
-            "kernels": self.kernels,
-            "startup": self.startup,
-            "startup_seconds": self.startup_seconds,
-            "signature": self.signature,
-            "message": self.message,
             "known_issue": "" if self.known_issue is None else str(self.known_issue),
-            "roundtrip": self.roundtrip,
             "failed_checks": " ".join(self.failed_checks),
             "expected": self.expected_text(),
             "observed": self.observed_text(),
-            "expected_issue": ""
-            if (self.rule.known or self.rule.issue) is None
-            else str(self.rule.known or self.rule.issue),
-            "matched": self.matched,
-            "why": self.why,
+            "expected_issue": "" if issue is None else str(issue),
             "seconds": round(self.seconds, 2),
-            "cell_dir": self.cell_dir,
         }
+        return {c: rendered[c] if c in rendered else getattr(self, c) for c in MATRIX_CELLS.columns}
 
 
 @dataclass

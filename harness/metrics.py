@@ -15,24 +15,24 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+Sources = list[tuple[str, dict[str, str]]]
+
+
+def _offload(op: str, unit: str) -> Sources:
+    """An offload counter, then its deprecated twin (see the module docstring)."""
+    direction = "GPU_to_CPU" if op == "store" else "CPU_to_GPU"
+    return [
+        (f"vllm:kv_offload_{op}_{unit}", {}),
+        (f"vllm:kv_offload_total_{unit}", {"transfer_type": direction}),
+    ]
+
+
 # normalized field -> (family name, label filter); first family present wins.
-COUNTERS: dict[str, list[tuple[str, dict[str, str]]]] = {
-    "stored_bytes": [
-        ("vllm:kv_offload_store_bytes", {}),
-        ("vllm:kv_offload_total_bytes", {"transfer_type": "GPU_to_CPU"}),
-    ],
-    "loaded_bytes": [
-        ("vllm:kv_offload_load_bytes", {}),
-        ("vllm:kv_offload_total_bytes", {"transfer_type": "CPU_to_GPU"}),
-    ],
-    "store_seconds": [
-        ("vllm:kv_offload_store_time", {}),
-        ("vllm:kv_offload_total_time", {"transfer_type": "GPU_to_CPU"}),
-    ],
-    "load_seconds": [
-        ("vllm:kv_offload_load_time", {}),
-        ("vllm:kv_offload_total_time", {"transfer_type": "CPU_to_GPU"}),
-    ],
+COUNTERS: dict[str, Sources] = {
+    "stored_bytes": _offload("store", "bytes"),
+    "loaded_bytes": _offload("load", "bytes"),
+    "store_seconds": _offload("store", "time"),
+    "load_seconds": _offload("load", "time"),
     "ext_hits": [("vllm:external_prefix_cache_hits", {})],
     "ext_queries": [("vllm:external_prefix_cache_queries", {})],
     "gpu_hits": [("vllm:prefix_cache_hits", {})],

@@ -168,11 +168,16 @@ def model_dir(
 def build_model(
     config: dict[str, Any],
     name: str,
-    cache_dir: Path | None = None,
+    *,
     weights: str = "dummy",
     seed: int = 0,
+    cache_dir: Path | None = None,
 ) -> Path:
-    """Write (or reuse) the model directory for a geometry; returns its path."""
+    """Write (or reuse) ``model_dir(config, name, ...)``; returns its path.
+
+    Keyword-only past the name: weights, seed and the cache directory are easy to swap
+    when positional, and a swapped seed builds a valid model nobody asked for.
+    """
     check_buildable(config, name)
     target = model_dir(config, name, cache_dir, weights, seed)
     cache = target.parent

@@ -36,7 +36,7 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -400,9 +400,6 @@ class EnvStatus:
     def ok(self) -> bool:
         return self.state != "unavailable"
 
-    def record(self) -> dict[str, object]:
-        return asdict(self)
-
 
 @dataclass
 class EnvEntry:
@@ -537,8 +534,18 @@ class _Unavailable(Exception):
     """A step failed; ``str()`` is the one-line reason."""
 
 
-def _run(argv: Sequence[str], step: str, timeout: float, cwd: Path | None = None) -> None:
-    """Run a uv step; a failure is _Unavailable, labelled with ``step`` unless empty."""
+def _run(
+    argv: Sequence[str],
+    step: str,
+    timeout: float,
+    cwd: Path | None = None,
+    failure: Callable[[subprocess.CompletedProcess[str]], str] | None = None,
+) -> None:
+    """Run one step; a failure is _Unavailable with a one-line reason.
+
+    The reason is ``failure(proc)`` when given, else uv's own last error line labelled
+    with ``step`` (unless empty).
+    """
     env = {**os.environ, "NO_COLOR": "1", "UV_NO_PROGRESS": "1"}
     try:
         proc = subprocess.run(
@@ -554,29 +561,23 @@ def _run(argv: Sequence[str], step: str, timeout: float, cwd: Path | None = None
         raise _Unavailable(f"{step}: timed out after {timeout:.0f}s") from None
     except OSError as err:
         raise _Unavailable(f"{step}: {err}") from None
-    if proc.returncode != 0:
-        reason = uv_failure_reason(proc.stderr + proc.stdout, proc.returncode)
-        raise _Unavailable(f"{step}: {reason}" if step else reason)
+    if proc.returncode == 0:
+        return
+    if failure is not None:
+        raise _Unavailable(failure(proc))
+    reason = uv_failure_reason(proc.stderr + proc.stdout, proc.returncode)
+    raise _Unavailable(f"{step}: {reason}" if step else reason)
+
+
+def _import_failure(proc: subprocess.CompletedProcess[str]) -> str:
+    tail = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+    return f"import vllm, harness.engine.plugin failed: {(tail or ['?'])[-1]}"
 
 
 def _import_check(python: str, cwd: Path) -> None:
     """``import vllm, harness.engine.plugin`` in the new environment (as make setup does)."""
-    try:
-        proc = subprocess.run(
-            [python, "-c", "import vllm, harness.engine.plugin"],
-            capture_output=True,
-            text=True,
-            timeout=IMPORT_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            cwd=cwd,
-        )
-    except subprocess.TimeoutExpired:
-        raise _Unavailable(f"import check timed out after {IMPORT_TIMEOUT_S}s") from None
-    except OSError as err:
-        raise _Unavailable(f"import check: {err}") from None
-    if proc.returncode != 0:
-        tail = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
-        raise _Unavailable(f"import vllm, harness.engine.plugin failed: {(tail or ['?'])[-1]}")
+    argv = [python, "-c", "import vllm, harness.engine.plugin"]
+    _run(argv, "import check", IMPORT_TIMEOUT_S, cwd, failure=_import_failure)
 
 
 Step = Callable[[str], None]

@@ -13,7 +13,7 @@ here and to the README.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +22,45 @@ from harness.results import JUnitCase, RunDirectory, junit_xml
 
 if TYPE_CHECKING:
     import pandas as pd
+
+
+def _no_error(row: Any) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class JUnitMap:
+    """How a table's rows become JUnit cases, the form CI systems list failures in.
+
+    Names and text are ``str.format`` templates over the row's record (its CSV row) plus
+    the writer's context, so a case says what the table says; only whether a row failed
+    is logic, and that is the kind's own function.
+    """
+
+    classname: str
+    name: str
+    failure: Callable[[Any], str | None]  # the message when the row failed, else None
+    stdout: str = ""
+    properties: tuple[str, ...] = ()  # record columns attached as properties
+    seconds: str = ""  # record column holding the row's duration ("" = none)
+    error: Callable[[Any], str | None] = _no_error  # the message when it could not run
+
+    def cases(self, rows: Sequence[Any], **context: Any) -> list[JUnitCase]:
+        out = []
+        for row in rows:
+            rec = {**context, **row.record()}
+            out.append(
+                JUnitCase(
+                    classname=self.classname.format(**rec),
+                    name=self.name.format(**rec),
+                    seconds=float(rec.get(self.seconds) or 0.0) if self.seconds else 0.0,
+                    failure=self.failure(row),
+                    error=self.error(row),
+                    stdout=self.stdout.format(**rec),
+                    properties={k: str(rec[k]) for k in self.properties},
+                )
+            )
+        return out
 
 
 @dataclass(frozen=True)
@@ -36,6 +75,13 @@ class TableFile:
     shown: tuple[str, ...] = ()  # what ``report`` shows in the terminal
     # Headers of its markdown table in report.md and the CI summary (cells rendered there).
     display: tuple[str, ...] = ()
+    junit: JUnitMap | None = None  # one JUnit case per row (junit.xml), if any
+
+    def write_junit(
+        self, run_dir: RunDirectory, suite: str, rows: Sequence[Any], **context: Any
+    ) -> None:
+        assert self.junit is not None, self.name
+        run_dir.write_text("junit.xml", junit_xml(suite, self.junit.cases(rows, **context)))
 
     def write(self, run_dir: RunDirectory, records: Sequence[dict[str, Any]]) -> Path:
         """Exactly ``columns``, in order: a record's other keys are not written."""
@@ -96,6 +142,14 @@ OUTCOMES = TableFile(
     ),
     key=("model", "variant", "connector"),
     compared=("vllm_version", "outcome", "signature", "matched"),
+    junit=JUnitMap(
+        "crash-repro.{model}",
+        "{variant} connector={connector}",
+        lambda r: None if r.matched else (r.why or "mismatch"),
+        stdout="outcome={outcome} {signature}\nlog={log}",
+        properties=("outcome", "expected", "vllm_version"),
+        seconds="seconds",
+    ),
     shown=(
         "model",
         "variant",
@@ -126,28 +180,9 @@ CRASH_REPRO = ResultsKind(
 )
 
 
-def crash_repro_cases(rows: Sequence[Any]) -> list[JUnitCase]:
-    """One case per launched row, named by model, variant and connector."""
-    return [
-        JUnitCase(
-            classname=f"crash-repro.{r.model}",
-            name=f"{r.variant} connector={'on' if r.connector else 'off'}",
-            seconds=r.seconds or 0.0,
-            failure=None if r.matched else (r.why or "mismatch"),
-            stdout=f"outcome={r.outcome} {r.signature}\nlog={r.log}",
-            properties={
-                "outcome": r.outcome,
-                "expected": r.expected,
-                "vllm_version": r.vllm_version,
-            },
-        )
-        for r in rows
-    ]
-
-
 def write_crash_repro(run_dir: RunDirectory, rows: Sequence[Any]) -> None:
     OUTCOMES.write(run_dir, [r.record() for r in rows])
-    run_dir.write_text("junit.xml", junit_xml("crash-repro", crash_repro_cases(rows)))
+    OUTCOMES.write_junit(run_dir, "crash-repro", rows)
 
 
 # --- roundtrip ------------------------------------------------------------------------------
@@ -181,6 +216,12 @@ CHECKS = TableFile(
     key=("name",),
     compared=("passed", "observed"),
     display=("name", "passed", "expected", "observed", "detail"),
+    junit=JUnitMap(
+        "roundtrip.{scenario}",
+        "{name}",
+        lambda c: None if c.passed else f"expected {c.expected}, observed {c.observed}. {c.detail}",
+        stdout="{why}",
+    ),
 )
 ROUNDTRIP = ResultsKind(
     command="roundtrip",
@@ -195,22 +236,6 @@ ROUNDTRIP = ResultsKind(
         "logs/baseline-server.log",
     ),
 )
-
-
-def roundtrip_cases(suite: str, checks: Sequence[Any]) -> list[JUnitCase]:
-    """One case per (non-informational) check of a round trip."""
-    return [
-        JUnitCase(
-            classname=f"roundtrip.{suite}",
-            name=c.name,
-            seconds=0.0,
-            failure=None
-            if c.passed
-            else f"expected {c.expected}, observed {c.observed}. {c.detail}",
-            stdout=c.why,
-        )
-        for c in checks
-    ]
 
 
 # --- matrix ---------------------------------------------------------------------------------
@@ -241,6 +266,18 @@ MATRIX_CELLS = TableFile(
     ),
     key=("family", "geometry", "variant"),
     compared=("vllm_version", "spec_classes", "startup", "roundtrip", "failed_checks", "matched"),
+    junit=JUnitMap(
+        "matrix.{family}",
+        "{geometry} / {variant}",
+        lambda c: (
+            None
+            if c.matched or c.roundtrip == "error"
+            else f"expected {c.expected_text()}, observed {c.observed_text()}: {c.why}"
+        ),
+        properties=("spec_classes", "vllm_version", "startup", "roundtrip"),
+        seconds="seconds",
+        error=lambda c: c.why if c.roundtrip == "error" and not c.matched else None,
+    ),
     shown=(
         "family",
         "geometry",
@@ -273,33 +310,11 @@ MATRIX = ResultsKind(
 )
 
 
-def matrix_cases(cells: Sequence[Any]) -> list[JUnitCase]:
-    """One case per cell; a cell whose run broke is an error, not a failure."""
-    return [
-        JUnitCase(
-            classname=f"matrix.{c.family}",
-            name=f"{c.geometry} / {c.variant}",
-            seconds=c.seconds,
-            failure=None
-            if c.matched or c.roundtrip == "error"
-            else f"expected {c.expected_text()}, observed {c.observed_text()}: {c.why}",
-            error=f"{c.why}" if c.roundtrip == "error" and not c.matched else None,
-            properties={
-                "spec_classes": c.specs,
-                "vllm_version": c.vllm_version,
-                "startup": c.startup,
-                "roundtrip": c.roundtrip,
-            },
-        )
-        for c in cells
-    ]
-
-
 def write_matrix(run_dir: RunDirectory, cells: Sequence[Any]) -> None:
     from harness.markdown import matrix_report
 
     MATRIX_CELLS.write(run_dir, [c.record() for c in cells])
-    run_dir.write_text("junit.xml", junit_xml("matrix", matrix_cases(cells)))
+    MATRIX_CELLS.write_junit(run_dir, "matrix", cells)
     run_dir.write_text("report.md", matrix_report(cells, {"results_dir": str(run_dir.path)}))
 
 
@@ -320,6 +335,12 @@ FAULT_ROUNDS = TableFile(
     ),
     key=("fault",),
     compared=("status", "failing"),
+    junit=JUnitMap(
+        "faults",
+        "{fault}",
+        lambda r: None if r.matched else f"{r.status}: {r.reason}",
+        properties=("expected_failing",),
+    ),
     shown=("round", "fault", "status", "expected_failing", "failing", "reason"),
     display=("round", "fault", "must fail", "failed", "verdict", "why"),
 )
@@ -330,25 +351,11 @@ FAULTS = ResultsKind(
 )
 
 
-def faults_cases(rounds: Sequence[Any]) -> list[JUnitCase]:
-    """One case per round, named by its fault."""
-    return [
-        JUnitCase(
-            classname="faults",
-            name=r.fault,
-            seconds=0.0,
-            failure=None if r.matched else f"{r.status}: {r.reason}",
-            properties={"must_fail": " ".join(sorted(r.expected))},
-        )
-        for r in rounds
-    ]
-
-
 def write_faults(run_dir: RunDirectory, rounds: Sequence[Any], meta: dict[str, Any]) -> None:
     from harness.markdown import faults_report
 
     FAULT_ROUNDS.write(run_dir, [r.record() for r in rounds])
-    run_dir.write_text("junit.xml", junit_xml("faults", faults_cases(rounds)))
+    FAULT_ROUNDS.write_junit(run_dir, "faults", rounds)
     run_dir.write_text(
         "report.md", faults_report(rounds, {"results_dir": str(run_dir.path), **meta})
     )

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.result_kinds import CHECKS, PHASES, roundtrip_cases
-from harness.results import RunDirectory, junit_xml
+from harness.result_kinds import CHECKS, PHASES
+from harness.results import RunDirectory
 from harness.roundtrip import RoundtripPlan, RoundtripResult, save_requests
 
 
@@ -37,8 +37,7 @@ class RoundtripWriter:
         if not result.checks:
             return
         CHECKS.write(run_dir, [c.record() for c in (*result.checks, *result.info_checks)])
-        cases = roundtrip_cases(plan.scenario.name, result.checks)
-        run_dir.write_text("junit.xml", junit_xml("roundtrip", cases))
+        CHECKS.write_junit(run_dir, "roundtrip", result.checks, scenario=plan.scenario.name)
         run_dir.write_text(
             "report.md", roundtrip_report(result, {"results_dir": str(run_dir.path)})
         )

@@ -18,13 +18,13 @@ import argparse
 import csv
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from harness.result_kinds import CHECKS, MATRIX_CELLS, OUTCOMES, PHASES
+from harness.result_kinds import CHECKS, MATRIX_CELLS, OUTCOMES, PHASES, TableFile
 
 MAX_CELL = 300  # characters; a CI page is for reading, the files hold everything
 
@@ -279,48 +279,9 @@ def _roundtrip(run_dir: Path, run: dict[str, Any]) -> list[str]:
     lines = _headline(run_dir, run, _verdict(run, passed), "; ".join(f for f in facts if f))
 
     lines += ["### Phases", ""]
-    if phases_problem:
-        lines += [phases_problem]
-    elif phases is not None and not len(phases):
-        lines += ["_`phases.csv` has no rows yet._"]
-    elif phases is not None:
-        rows = []
-        for _, r in phases.iterrows():
-            hits = _num(_col(r, "d_ext_hits"), "")
-            queries = _num(_col(r, "d_ext_queries"), "")
-            rows.append(
-                [
-                    _col(r, "phase"),
-                    _num(_col(r, "d_stored_bytes")),
-                    _num(_col(r, "d_loaded_bytes")),
-                    _num(_col(r, "d_gpu_hits"), ""),
-                    f"{hits}/{queries}",
-                ]
-            )
-        lines += _table(PHASES.display, rows)
+    lines += _rows_or_note(phases, phases_problem, PHASES, _phase_row)
     lines += ["", "### Checks", ""]
-    if checks_problem:
-        lines += [checks_problem]
-    elif checks is not None and not len(checks):
-        lines += ["_`checks.csv` has no rows yet._"]
-    elif checks is not None:
-        rows = []
-        for _, r in checks.iterrows():
-            row_ok = _truthy(_col(r, "passed"))
-            if is_informational(r):
-                result = "info: same" if row_ok else "info: differs"
-            else:
-                result = "pass" if row_ok else "**FAIL**"
-            rows.append(
-                [
-                    _col(r, "name"),
-                    result,
-                    _col(r, "expected"),
-                    _col(r, "observed"),
-                    _col(r, "detail"),
-                ]
-            )
-        lines += _table(CHECKS.display, rows)
+    lines += _rows_or_note(checks, checks_problem, CHECKS, _check_row)
     files = [
         f"{what} `{run_dir / name}`"
         for name, what in (("report.md", "full report"), ("logs/server.log", "server log"))
@@ -329,6 +290,43 @@ def _roundtrip(run_dir: Path, run: dict[str, Any]) -> list[str]:
     if files:
         lines += ["", "Files: " + ", ".join(files) + "."]
     return [*lines, ""]
+
+
+def _rows_or_note(
+    frame: pd.DataFrame | None,
+    problem: str | None,
+    table: TableFile,
+    render: Callable[[pd.Series], list[str]],
+) -> list[str]:
+    """A table file as markdown, or why it cannot be shown (a run cut short has none)."""
+    if problem:
+        return [problem]
+    if frame is None:
+        return []
+    if not len(frame):
+        return [f"_`{table.name}` has no rows yet._"]
+    return _table(table.display, [render(r) for _, r in frame.iterrows()])
+
+
+def _phase_row(r: pd.Series) -> list[str]:
+    hits = _num(_col(r, "d_ext_hits"), "")
+    queries = _num(_col(r, "d_ext_queries"), "")
+    return [
+        _col(r, "phase"),
+        _num(_col(r, "d_stored_bytes")),
+        _num(_col(r, "d_loaded_bytes")),
+        _num(_col(r, "d_gpu_hits"), ""),
+        f"{hits}/{queries}",
+    ]
+
+
+def _check_row(r: pd.Series) -> list[str]:
+    row_ok = _truthy(_col(r, "passed"))
+    if is_informational(r):
+        result = "info: same" if row_ok else "info: differs"
+    else:
+        result = "pass" if row_ok else "**FAIL**"
+    return [_col(r, "name"), result, _col(r, "expected"), _col(r, "observed"), _col(r, "detail")]
 
 
 def _other(run_dir: Path, run: dict[str, Any]) -> list[str]:

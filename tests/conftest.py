@@ -192,14 +192,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 TIERS_SUMMARY = "offload-check tiers: pr={pr} nightly={nightly}"
 
+# Items a -m expression deselected: the nightly count is over everything collected.
+_DESELECTED: list[pytest.Item] = []
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    _DESELECTED.extend(items)
+
 
 def pytest_report_collectionfinish(
     config: pytest.Config, start_path: Path, items: list[pytest.Item]
 ) -> list[str]:
     """The selection's launches, and each tier's out of what was collected (one collection
     gives tests/unit/test_tiers.py both numbers)."""
-    pr = [i for i in items if i.get_closest_marker("nightly") is None]
+    collected = [*items, *_DESELECTED]
+    pr = [i for i in collected if i.get_closest_marker("nightly") is None]
     return [
         LAUNCH_SUMMARY.format(n=launch_count(items), tests=len(items)),
-        TIERS_SUMMARY.format(pr=launch_count(pr), nightly=launch_count(items)),
+        TIERS_SUMMARY.format(pr=launch_count(pr), nightly=launch_count(collected)),
     ]

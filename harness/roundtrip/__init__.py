@@ -16,6 +16,7 @@ against a running server), ``result`` (what a run observed).
 from harness.roundtrip.attach import attach_plan
 from harness.roundtrip.evaluate import evaluate
 from harness.roundtrip.plan import (
+    RoundtripOptions,
     RoundtripPlan,
     build_local_model,
     plan_roundtrip,
@@ -41,6 +42,7 @@ __all__ = [
     "EngineFailure",
     "PhaseResult",
     "Reporter",
+    "RoundtripOptions",
     "RoundtripPlan",
     "RoundtripResult",
     "StartupFailure",

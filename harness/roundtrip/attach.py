@@ -54,28 +54,15 @@ def attach_plan(scn: RoundtripScenario, url: str, config: str | None = None) -> 
         vocab = int(model_builder.text_config(geometry)["vocab_size"])
     targets, expected = targets_and_expected(scn, vocab, c, layout, cache.block_size, state_bytes)
     expected.exact_load = geometry is not None
+    notes = () if geometry is not None else (ATTACH_WITHOUT_CONFIG,)
+    mid, block = str(model["id"]), cache.block_size
+    # Positional in field order: model_ref and served_name are both the served id.
     return RoundtripPlan(
-        scenario=scn,
-        variant="attached",
-        env=None,
-        geometry=geometry,
-        model_ref=str(model["id"]),
-        served_name=str(model["id"]),
-        patch=None,
-        fault="none",
-        tensor_parallel=1,
-        kv_block_size=cache.block_size,
-        tokens_per_chunk=c,
-        expected=expected,
-        targets=targets,
-        server=None,
-        vocab_size=vocab,
-        cpu_capacity_tokens=None,
-        notes=()
-        if geometry is not None
-        else (
-            "attach mode without --config: KV bytes per token measured from "
-            "the cold phase (so the stored-bytes check holds by construction) "
-            "and the replay load bounded, not exact",
-        ),
+        scn, "attached", geometry, mid, mid, block, c, expected, targets, vocab, notes
     )
+
+
+ATTACH_WITHOUT_CONFIG = (
+    "attach mode without --config: KV bytes per token measured from the cold phase "
+    "(so the stored-bytes check holds by construction) and the replay load bounded, not exact"
+)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from harness import checks as ck
 from harness import kv_layout, metrics, model_builder
@@ -45,21 +45,22 @@ class RoundtripPlan:
 
     scenario: RoundtripScenario
     variant: str
-    env: Environment | None  # None in attach mode
     geometry: dict[str, Any] | None
     model_ref: str  # the geometry file, a hub id, or the attached model
     served_name: str
-    patch: str | None
-    fault: str
-    tensor_parallel: int
     kv_block_size: int
     tokens_per_chunk: int
     expected: ck.Expected  # as planned from the geometry (observations may refine it)
     targets: list[Prompt]
-    server: ServerSpec | None
     vocab_size: int
-    cpu_capacity_tokens: int | None
     notes: tuple[str, ...] = ()  # planning remarks
+    # What only a launch has; an attached plan (``roundtrip --url``) keeps the defaults.
+    env: Environment | None = None
+    patch: str | None = None
+    fault: str = "none"
+    tensor_parallel: int = 1
+    server: ServerSpec | None = None
+    cpu_capacity_tokens: int | None = None
 
     def describe(self, filler: Filler | None = None) -> dict[str, Any]:
         """``run.json``'s ``plan``: the plan, with the filler once the live pool sized it."""
@@ -149,6 +150,17 @@ def _validate_lengths(scn: RoundtripScenario, c: int) -> None:
             )
     if w.filler_tokens + 1 > max_len:
         raise BadInput(f"filler prompts of {w.filler_tokens} tokens exceed max_model_len {max_len}")
+
+
+class RoundtripOptions(TypedDict, total=False):
+    """The launch choices a command forwards to ``plan_roundtrip`` (its keywords)."""
+
+    variant: str | None
+    patch: str | None
+    config: str | None
+    tp: int | None
+    fault: str | None
+    extra_args: list[str] | None
 
 
 def plan_roundtrip(
@@ -254,25 +266,13 @@ def plan_roundtrip(
             f"prompts cross attention_chunk_size {chunk}: chunked-local layers load only the "
             "current attention chunk's part of the hit, so loaded < stored by design"
         )
+    model_ref = scn.hub_model or str(geometry_path)
+    # The fields an attached plan has too, positional as in ``attach_plan``; then the launch.
     return RoundtripPlan(
-        scenario=scn,
-        variant=name,
-        env=env,
-        geometry=geometry,
-        model_ref=scn.hub_model or str(geometry_path),
-        served_name=served,
-        patch=eff_patch,
-        fault=eff_fault,
-        tensor_parallel=tp_size,
-        kv_block_size=kv_block,
-        tokens_per_chunk=c,
-        expected=expected,
-        targets=targets,
-        server=sp,
-        vocab_size=vocab,
+        scn, name, geometry, model_ref, served, kv_block, c, expected, targets, vocab, tuple(notes),
+        env=env, patch=eff_patch, fault=eff_fault, tensor_parallel=tp_size, server=sp,
         cpu_capacity_tokens=capacity,
-        notes=tuple(notes),
-    )
+    )  # fmt: skip
 
 
 # Headroom of an "auto" CPU tier over what targets + filler store.

@@ -54,21 +54,21 @@ def test_unbuildable_configs_are_refused():
 
 def test_build_is_deterministic_and_cached(tmp_path):
     cfg = geometry("llama4-small-chunk")
-    a = models.build_model(cfg, "small", tmp_path)
-    b = models.build_model(cfg, "small", tmp_path)
+    a = models.build_model(cfg, "small", cache_dir=tmp_path)
+    b = models.build_model(cfg, "small", cache_dir=tmp_path)
     assert a == b and (a / ".complete").is_file()
     written = json.loads((a / "config.json").read_text())
     assert written["model_type"] == "llama4_text"
     assert written["attention_chunk_size"] == 256
     assert written["architectures"] == ["Llama4ForCausalLM"]
     changed = dict(cfg, attention_chunk_size=512)
-    assert models.build_model(changed, "small", tmp_path) != a
+    assert models.build_model(changed, "small", cache_dir=tmp_path) != a
 
 
 def test_tokenizer_has_the_exact_vocabulary_and_one_token_per_word(tmp_path):
     from transformers import AutoTokenizer
 
-    path = models.build_model(geometry("llama4-small-chunk"), "small", tmp_path)
+    path = models.build_model(geometry("llama4-small-chunk"), "small", cache_dir=tmp_path)
     tok = AutoTokenizer.from_pretrained(str(path))
     assert len(tok) == 1024
     ids = tok("t10 t11 t1023").input_ids
@@ -83,7 +83,7 @@ def test_interrupted_build_leaves_nothing_that_looks_complete(tmp_path, monkeypa
 
     monkeypatch.setattr(models, "build_tokenizer", boom)
     with pytest.raises(RuntimeError):
-        models.build_model(geometry("llama4-small-chunk"), "small", tmp_path)
+        models.build_model(geometry("llama4-small-chunk"), "small", cache_dir=tmp_path)
     assert not any((tmp_path / "models").iterdir())
 
 
@@ -95,5 +95,5 @@ def test_missing_architectures_default_to_vllms_native_llama4(tmp_path):
         "num_attention_heads": 4,
         "vocab_size": 100,
     }
-    path = models.build_model(cfg, "bare", tmp_path)
+    path = models.build_model(cfg, "bare", cache_dir=tmp_path)
     assert json.loads((path / "config.json").read_text())["architectures"] == ["Llama4ForCausalLM"]
