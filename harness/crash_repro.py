@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypedDict
@@ -151,6 +151,7 @@ class RunOptions(TypedDict, total=False):
     patch: str | None
     configs: list[str] | None
     connector_modes: list[str] | None
+    extra_variants: Mapping[str, Variant] | None
 
 
 def plan_run(
@@ -160,9 +161,13 @@ def plan_run(
     patch: str | None = None,
     configs: list[str] | None = None,
     connector_modes: list[str] | None = None,
+    extra_variants: Mapping[str, Variant] | None = None,
 ) -> RunPlan:
-    """Everything that can be checked before a single server starts."""
-    all_variants = load_variants(scenario.resolve(scenario.variants_file))
+    """Everything that can be checked before a single server starts.
+
+    ``extra_variants`` are builds made at run time (a sweep's releases), launchable by
+    name like the variants file's."""
+    all_variants = load_variants(scenario.resolve(scenario.variants_file), extra_variants)
     names = variant_names or scenario.variants
     unknown = [n for n in names if n not in all_variants]
     if unknown:

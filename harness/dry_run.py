@@ -150,3 +150,42 @@ def faults_plan(console: Console, sweep: object) -> None:
         )
     assert base.server is not None
     console.print("  argv: " + json.dumps(base.server.argv()), highlight=False, markup=False)
+
+
+def sweep_plan(console: Console, run: object) -> None:
+    """The builds (and whether their environment exists), the checks, and what the
+    scenarios' rules expect of each check on each release."""
+    from rich.table import Table
+
+    from harness import release_envs as renv
+    from harness import sweep as sw
+
+    assert isinstance(run, sw.SweepRun)
+    console.print(
+        f"[bold]sweep[/] (dry run): {len(run.builds)} build(s), "
+        f"{sum(len(t.checks) for t in run.targets)} check(s), one server at a time",
+        highlight=False,
+    )
+    host_line(console)
+    existing = {e.name: e for e in renv.list_envs(measure=False)}
+    for b in run.builds:
+        if b.release:
+            name = renv.env_name(run.dist, b.spec)
+            entry = existing.get(name)
+            state = "ready" if entry and entry.complete else "to create"
+            where = f"{renv.envs_dir() / name}"
+        else:
+            state, where = "your build", b.spec
+        console.print(f"  build {b.label}: {state} ({where})", highlight=False, markup=False)
+    table = Table(title="expected (from the scenarios' rules, by version)", header_style="bold")
+    table.add_column("check")
+    for b in run.builds:
+        table.add_column(b.label)
+    for t in run.targets:
+        for c in t.checks:
+            cells = [
+                sw.expected_for(t, c, b.label, b.label) if b.release else "(by its version)"
+                for b in run.builds
+            ]
+            table.add_row(c, *cells)
+    console.print(table)

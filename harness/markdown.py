@@ -167,3 +167,83 @@ def faults_report(rounds: Sequence[Any], meta: dict[str, Any]) -> str:
         )
     lines.append(_table(FAULT_ROUNDS.display, rows))
     return "\n".join(lines) + "\n"
+
+
+def _mark(matched: Any) -> str:
+    return {True: "yes", False: "**NO**"}.get(matched, "-")
+
+
+def sweep_grid(cells: Sequence[Any], builds: Sequence[str]) -> tuple[list[str], list[list[str]]]:
+    """The release x check table: a row per check, a column per build (oldest release
+    first, user builds last); each entry the outcome, starred when not as expected."""
+    checks: list[str] = []
+    at: dict[tuple[str, str], Any] = {}
+    for c in cells:
+        if c.check not in checks:
+            checks.append(c.check)
+        at[(c.check, c.release)] = c
+    columns = [b for b in builds if any((ch, b) in at for ch in checks)]
+    rows = []
+    for ch in checks:
+        row = [ch]
+        for b in columns:
+            c = at.get((ch, b))
+            row.append("" if c is None else c.state + (" *" if c.matched is False else ""))
+        rows.append(row)
+    return ["check", *columns], rows
+
+
+def sweep_report(
+    cells: Sequence[Any],
+    envs: Sequence[dict[str, Any]],
+    transitions: Sequence[Any],
+    meta: dict[str, Any],
+) -> str:
+    bad = [c for c in cells if c.matched is False]
+    unjudged = [c for c in cells if c.matched is None]
+    verdict = "as expected" if not bad else f"{len(bad)} not as expected"
+    lines = [f"# offload-check sweep: {verdict}", ""]
+    lines += [
+        f"- builds: {', '.join(meta.get('builds', [])) or '-'}",
+        f"- checks: {len({c.check for c in cells})}; cells: {len(cells)} "
+        f"({len(cells) - len(bad) - len(unjudged)} as expected, {len(bad)} not, "
+        f"{len(unjudged)} not run)",
+        f"- results: `{meta.get('results_dir', '')}`",
+        "",
+    ]
+    if bad:
+        lines += ["## Not as expected", ""]
+        lines.append(
+            _table(
+                ["release", "check", "outcome", "expected", "why"],
+                [[c.release, c.check, c.state, c.expected, c.why] for c in bad],
+            )
+        )
+        lines.append("")
+    headers, rows = sweep_grid(cells, meta.get("builds", []))
+    lines += ["## Release x check", "", "(* = not as expected)", "", _table(headers, rows), ""]
+    lines += ["## Transitions", ""]
+    lines += [f"- {t.text()}" for t in transitions] or ["_no release ran twice_"]
+    for text in meta.get("bisect", []):
+        lines.append(f"- bisect: {text}")
+    lines += ["", "## Builds", ""]
+    lines.append(
+        _table(
+            ["build", "state", "vLLM", "seconds", "reason"],
+            [
+                [e["release"], e["state"], e.get("vllm_version") or "", e["seconds"], e["reason"]]
+                for e in envs
+            ],
+        )
+    )
+    lines += ["", "## Cells", ""]
+    lines.append(
+        _table(
+            ["release", "check", "outcome", "signature", "expected", "match", "detail"],
+            [
+                [c.release, c.check, c.state, c.signature, c.expected, _mark(c.matched), c.detail]
+                for c in cells
+            ],
+        )
+    )
+    return "\n".join(lines) + "\n"

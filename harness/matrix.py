@@ -17,7 +17,7 @@ a row that matches, and a new one is a row that does not.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,6 +40,7 @@ from harness.scenario import (
     MatrixEntry,
     MatrixScenario,
     RoundtripScenario,
+    Variant,
     load_model_config,
     load_roundtrip,
     load_variants,
@@ -216,10 +217,11 @@ def plan_matrix(
     families: list[str] | None = None,
     variants: list[str] | None = None,
     geometries: list[str] | None = None,
+    extra_variants: Mapping[str, Variant] | None = None,
 ) -> MatrixPlan:
     """Every cell with its expectation and round-trip plan; refuses bad input at once."""
     base = load_roundtrip(scn.resolve(scn.roundtrip))
-    known_variants = load_variants(base.resolve(base.variants_file))
+    known_variants = load_variants(base.resolve(base.variants_file), extra_variants)
     names = variants or scn.variants
     for n in names:
         if n not in known_variants:
@@ -251,7 +253,11 @@ def plan_matrix(
             found = match_rule(scn, entry.family, stem, n, versions[n])
             cell = Cell(entry.family, stem, n, versions[n], found.rule, rule_index=found.index)
             try:
-                cell.plan = plan_roundtrip(cell_scenario(base, entry, geometry, n), variant=n)
+                cell.plan = plan_roundtrip(
+                    cell_scenario(base, entry, geometry, n),
+                    variant=n,
+                    extra_variants=extra_variants,
+                )
             except BadInput as err:
                 # A plan the harness refuses (say, a prompt longer than the model) is the
                 # scenario's fault: the whole run is bad input, not one red cell.

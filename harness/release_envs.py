@@ -709,6 +709,16 @@ def _ensure(build: _Build, *, uv: str | None, torch_index: str | None, on_step: 
                 name=build.name,
                 vllm_version=stamp.get("vllm_version"),
             )
+        known_bad = _cached_unavailable(build)
+        if known_bad is not None:
+            return EnvStatus(
+                build.release,
+                None,
+                "unavailable",
+                known_bad,
+                time.monotonic() - t0,
+                name=build.name,
+            )
         if path.exists():
             on_step("removing an incomplete environment")
             shutil.rmtree(path)
@@ -717,6 +727,7 @@ def _ensure(build: _Build, *, uv: str | None, torch_index: str | None, on_step: 
             vllm_version = _install(build, path, uv, torch_index, on_step)
         except _Unavailable as err:
             shutil.rmtree(path, ignore_errors=True)
+            _remember_unavailable(build, str(err))
             return EnvStatus(
                 build.release,
                 None,
@@ -757,6 +768,32 @@ def _ensure(build: _Build, *, uv: str | None, torch_index: str | None, on_step: 
         )
 
 
+def _unavailable_path(build: _Build) -> Path:
+    return envs_dir() / ".unavailable" / f"{build.name}.json"
+
+
+def _cached_unavailable(build: _Build) -> str | None:
+    """Why ``build`` could not be installed, if it was tried within a day (a sweep over
+    ``all`` would otherwise re-resolve dozens of old releases at every run); ``envs
+    prune`` forgets these."""
+    try:
+        data = json.loads(_unavailable_path(build).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("fingerprint") != build.fingerprint:
+        return None
+    if time.time() - float(data.get("at", 0)) > KNOWN_TTL_S:
+        return None
+    return str(data.get("reason", "unavailable"))
+
+
+def _remember_unavailable(build: _Build, reason: str) -> None:
+    path = _unavailable_path(build)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_json(path, {"reason": reason, "at": time.time(), "fingerprint": build.fingerprint})
+
+
 def _install(
     build: _Build, path: Path, uv: str, torch_index: str | None, on_step: Step
 ) -> str | None:
@@ -772,8 +809,11 @@ def _install(
     on_step("creating the environment")
     _run([uv, "venv", "--quiet", "--seed", "--python", sys.executable, str(path)], "uv venv", 300)
     on_step(f"installing {build.release}")
+    # Wheels only for a release and what it pulls in: an old release with no wheel for
+    # this platform is unavailable in seconds, not an hour of compiling vLLM from source.
+    binary = ["--no-build"] if build.version is not None else []
     _run(
-        [uv, "pip", "install", "--python", python, *flags, build.requirement],
+        [uv, "pip", "install", "--python", python, *flags, *binary, build.requirement],
         "",  # the build's own install: its reason needs no label (torch==... not found)
         INSTALL_TIMEOUT_S,
     )
@@ -887,6 +927,8 @@ def prune_envs(keep: set[str] | None = None) -> tuple[list[EnvEntry], list[EnvEn
                 continue
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry)
+    # Builds that failed to install are tried again after a prune.
+    shutil.rmtree(envs_dir() / ".unavailable", ignore_errors=True)
     return removed, busy
 
 

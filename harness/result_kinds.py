@@ -376,8 +376,89 @@ BENCH = ResultsKind(
     files=("bench.json", "crash-repro/logs/", "roundtrip/logs/"),
 )
 
+# --- sweep ----------------------------------------------------------------------------------
+SWEEP_CELLS = TableFile(
+    name="sweep.csv",
+    title="sweep",
+    columns=(
+        "release",
+        "check",
+        "kind",
+        "scenario",
+        "outcome",
+        "known",
+        "signature",
+        "expected",
+        "matched",
+        "seconds",
+        "vllm_version",
+        "detail",
+        "why",
+        "rule",
+        "run_dir",
+    ),
+    key=("release", "check"),
+    compared=("vllm_version", "outcome", "known", "matched"),
+    shown=("release", "check", "outcome", "signature", "expected", "matched", "detail"),
+    display=("release", "check", "outcome", "signature", "expected", "match", "detail"),
+    junit=JUnitMap(
+        "sweep.{release}",
+        "{check}",
+        lambda c: f"expected {c.expected}, got {c.state}: {c.why}" if c.matched is False else None,
+        stdout="outcome={outcome} {signature}\n{detail}\n{why}",
+        properties=("vllm_version", "outcome", "expected", "scenario"),
+        seconds="seconds",
+    ),
+)
+SWEEP_ENVS = TableFile(
+    name="envs.csv",
+    title="builds",
+    columns=("release", "state", "reason", "seconds", "disk_bytes", "vllm_version", "python"),
+    key=("release",),
+    compared=("state", "vllm_version"),
+    shown=("release", "state", "vllm_version", "seconds", "reason"),
+)
+SWEEP = ResultsKind(
+    command="sweep",
+    tables=(SWEEP_CELLS, SWEEP_ENVS),
+    files=(
+        "junit.xml",
+        "report.md",
+        "heatmap.png",
+        "transitions.json",
+        "releases/<build>/<scenario>/",
+    ),
+)
+
+
+def write_sweep(
+    run_dir: RunDirectory,
+    cells: Sequence[Any],
+    envs: Sequence[dict[str, Any]],
+    transitions: Sequence[Any],
+    meta: dict[str, Any],
+    *,
+    chart: bool = True,
+) -> None:
+    """Every sweep file from what is known so far (rewritten after each cell)."""
+    from harness.markdown import sweep_report
+
+    SWEEP_CELLS.write(run_dir, [c.record() for c in cells])
+    SWEEP_ENVS.write(run_dir, envs)
+    SWEEP_CELLS.write_junit(run_dir, "sweep", cells)
+    run_dir.write_json("transitions.json", [t.record() for t in transitions])
+    run_dir.write_text(
+        "report.md",
+        sweep_report(cells, envs, transitions, {"results_dir": str(run_dir.path), **meta}),
+    )
+    if chart and cells:
+        from harness.chart import sweep_heatmap
+
+        sweep_heatmap(cells, meta.get("release_order", []), run_dir.path / "heatmap.png")
+
+
 KINDS: dict[str, ResultsKind] = {
-    k.command: k for k in (CRASH_REPRO, ROUNDTRIP, MATRIX, FAULTS, BENCH)
+    k.command: k for k in (CRASH_REPRO, ROUNDTRIP, MATRIX, FAULTS, BENCH, SWEEP)
 }
 """Every command that writes a results directory, by its ``run.json`` ``command``."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -218,6 +219,25 @@ class WorkloadSettings(StrictModel):
         return value
 
 
+class RoundTripRule(StrictModel):
+    """What the rules judging a round trip share: the versions a rule is for, the checks
+    known to fail there, the upstream issue behind them, and why."""
+
+    vllm: str | None = Field(None, description="PEP 440 specifier on the build's vLLM version")
+    failing_checks: list[str] = Field(default_factory=list)
+    issue: int | str | None = Field(None, description="upstream issue behind a known failure")
+    why: str = ""
+
+    _specifier = field_validator("vllm")(Expectation._specifier.__func__)  # type: ignore[attr-defined]
+
+
+class RoundtripExpectation(RoundTripRule):
+    """A rule for a round trip on some vLLM versions (``offload-check sweep``): the first
+    rule matching the build's version wins; with none, every check must pass."""
+
+    outcome: Literal["pass", "fail", "crashed"] = "pass"
+
+
 class RoundtripScenario(FileScenario):
     name: str
     description: str = ""
@@ -237,6 +257,8 @@ class RoundtripScenario(FileScenario):
     server: ServerSettings = Field(default_factory=ServerSettings)
     offload: OffloadSettings = Field(default_factory=OffloadSettings)
     workload: WorkloadSettings = Field(default_factory=WorkloadSettings)
+    # What a sweep over releases expects of this round trip by version (none: pass).
+    expectations: list[RoundtripExpectation] = Field(default_factory=list)
 
     @field_validator("patch")
     @classmethod
@@ -270,7 +292,7 @@ class MatrixEntry(StrictModel):
     pool_tokens: int | None = Field(None, gt=0, description="server.pool_tokens")
 
 
-class CellExpectation(StrictModel):
+class CellExpectation(RoundTripRule):
     """A rule for matrix cells; the first rule whose given fields all match wins.
 
     ``startup`` is the verdict at launch: ``crashed`` means a crash in offloading code
@@ -283,18 +305,12 @@ class CellExpectation(StrictModel):
     family: Family | None = None
     geometry: str | None = Field(None, description="geometry file stem, e.g. gemma3-interleaved")
     variant: str | None = None
-    vllm: str | None = Field(None, description="PEP 440 specifier on the variant's vLLM version")
     startup: StartupOutcome = "started"
     known: int | str | None = Field(
         None, description="upstream issue (or label) the crash must be matched to"
     )
     error: str | None = Field(None, description="text the crash message must contain")
     roundtrip: RoundtripOutcome = "pass"
-    failing_checks: list[str] = Field(default_factory=list)
-    issue: int | None = Field(None, description="upstream issue behind a known failure")
-    why: str = ""
-
-    _specifier = field_validator("vllm")(Expectation._specifier.__func__)  # type: ignore[attr-defined]
 
 
 class MatrixScenario(FileScenario):
@@ -364,7 +380,16 @@ def effective_patch(*choices: str | None) -> str | None:
     return None
 
 
-def load_variants(path: Path) -> dict[str, Variant]:
+def load_variants(path: Path, extra: Mapping[str, Variant] | None = None) -> dict[str, Variant]:
+    """The variants file's builds, plus ``extra`` ones made at run time (a sweep's release
+    environments, an interpreter given with ``--python``), which win on a name clash."""
+    variants = _variants_file(path)
+    for name, variant in (extra or {}).items():
+        variants[name] = variant.model_copy(update={"name": name})
+    return variants
+
+
+def _variants_file(path: Path) -> dict[str, Variant]:
     data = read_toml(path)
     try:
         variants = VariantsFile.model_validate(data).variants

@@ -335,14 +335,36 @@ def _other(run_dir: Path, run: dict[str, Any]) -> list[str]:
     return [*lines, "Files: " + (", ".join(f"`{f}`" for f in files) or "none"), ""]
 
 
+def _sweep(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    """Release x check, cells not as expected listed first, and the transitions."""
+    from harness.markdown import sweep_grid
+    from harness.sweep import read_cells
+
+    cells, _ = read_cells(run_dir)
+    bad = [c for c in cells if c.matched is False]
+    lines = _headline(run_dir, run, _verdict(run, not bad), f"{len(cells)} cells")
+    for c in bad:
+        lines.append(f"- **not as expected**: {c.release} {c.check}: {c.state} ({c.why})")
+    if bad:
+        lines.append("")
+    builds = [str(b.get("label")) for b in run.get("builds") or [] if isinstance(b, dict)]
+    headers, rows = sweep_grid(cells, builds or list(dict.fromkeys(c.release for c in cells)))
+    lines += _table(headers, rows)
+    lines += ["", *[f"- {t}" for t in run.get("transitions") or []], ""]
+    return lines
+
+
 def _section(run_dir: Path) -> list[str]:
     run, problem = _load_run(run_dir)
     if problem:
         return [f"## `{run_dir.name}`: **UNREADABLE**", "", f"_{problem}_", ""]
     assert run is not None
-    render_one = {"crash-repro": _crash_repro, "roundtrip": _roundtrip, "matrix": _matrix}.get(
-        str(run.get("command")), _other
-    )
+    render_one = {
+        "crash-repro": _crash_repro,
+        "roundtrip": _roundtrip,
+        "matrix": _matrix,
+        "sweep": _sweep,
+    }.get(str(run.get("command")), _other)
     try:
         return render_one(run_dir, run)
     except Exception as exc:  # a summary must never fail the CI step it runs in

@@ -341,9 +341,9 @@ def _size(n: float | None) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
-class EnvsProgress:
-    """Release environments, one line per release when it is done; on a terminal a
-    spinner shows the step under way (an install takes a minute or more)."""
+class _SpinnerLines:
+    """Plain lines for what is done, and on a terminal one spinner line for the step
+    under way (an install or a launch takes a minute; CI logs get only the lines)."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
@@ -351,7 +351,7 @@ class EnvsProgress:
         self._status: Any = None
         self._prefix = ""
 
-    def __enter__(self) -> EnvsProgress:
+    def __enter__(self) -> Any:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -362,28 +362,46 @@ class EnvsProgress:
             self._status.stop()
             self._status = None
 
-    def env_started(self, release: str, index: int, total: int) -> None:
-        self._prefix = f"[{index}/{total}] {release}"
-        if self.live:
-            self._status = self.console.status(escape(f"{self._prefix}: checking"))
+    def _show(self, message: str) -> None:
+        if not self.live:
+            return
+        text = escape(f"{self._prefix}: {message}")
+        if self._status is None:
+            self._status = self.console.status(text)
             self._status.start()
         else:
+            self._status.update(text)
+
+    def _line(self, text: Text | str) -> None:
+        self._stop()
+        self.console.print(text, highlight=False)
+
+
+def _env_line(head: str, status: Any) -> Text:
+    line = Text(f"{head}: ")
+    line.append(status.state, style=ENV_STATE_STYLE.get(status.state, "white"))
+    if status.state == "unavailable":
+        line.append(f": {status.reason}")
+    else:
+        version = f"vLLM {status.vllm_version}, " if status.vllm_version else ""
+        line.append(f" ({version}{status.seconds:.0f}s, {_size(status.disk_bytes)})")
+    return line
+
+
+class EnvsProgress(_SpinnerLines):
+    """Release environments, one line per release when it is done."""
+
+    def env_started(self, release: str, index: int, total: int) -> None:
+        self._prefix = f"[{index}/{total}] {release}"
+        if not self.live:
             self.console.print(f"{self._prefix} ...", highlight=False, markup=False)
+        self._show("checking")
 
     def env_step(self, release: str, message: str) -> None:
-        if self._status is not None:
-            self._status.update(escape(f"{self._prefix}: {message}"))
+        self._show(message)
 
     def env_finished(self, status: Any, index: int, total: int) -> None:
-        self._stop()
-        style = ENV_STATE_STYLE.get(status.state, "white")
-        line = Text(f"[{index}/{total}] {status.release}: ")
-        line.append(status.state, style=style)
-        if status.state == "unavailable":
-            line.append(f": {status.reason}")
-        else:
-            line.append(f" ({status.seconds:.0f}s, {_size(status.disk_bytes)})")
-        self.console.print(line, highlight=False)
+        self._line(_env_line(f"[{index}/{total}] {status.release}", status))
 
 
 def env_status_table(statuses: Sequence[Any]) -> Table:
@@ -440,3 +458,94 @@ def prune_lines(removed: Sequence[Any], busy: Sequence[Any]) -> list[Text]:
     freed = sum(e.disk.exclusive for e in removed)
     lines.append(Text(f"{len(removed)} removed, {_size(freed)} freed", style="bold"))
     return lines
+
+
+class SweepProgress(_SpinnerLines):
+    """A line per build and per cell (a sweep runs for an hour or more, and CI logs must
+    show where it is); on a terminal a spinner shows the launch or install under way."""
+
+    def build_started(self, build: Any, index: int, total: int) -> None:
+        self._prefix = f"[{index}/{total}] {build.label}"
+        self._line(Text(f"{self._prefix}: environment ..."))
+        self._show("environment")
+
+    def build_step(self, build: Any, message: str) -> None:
+        self._show(message)
+
+    def build_ready(self, build: Any, status: Any) -> None:
+        self._line(_env_line(self._prefix, status))
+
+    def cell_done(self, cell: Any) -> None:
+        if cell.matched is None:
+            mark = Text("--", style="dim")
+        elif cell.matched:
+            mark = Text("ok", style="green")
+        else:
+            mark = Text("UNEXPECTED", style="bold red")
+        line = mark + Text(f" {cell.release} {cell.check}: ")
+        line.append(cell.state, style=_sweep_style(cell.outcome))
+        if cell.signature and cell.signature != cell.state:
+            line.append(f" {cell.signature}")
+        if cell.matched is False:
+            line.append(f" (expected {cell.expected}: {cell.why})")
+        elif cell.matched is None and cell.why:
+            line.append(f" ({cell.why})")
+        if cell.seconds:
+            line.append(f" ({cell.seconds:.0f}s)")
+        self._line(line)
+
+    # The commands' reporters, while one of their rows, cells or round trips runs.
+    def row_started(self, row: Any, index: int, total: int) -> None:
+        self._show(f"launching {row.key}")
+
+    def row_tick(self, row: Any, elapsed: float) -> None:
+        self._show(f"launching {row.key} ({elapsed:.0f}s)")
+
+    def row_finished(self, row: Any, index: int, total: int) -> None:
+        pass  # cell_done prints the verdict
+
+    def cell_started(self, cell: Any, index: int, total: int) -> None:
+        self._show(f"{cell.key}: round trip")
+
+    def cell_finished(self, cell: Any, index: int, total: int) -> None:
+        pass
+
+    def status(self, message: str) -> None:
+        self._show(message)
+
+    def phase_done(self, phase: Any) -> None:
+        self._show(f"phase {phase.phase} done")
+
+    def request_done(self, completion: Any) -> None:
+        pass
+
+
+def _sweep_style(outcome: str) -> str:
+    head = outcome.split(",")[0]
+    if outcome in ("unavailable", "not-run"):
+        return "dim"
+    if outcome.endswith("fail"):
+        return "red"
+    return MATRIX_STYLE.get(head, OUTCOME_STYLE.get(head, "white"))
+
+
+def sweep_table(cells: Sequence[Any], builds: Sequence[str]) -> Table:
+    """Release x check: outcome per cell, red where it is not what the rules expect."""
+    from harness.markdown import sweep_grid
+
+    headers, rows = sweep_grid(cells, builds)
+    at = {(c.check, c.release): c for c in cells}
+    table = Table(title="sweep (red: not as expected)", header_style="bold", show_lines=True)
+    for h in headers:
+        table.add_column(h, overflow="fold")
+    for r in rows:
+        out: list[Text] = [Text(r[0])]
+        for b in headers[1:]:
+            c = at.get((r[0], b))
+            if c is None:
+                out.append(Text(""))
+                continue
+            style = "bold red" if c.matched is False else _sweep_style(c.outcome)
+            out.append(Text(c.state, style=style))
+        table.add_row(*out)
+    return table

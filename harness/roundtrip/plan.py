@@ -5,6 +5,7 @@ the live pool (the filler). Impossible plans are refused here with one clear lin
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -17,6 +18,7 @@ from harness.launcher import ServerSpec
 from harness.scenario import (
     OffloadSettings,
     RoundtripScenario,
+    Variant,
     effective_patch,
     load_model_config,
     load_variants,
@@ -161,6 +163,7 @@ class RoundtripOptions(TypedDict, total=False):
     tp: int | None
     fault: str | None
     extra_args: list[str] | None
+    extra_variants: Mapping[str, Variant] | None
 
 
 def plan_roundtrip(
@@ -173,12 +176,13 @@ def plan_roundtrip(
     fault: str | None = None,
     fault_control: str | None = None,
     extra_args: list[str] | None = None,
+    extra_variants: Mapping[str, Variant] | None = None,
 ) -> RoundtripPlan:
     """Everything knowable before launch; refuses impossible plans with one clear line.
 
     ``fault_control`` (a file path) makes the host backend take its fault from that file,
     switchable between round trips on one server (``harness.fault_sweep``)."""
-    variants = load_variants(scn.resolve(scn.variants_file))
+    variants = load_variants(scn.resolve(scn.variants_file), extra_variants)
     name = variant or scn.variant
     if name not in variants:
         raise BadInput(f"unknown variant {name!r}; known: {', '.join(variants)}")

@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NIGHTLY = ROOT / ".github" / "workflows" / "nightly-gpu.yml"
 CI = ROOT / ".github" / "workflows" / "ci.yml"
 BUILDKITE = ROOT / ".buildkite" / "nightly.yml"
-GH_FILES = [NIGHTLY, CI]
+SWEEP = ROOT / ".github" / "workflows" / "sweep.yml"
+GH_FILES = [NIGHTLY, CI, SWEEP]
 FIXTURES = ROOT / "tests" / "fixtures" / "results"
 BIN = Path(sys.executable).parent
 CLI = BIN / "offload-check"
@@ -294,6 +295,44 @@ def test_nightly_shape() -> None:
     for jid, _, step in gh_steps(doc):
         if "junit" in str(step.get("uses", "")):
             assert step["with"]["report_paths"] == "results/*/junit.xml", jid
+
+
+def test_sweep_splits_by_release_with_the_job_matrix_and_merges() -> None:
+    """One job per release from GitHub's own matrix (fed by `envs releases --json`), and a
+    merge job that runs even when a release's job failed."""
+    doc = load(SWEEP)
+    jobs = doc["jobs"]
+    assert jobs["plan"]["outputs"]["releases"] == "${{ steps.list.outputs.releases }}"
+    matrix = jobs["sweep"]["strategy"]["matrix"]
+    assert matrix["release"] == "${{ fromJSON(needs.plan.outputs.releases) }}"
+    assert jobs["sweep"]["strategy"]["fail-fast"] is False
+    assert jobs["sweep"]["needs"] == "plan" and jobs["merge"]["needs"] == "sweep"
+    assert jobs["merge"]["if"] == "always()"
+    calls = gh_commands(SWEEP, "offload-check")
+    assert ["envs", "releases", "0.27.0..", "--json"] in calls
+    assert ["sweep", "--merge", "shards/*/*", "--results-dir", "results"] in calls
+    sweeps = [c for c in calls if c[0] == "sweep" and "--releases" in c]
+    assert len(sweeps) == 2 and all(c[c.index("--releases") + 1] == "" for c in sweeps)
+
+
+def test_sweep_commands_are_accepted_by_the_cli(tmp_path: Path) -> None:
+    """The per-release sweep, as the job runs it for one matrix value, plans (dry run)."""
+    listed = run([str(CLI), "envs", "releases", "0.27.0..", "--json"], cwd=ROOT)
+    assert listed.returncode == 0, listed.stderr
+    releases = json.loads(listed.stdout)
+    assert releases[0] == "0.27.0" and "0.32.0" in releases
+    for args in gh_commands(SWEEP, "offload-check"):
+        if args[0] != "sweep" or "--releases" not in args:
+            continue
+        args = list(args)
+        args[args.index("--releases") + 1] = releases[-1]  # what the matrix gives one job
+        if "--check" in args:
+            args[args.index("--check") + 1] = "llama4-issue-51150"  # a dispatch input
+        proc = run([str(CLI), *args, "--dry-run"], cwd=ROOT)
+        assert proc.returncode == 0, f"{args}\n{proc.stdout}\n{proc.stderr}"
+        assert "crashed #51150" not in proc.stdout  # the newest release is fixed
+    merge = run([str(CLI), "sweep", "--merge", str(tmp_path)], cwd=ROOT)
+    assert merge.returncode == 2 and "no sweep.csv" in merge.stderr
 
 
 def test_ci_runs_make_test_with_pip_cache() -> None:
@@ -631,9 +670,11 @@ def test_summary_command_from_the_ci_files(tmp_path: Path) -> None:
         for line in logical_lines(step["command"])
         if "harness.summary" in line
     ]
-    assert len(lines) == 4
+    assert len(lines) == 5
     for line in lines:
         line = line.removeprefix("if ").removesuffix("; then")
+        if line.startswith("python "):  # sweep.yml's jobs install the harness, no .venv
+            line = f"{sys.executable} {line.removeprefix('python ')}"
         target = tmp_path / "GITHUB_STEP_SUMMARY"
         target.unlink(missing_ok=True)
         env = {**os.environ, "GITHUB_STEP_SUMMARY": str(target)}

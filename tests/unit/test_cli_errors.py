@@ -188,3 +188,36 @@ def test_roundtrip_dry_run_prints_the_plan():
 def test_report_and_compare_refuse_non_results(tmp_path):
     assert_one_line_error(run("report", str(tmp_path)), "not a results directory")
     assert_one_line_error(run("compare", str(tmp_path), str(tmp_path)), "not a results directory")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--scenario", "nope.toml"], "scenario file not found: nope.toml"),
+        (["--scenario", "scenarios/variants.toml"], "a variants file is not a scenario to sweep"),
+        (["--check", "llama5", "--releases", "latest"], "--check llama5 names no check"),
+        (
+            ["--bisect", "llama4-issue-51150", "--releases", "0.27.0..0.28.0"],
+            "names 2 checks",
+        ),
+        (["--build", "/nope/bin/python"], "--build /nope/bin/python: no such wheel"),
+        (["--releases", "0.28.0..0.27.0"], "release range 0.28.0..0.27.0 is empty"),
+        (["--merge", "/nope"], "/nope: no sweep.csv"),
+    ],
+    ids=lambda a: " ".join(a) if isinstance(a, list) else None,
+)
+def test_sweep_bad_input(tmp_path, args, needle):
+    proc = run("sweep", *args, "--results-dir", str(tmp_path / "results"))
+    assert_one_line_error(proc, needle)
+    assert not (tmp_path / "results").exists()  # refused before a run directory
+
+
+def test_sweep_busy_port(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        assert_one_line_error(
+            run("sweep", "--releases", "latest", "--port", str(port), "--dry-run"),
+            f"port {port} on 127.0.0.1 is busy",
+        )

