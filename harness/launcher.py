@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -138,6 +140,7 @@ class VllmServer:
     _log: Any = field(default=None, init=False, repr=False)
     _slot: Any = field(default=None, init=False, repr=False)
     _reaper: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _rpc_dir: str | None = field(default=None, init=False, repr=False)
 
     def __hash__(self) -> int:
         return id(self)
@@ -162,6 +165,11 @@ class VllmServer:
         self._slot.__enter__()
         self._log = self.log_path.open("wb")
         env = {**os.environ, **self.spec.env}
+        if "VLLM_RPC_BASE_PATH" not in env:
+            # vLLM's ZMQ sockets go to /tmp/<uuid> by default and outlive a killed server
+            # (thousands after a test run); a directory per server is removed at stop.
+            self._rpc_dir = tempfile.mkdtemp(prefix="oc-rpc-")
+            env["VLLM_RPC_BASE_PATH"] = self._rpc_dir
         self.started_at = time.monotonic()
         try:
             self.proc = subprocess.Popen(
@@ -176,6 +184,8 @@ class VllmServer:
             )
         except OSError as err:
             self._log.close()
+            if self._rpc_dir is not None:
+                shutil.rmtree(self._rpc_dir, ignore_errors=True)
             self._release_slot()
             raise BadInput(f"cannot launch {python}: {err.strerror}") from None
         _LIVE.add(self)
@@ -269,6 +279,9 @@ class VllmServer:
             if self._log is not None:
                 self._log.close()
                 self._log = None
+            if self._rpc_dir is not None:
+                shutil.rmtree(self._rpc_dir, ignore_errors=True)
+                self._rpc_dir = None
             self._release_slot()
         return proc.returncode
 

@@ -257,8 +257,10 @@ class RoundtripScenario(FileScenario):
     server: ServerSettings = Field(default_factory=ServerSettings)
     offload: OffloadSettings = Field(default_factory=OffloadSettings)
     workload: WorkloadSettings = Field(default_factory=WorkloadSettings)
-    # What a sweep over releases expects of this round trip by version (none: pass).
+    # What a sweep over releases expects of this round trip by version (none: pass), and
+    # the crashes worth a name there (a rule's ``issue`` must then match the crash's).
     expectations: list[RoundtripExpectation] = Field(default_factory=list)
+    known_crashes: list[KnownCrash] = Field(default_factory=list)
 
     @field_validator("patch")
     @classmethod

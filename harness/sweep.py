@@ -612,12 +612,13 @@ def _run_roundtrip(job: Job) -> list[SweepCell]:
         if failing:
             cell.signature = "fails " + ", ".join(failing)
     except rt.StartupFailure as err:
-        from harness.verdicts import crash_signature
+        from harness.verdicts import crash_signature, known_label
 
         lines = err.log_path.read_text(errors="replace").splitlines()
-        sig = crash_signature(lines, err.returncode)
+        sig = crash_signature(lines, err.returncode, scn.known_crashes)
         cell.outcome = "timeout" if err.state == "timeout" else "crashed"
         cell.signature = sig.summary() if err.state != "timeout" else str(err)
+        cell.known = known_label(sig.known) or ""
         failing = []
     except HarnessError as err:
         cell.outcome, cell.why, failing = ERROR, str(err), []
@@ -635,23 +636,25 @@ def judge_roundtrip(
 ) -> None:
     """A round trip on one build against the scenario's rules for its version: with no
     rule matching, every check must pass; a ``fail`` rule names exactly the checks that
-    fail (set equality, as the faults sweep judges)."""
+    fail (set equality, as the faults sweep judges); a ``crashed`` rule with an issue
+    wants that known crash."""
     from harness.rules import first_match
+    from harness.verdicts import known_label
 
     found = first_match(rules, {"vllm_version": cell.vllm_version}, fields=())
     rule = found.rule if found else RoundtripExpectation(why="every check passes")
     cell.rule = found.index if found else None
-    issue = f" #{rule.issue}" if isinstance(rule.issue, int) else f" {rule.issue or ''}"
-    cell.expected = (
-        rule.outcome
-        + (f" ({', '.join(rule.failing_checks)})" if rule.failing_checks else "")
-        + issue.rstrip()
-    )
+    label = known_label(rule.issue)
+    checks = f" ({', '.join(rule.failing_checks)})" if rule.failing_checks else ""
+    cell.expected = f"{rule.outcome}{checks}" + (f" {label}" if label else "")
     if cell.outcome == ERROR:
         cell.matched = False
         return
     if cell.outcome != rule.outcome:
         cell.matched, cell.why = False, f"expected {rule.outcome}, got {cell.outcome}"
+    elif rule.outcome == "crashed" and label and cell.known != label:
+        cell.matched = False
+        cell.why = f"expected the crash {label}, got {cell.signature or 'another crash'}"
     elif rule.outcome == "fail" and set(failing) != set(rule.failing_checks):
         cell.matched = False
         cell.why = f"expected failing {sorted(rule.failing_checks)}, got {sorted(failing)}"

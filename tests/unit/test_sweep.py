@@ -139,6 +139,23 @@ def test_roundtrip_rules_pass_by_default_and_fail_with_exact_checks():
     assert broken.matched is False
 
 
+def test_a_roundtrip_expected_to_crash_must_crash_with_its_known_bug():
+    _, scn = roundtrip()
+    old = sw.SweepCell("0.27.1", "roundtrip/r", "roundtrip", "r", "crashed", vllm_version="0.27.1")
+    old.known = "#51150"
+    sw.judge_roundtrip(old, scn.expectations, [])
+    assert old.matched and old.expected == "crashed #51150"
+    other = sw.SweepCell(
+        "0.27.0", "roundtrip/r", "roundtrip", "r", "crashed", vllm_version="0.27.0"
+    )
+    other.signature = "IndexError in vllm/x.py:f"
+    sw.judge_roundtrip(other, scn.expectations, [])
+    assert other.matched is False and "expected the crash #51150, got IndexError" in other.why
+    new = sw.SweepCell("0.28.0", "roundtrip/r", "roundtrip", "r", "pass", vllm_version="0.28.0")
+    sw.judge_roundtrip(new, scn.expectations, [])
+    assert new.matched and new.expected == "pass"
+
+
 # --- transitions ----------------------------------------------------------------------------
 def cells_for(check: str, outcomes: dict[str, str], known: str = "") -> list[sw.SweepCell]:
     return [
