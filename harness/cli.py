@@ -46,6 +46,14 @@ RoundtripScenarioFile = Annotated[
 VariantName = Annotated[str | None, typer.Option(help="vLLM variant (default: scenario's)")]
 Geometry = Annotated[Path | None, typer.Option(help="model geometry (config.json) to use")]
 TensorParallel = Annotated[int | None, typer.Option("--tp", min=1, help="tensor parallel size")]
+Python = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--python",
+        help="an interpreter (or venv) with vLLM and the engine plugin, run as an ad-hoc "
+        "variant named after its environment (repeatable)",
+    ),
+]
 EngineArgs = Annotated[
     list[str] | None,
     typer.Option(
@@ -86,6 +94,23 @@ def _main(
 def _default_scenario(name: str) -> Path:
     local = Path("scenarios") / name
     return local if local.is_file() else DEFAULT_SCENARIOS / name
+
+
+def _adhoc_variants(pythons: list[str]) -> dict[str, Any]:
+    """``--python`` interpreters as variants, named as the sweep names user builds."""
+    from harness.scenario import Variant
+    from harness.sweep import build_label
+
+    out: dict[str, Any] = {}
+    for given in pythons:
+        path = Path(given)
+        if path.is_dir():
+            path = path / "bin" / "python"
+        if not path.exists():
+            raise HarnessError(f"--python {given}: no such interpreter or environment")
+        name = build_label(str(path))
+        out[name] = Variant(name=name, python=str(path.absolute()), description=f"--python {given}")
+    return out
 
 
 def _dry_run() -> Any:
@@ -133,6 +158,7 @@ def crash_repro_cmd(
     timeout: Annotated[
         float | None, typer.Option(help="startup timeout per server, seconds")
     ] = None,
+    python: Python = None,
     dry_run: DryRun = False,
 ) -> None:
     """Launch vLLM with offloading on weight-free Llama 4 configs: which builds start, which crash.
@@ -152,12 +178,14 @@ def crash_repro_cmd(
         if port is not None:
             check_port_free(port)
         modes = None if connector is ConnectorChoice.both else [connector.value]
+        adhoc = _adhoc_variants(python or [])
         plan = crash_repro.plan_run(
             scen,
-            variant_names=variant or None,
+            variant_names=[*(variant or []), *adhoc] or None,
             patch=patch,
             configs=[str(c) for c in config] if config else None,
             connector_modes=modes,
+            extra_variants=adhoc,
         )
     except HarnessError as err:
         raise _fail(err) from None
@@ -329,6 +357,12 @@ def roundtrip_cmd(
         ),
     ] = False,
     engine_arg: EngineArgs = None,
+    python: Annotated[
+        str | None,
+        typer.Option(
+            help="an interpreter (or venv) with vLLM and the engine plugin, as the variant"
+        ),
+    ] = None,
 ) -> None:
     """Offload, evict with unrelated traffic, replay: bytes, hits and output must be exact.
 
@@ -352,14 +386,18 @@ def roundtrip_cmd(
         if url:
             plan = rt.attach_plan(scen, url, str(config) if config else None)
         else:
+            adhoc = _adhoc_variants([python] if python else [])
+            if adhoc and variant:
+                raise HarnessError("give --variant or --python, not both")
             plan = rt.plan_roundtrip(
                 scen,
-                variant=variant,
+                variant=next(iter(adhoc), variant),
                 patch=patch,
                 config=str(config) if config else None,
                 tp=tp,
                 fault=fault,
                 extra_args=engine_arg,
+                extra_variants=adhoc,
             )
     except HarnessError as err:
         raise _fail(err) from None

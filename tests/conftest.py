@@ -148,7 +148,8 @@ FIXTURE_LAUNCHES: dict[str, int] = {
     "small_chunk_matrix": 3,  # crash-repro on llama4-small-chunk, connector on (+1 on AMX)
     "default_matrix": 12,  # the whole `make crash-repro` (+2 on AMX hosts)
     "clean_run": 2,  # roundtrip --baseline: the connector server and the baseline server
-    "subset": 4,  # matrix: MLA and Gemma 3 sliding window x stock/current
+    "subset": 2,  # matrix: MLA and Gemma 3 sliding window on stock
+    "subset_current": 2,  # the same two on current (nightly)
     "rest_of_matrix": 8,  # matrix: the other four geometries x stock/current
     "shared_server": 1,  # one server for the attach-mode tests (client-side variations)
 }

@@ -237,6 +237,9 @@ def test_no_chunked_layers_starts_on_stock(tmp_path):
     assert df.outcome.tolist() == ["started"] and str(df.answered[0]) == "True"
 
 
+# Nightly: the PR tier proves a wrong crash-repro rule is caught through the same judge
+# (harness.verdicts via crash_repro.execute) in tests/integration/test_sweep_engine.py.
+@nightly
 @pytest.mark.launches(1)
 def test_wrong_expectation_is_reported_as_a_mismatch(tmp_path):
     """Seeded fault: a stock build where the scenario expects a start must fail the run."""

@@ -186,6 +186,9 @@ def test_window_edge_fix_passes(tmp_path):
     assert failed(run) == set()
 
 
+# Nightly: in the PR tier engine-survived is proven by segv-in-worker (faults sweep) and
+# the mutant-patch path by hits-minus-chunk.
+@nightly
 @pytest.mark.launches(1)
 def test_window_edge_floor_mutant_is_caught(tmp_path):
     """Rounding the chunked-local window down: on vLLM 0.32 the replay's load then

@@ -306,7 +306,8 @@ def test_sweep_splits_by_release_with_the_job_matrix_and_merges() -> None:
     matrix = jobs["sweep"]["strategy"]["matrix"]
     assert matrix["release"] == "${{ fromJSON(needs.plan.outputs.releases) }}"
     assert jobs["sweep"]["strategy"]["fail-fast"] is False
-    assert jobs["sweep"]["needs"] == "plan" and jobs["merge"]["needs"] == "sweep"
+    assert jobs["sweep"]["needs"] == "plan" and jobs["merge"]["needs"] == ["sweep", "sweep-build"]
+    assert jobs["sweep-build"]["if"] == "inputs.build != ''"
     assert jobs["merge"]["if"] == "always()"
     calls = gh_commands(SWEEP, "offload-check")
     assert ["envs", "releases", "0.27.0..", "--json"] in calls

@@ -221,3 +221,29 @@ def test_sweep_busy_port(tmp_path):
             run("sweep", "--releases", "latest", "--port", str(port), "--dry-run"),
             f"port {port} on 127.0.0.1 is busy",
         )
+
+
+def test_python_option_errors():
+    assert_one_line_error(
+        run("roundtrip", "--python", "/nope", "--dry-run"),
+        "--python /nope: no such interpreter or environment",
+    )
+    assert_one_line_error(
+        run("roundtrip", "--python", ".venv-stock", "--variant", "current", "--dry-run"),
+        "give --variant or --python, not both",
+    )
+    assert_one_line_error(
+        run("crash-repro", "--python", "/nope/bin/python", "--dry-run"),
+        "--python /nope/bin/python: no such interpreter",
+    )
+
+
+def test_python_option_is_an_adhoc_variant():
+    """The interpreter is launched as a variant named after its environment, judged by the
+    scenario's rules by version (0.27.1 crashes with the connector on)."""
+    proc = run(
+        "crash-repro", "--python", str(ROOT / ".venv-stock"), "--connector", "on",
+        "--config", str(ROOT / "scenarios" / "models" / "llama4-small-chunk.json"), "--dry-run",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "llama4-small-chunk / .venv-stock / connector on expect crashed (#51150)" in proc.stdout
