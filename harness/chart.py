@@ -87,6 +87,11 @@ def sweep_heatmap(cells: Sequence[Any], builds: Sequence[str], out: Path) -> Pat
                 ax.text(x, y, c.state.replace(" ", "\n", 1), ha="center", va="center", fontsize=7)
     ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
     ax.set_yticks(range(len(rows)), [r[0] for r in rows])
+    # White lines between squares, so a row of equal colour still reads as cells.
+    ax.set_xticks([x - 0.5 for x in range(1, len(columns))], minor=True)
+    ax.set_yticks([y - 0.5 for y in range(1, len(rows))], minor=True)
+    ax.grid(which="minor", color="white", linewidth=2)
+    ax.tick_params(which="minor", length=0)
     ax.set_title("offload-check sweep (green: as expected, red: not, grey: not run)")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
