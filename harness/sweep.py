@@ -619,12 +619,12 @@ def _run_roundtrip(job: Job) -> list[SweepCell]:
         cell.outcome = "timeout" if err.state == "timeout" else "crashed"
         cell.signature = sig.summary() if err.state != "timeout" else str(err)
         cell.known = known_label(sig.known) or ""
+        cell.seconds = err.seconds
         failing = []
     except HarnessError as err:
         cell.outcome, cell.why, failing = ERROR, str(err), []
-    cell.seconds = sum(p.seconds for p in result.phases) if result else 0.0
-    if result is not None and result.startup_seconds:
-        cell.seconds += result.startup_seconds
+    if result is not None:
+        cell.seconds = sum(p.seconds for p in result.phases) + (result.startup_seconds or 0.0)
     judge_roundtrip(cell, scn.expectations, failing)
     run_dir.finish("finished", 0 if cell.matched else 1, passed=cell.outcome == "pass")
     on_cell(cell)
