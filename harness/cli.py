@@ -713,6 +713,8 @@ def _run_sweep(run: Any, bisect: str | None, results_dir: Path, **options: Any) 
 
 
 def _finish_sweep(run: Any, run_dir: Any, status: str, code: ExitCode) -> int:
+    from rich.markup import escape
+
     from harness import sweep as sw
     from harness.terminal import sweep_table
 
@@ -724,6 +726,10 @@ def _finish_sweep(run: Any, run_dir: Any, status: str, code: ExitCode) -> int:
         summary={"cells": len(run.cells), "matched": ok, "mismatched": bad, "not_run": unjudged},
         transitions=[t.text() for t in transitions],
     )
+    for c in sw.ordered(run.cells):
+        if c.matched is False:
+            what = f"{c.release} {c.check}: {c.state} (expected {c.expected}; {c.why})"
+            console.print(f"[red]not as expected[/] {escape(what)}", highlight=False)
     if run.cells:
         console.print(sweep_table(sw.ordered(run.cells), [b.label for b in run.builds]))
     for t in transitions:

@@ -535,7 +535,7 @@ def sweep_table(cells: Sequence[Any], builds: Sequence[str]) -> Table:
 
     headers, rows = sweep_grid(cells, builds)
     at = {(c.check, c.release): c for c in cells}
-    table = Table(title="sweep (red: not as expected)", header_style="bold", show_lines=True)
+    table = Table(title="sweep (* = not as expected)", header_style="bold", show_lines=True)
     for h in headers:
         table.add_column(h, overflow="fold")
     for r in rows:
@@ -546,6 +546,6 @@ def sweep_table(cells: Sequence[Any], builds: Sequence[str]) -> Table:
                 out.append(Text(""))
                 continue
             style = "bold red" if c.matched is False else _sweep_style(c.outcome)
-            out.append(Text(c.state, style=style))
+            out.append(Text(c.state + (" *" if c.matched is False else ""), style=style))
         table.add_row(*out)
     return table
