@@ -376,27 +376,18 @@ BENCH = ResultsKind(
     files=("bench.json", "crash-repro/logs/", "roundtrip/logs/"),
 )
 
+
 # --- sweep ----------------------------------------------------------------------------------
+def _sweep_columns() -> tuple[str, ...]:
+    from harness.sweep import SweepCell
+
+    return _record_fields(SweepCell)
+
+
 SWEEP_CELLS = TableFile(
     name="sweep.csv",
     title="sweep",
-    columns=(
-        "release",
-        "check",
-        "kind",
-        "scenario",
-        "outcome",
-        "known",
-        "signature",
-        "expected",
-        "matched",
-        "seconds",
-        "vllm_version",
-        "detail",
-        "why",
-        "rule",
-        "run_dir",
-    ),
+    columns=_sweep_columns(),
     key=("release", "check"),
     compared=("vllm_version", "outcome", "known", "matched"),
     shown=("release", "check", "outcome", "signature", "expected", "matched", "detail"),
