@@ -60,7 +60,8 @@ class Build:
 
     @property
     def slug(self) -> str:
-        return re.sub(r"[^A-Za-z0-9._+-]+", "_", self.label).strip("_") or "build"
+        # No leading dot: a build labelled ".venv" must not become a hidden directory.
+        return re.sub(r"[^A-Za-z0-9._+-]+", "_", self.label).strip("._") or "build"
 
 
 def plan_builds(releases: str | None, extra: Sequence[str], known: Sequence[str]) -> list[Build]:

