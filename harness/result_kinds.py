@@ -195,10 +195,12 @@ def _phase_columns() -> tuple[str, ...]:
     return ("phase", "requests", "seconds", *deltas, *totals)
 
 
-def _check_columns() -> tuple[str, ...]:
-    from harness.checks import CheckResult
+def _fields_of(module: str, record_class: str) -> tuple[str, ...]:
+    """A table whose rows are a dataclass's records: its columns are the class's fields
+    (imported here, late, so this registry stays importable without the library)."""
+    import importlib
 
-    return _record_fields(CheckResult)
+    return _record_fields(getattr(importlib.import_module(module), record_class))
 
 
 PHASES = TableFile(
@@ -212,7 +214,7 @@ PHASES = TableFile(
 CHECKS = TableFile(
     name="checks.csv",
     title="checks",
-    columns=_check_columns(),
+    columns=_fields_of("harness.checks", "CheckResult"),
     key=("name",),
     compared=("passed", "observed"),
     display=("name", "passed", "expected", "observed", "detail"),
@@ -378,16 +380,10 @@ BENCH = ResultsKind(
 
 
 # --- sweep ----------------------------------------------------------------------------------
-def _sweep_columns() -> tuple[str, ...]:
-    from harness.sweep import SweepCell
-
-    return _record_fields(SweepCell)
-
-
 SWEEP_CELLS = TableFile(
     name="sweep.csv",
     title="sweep",
-    columns=_sweep_columns(),
+    columns=_fields_of("harness.sweep", "SweepCell"),
     key=("release", "check"),
     compared=("vllm_version", "outcome", "known", "matched"),
     shown=("release", "check", "outcome", "signature", "expected", "matched", "detail"),
