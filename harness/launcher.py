@@ -189,7 +189,7 @@ class VllmServer:
             self._release_slot()
             raise BadInput(f"cannot launch {python}: {err.strerror}") from None
         _LIVE.add(self)
-        self._reaper = _start_reaper(self.proc.pid)
+        self._reaper = _start_reaper(self.proc.pid, self._rpc_dir)
 
     def alive(self, grace_s: float = 0.0) -> bool:
         """Whether the server process runs; ``grace_s`` waits that long for it to exit.
@@ -321,7 +321,7 @@ def http_json(url: str, payload: dict[str, Any] | None = None, timeout_s: float 
     return body.decode(errors="replace")
 
 
-def _start_reaper(server_pgid: int) -> subprocess.Popen[bytes] | None:
+def _start_reaper(server_pgid: int, scratch: str | None = None) -> subprocess.Popen[bytes] | None:
     """The sidecar that kills the server group if this process dies without cleanup."""
     from harness.reaper import _start_time
 
@@ -330,7 +330,15 @@ def _start_reaper(server_pgid: int) -> subprocess.Popen[bytes] | None:
     if started is None:  # no /proc: nothing to watch with; teardown relies on handlers
         return None
     return subprocess.Popen(
-        [sys.executable, "-m", "harness.reaper", str(me), started, str(server_pgid)],
+        [
+            sys.executable,
+            "-m",
+            "harness.reaper",
+            str(me),
+            started,
+            str(server_pgid),
+            *([scratch] if scratch else []),
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

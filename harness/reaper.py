@@ -8,12 +8,16 @@ it polls the harness's pid and, the moment the harness is gone, terminates the
 server's whole process group, then kills what is left. It exits by itself as soon
 as the server group is gone, and the harness kills it on a normal stop.
 
-    python -m harness.reaper <harness pid> <harness start time> <server pgid>
+    python -m harness.reaper <harness pid> <harness start time> <server pgid> [scratch dir]
+
+The scratch directory (the server's ZMQ socket directory) is removed after the kill: the
+harness's own ``stop`` removes it otherwise.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -44,19 +48,26 @@ def _group_alive(pgid: int) -> bool:
 
 def main(argv: list[str]) -> int:
     harness_pid, harness_start, pgid = int(argv[0]), argv[1], int(argv[2])
+    scratch = argv[3] if len(argv) > 3 else None
     while _group_alive(pgid):
         if _start_time(harness_pid) != harness_start:
-            for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, 0.0)):
-                try:
-                    os.killpg(pgid, sig)
-                except ProcessLookupError:
-                    return 0
-                deadline = time.monotonic() + wait
-                while time.monotonic() < deadline and _group_alive(pgid):
-                    time.sleep(0.2)
+            _take_down(pgid)
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
             return 0
         time.sleep(POLL_S)
     return 0
+
+
+def _take_down(pgid: int) -> None:
+    for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and _group_alive(pgid):
+            time.sleep(0.2)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ def test_sigkilled_harness_takes_its_server_along(tmp_path):
         from harness.launcher import ServerSpec
         s = ServerSpec({py!r}, "m").server(Path({str(tmp_path / "log")!r}))
         s.start()
-        print(s.proc.pid, flush=True)
+        print(s.proc.pid, s._rpc_dir, flush=True)
         time.sleep(300)
     """)
     harness = subprocess.Popen(
@@ -96,14 +96,16 @@ def test_sigkilled_harness_takes_its_server_along(tmp_path):
         text=True,
         env={**os.environ, "OFFLOAD_CHECK_LOCK": "none"},
     )
-    pgid = int(harness.stdout.readline())
-    assert group_alive(pgid)
+    pid, scratch = harness.stdout.readline().split()
+    pgid = int(pid)
+    assert group_alive(pgid) and Path(scratch).is_dir()
     harness.send_signal(signal.SIGKILL)
     harness.wait()
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and group_alive(pgid):
+    while time.monotonic() < deadline and (group_alive(pgid) or Path(scratch).exists()):
         time.sleep(0.2)
     assert not group_alive(pgid)
+    assert not Path(scratch).exists()  # the server's ZMQ socket directory goes too
 
 
 def test_missing_interpreter_is_bad_input(tmp_path):
