@@ -222,10 +222,10 @@ def _guard() -> Iterator[_Outcome]:
         err_console.print(f"offload-check: error: {err}", highlight=False, markup=False)
 
 
-def _verdict_line(bad: int, status: str, noun: str, where: Path) -> None:
-    """The last line of a run: all as expected, how many were not, or how it stopped."""
+def _verdict_line(bad: int, status: str, noun: str, where: Path, all_ok: str) -> None:
+    """The last line of a run: ``all_ok``, how many were not as expected, or how it stopped."""
     if not bad and status == "finished":
-        verdict = f"[green]{'all rows' if noun == 'row' else 'every ' + noun} as expected[/]"
+        verdict = f"[green]{all_ok}[/]"
     else:
         verdict = f"[red]{bad} {noun}(s) not as expected[/]" if bad else f"[yellow]{status}[/]"
     console.print(f"{verdict}; results: {where}", highlight=False)
@@ -329,7 +329,8 @@ def _run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
     )
     if done:
         console.print(crash_repro_table(done))
-    _verdict_line(sum(1 for r in done if not r.matched), status, "row", run_dir.path)
+    bad = sum(1 for r in done if not r.matched)
+    _verdict_line(bad, status, "row", run_dir.path, "all rows as expected")
     return int(code)
 
 
@@ -704,7 +705,7 @@ def _run_sweep(run: Any, bisect: str | None, results_dir: Path, **options: Any) 
                 else:
                     sw.execute(run, run_dir.path, progress, write, **options)
         finally:
-            if outcome.status != "finished" or bisect is None:
+            if bisect is None:  # a bisect leaves unbuilt releases out on purpose
                 run.fill_not_run("not reached: the sweep stopped before this cell")
             write(chart=True)
         if any(c.matched is False for c in run.cells):
@@ -734,7 +735,7 @@ def _finish_sweep(run: Any, run_dir: Any, status: str, code: ExitCode) -> int:
         console.print(sweep_table(sw.ordered(run.cells), [b.label for b in run.builds]))
     for t in transitions:
         console.print(f"  {t.text()}", highlight=False, markup=False)
-    _verdict_line(bad, status, "cell", run_dir.path)
+    _verdict_line(bad, status, "cell", run_dir.path, "every cell as expected")
     return int(code)
 
 

