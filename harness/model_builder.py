@@ -207,3 +207,28 @@ def build_model(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.model_builder GEOMETRY [dummy|random]``: build (or reuse) the
+    model and print its directory, so a reproduction outside the harness can ``vllm serve``
+    the very model the harness ran (docs/bugs.md)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args or len(args) > 2 or args[-1] in ("-h", "--help"):
+        print("usage: python -m harness.model_builder GEOMETRY.json [dummy|random]")
+        return 2
+    path = Path(args[0])
+    weights = args[1] if len(args) > 1 else "dummy"
+    try:
+        config = json.loads(path.read_text())
+        print(build_model(config, path.stem, weights=weights))
+    except (OSError, ValueError, BadInput) as err:
+        print(f"model_builder: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

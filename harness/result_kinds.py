@@ -444,8 +444,65 @@ def write_sweep(
         sweep_heatmap(cells, meta.get("release_order", []), run_dir.path / "heatmap.png")
 
 
+# --- bugs -------------------------------------------------------------------------------------
+BUG_CELLS = TableFile(
+    name="bugs.csv",
+    title="bugs",
+    columns=_fields_of("harness.bugs", "BugCell"),
+    key=("bug", "release"),
+    compared=("vllm_version", "outcome", "matched"),
+    shown=("bug", "release", "outcome", "expected", "matched", "signature"),
+    display=("bug", "release", "outcome", "expected", "match", "signature"),
+    junit=JUnitMap(
+        "bugs.{bug}",
+        "{release}",
+        lambda c: (
+            f"expected {c.expected}, got {c.outcome}: {c.why}" if c.matched is False else None
+        ),
+        stdout="outcome={outcome} ({observed}) {signature}\n{detail}\n{why}",
+        properties=("vllm_version", "outcome", "expected", "check"),
+        seconds="seconds",
+    ),
+)
+BUG_STEPS = TableFile(
+    name="steps.csv",
+    title="steps",
+    columns=_fields_of("harness.bug_steps", "StepRecord"),
+    key=("index",),
+    compared=("http_status", "counters"),
+    shown=("index", "do", "name", "detail", "counters"),
+)
+BUG_SCRIPT = ResultsKind(
+    command="bug-steps",
+    tables=(BUG_STEPS, CHECKS),
+    files=("requests.jsonl", "metrics/", "logs/server.log"),
+)
+BUGS = ResultsKind(
+    command="bugs",
+    tables=(BUG_CELLS, SWEEP_ENVS),
+    files=("junit.xml", "report.md", "releases/<build>/<scenario or bug>/"),
+)
+
+
+def write_bugs(
+    run_dir: RunDirectory,
+    cells: Sequence[Any],
+    envs: Sequence[dict[str, Any]],
+    entries: Sequence[Any],
+    meta: dict[str, Any],
+) -> None:
+    """Every corpus file from what is known so far (rewritten after each cell)."""
+    from harness.markdown import bugs_report
+
+    BUG_CELLS.write(run_dir, [c.record() for c in cells])
+    SWEEP_ENVS.write(run_dir, envs)
+    BUG_CELLS.write_junit(run_dir, "bugs", cells)
+    report = bugs_report(cells, envs, entries, {"results_dir": str(run_dir.path), **meta})
+    run_dir.write_text("report.md", report)
+
+
 KINDS: dict[str, ResultsKind] = {
-    k.command: k for k in (CRASH_REPRO, ROUNDTRIP, MATRIX, FAULTS, BENCH, SWEEP)
+    k.command: k for k in (CRASH_REPRO, ROUNDTRIP, MATRIX, FAULTS, BENCH, SWEEP, BUGS, BUG_SCRIPT)
 }
 """Every command that writes a results directory, by its ``run.json`` ``command``."""
 

@@ -354,6 +354,24 @@ def _sweep(run_dir: Path, run: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _bugs(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    """Bug x release, unmatched cells listed first."""
+    from harness.bugs import read_cells
+    from harness.markdown import sweep_grid
+
+    cells = read_cells(run_dir)
+    bad = [c for c in cells if c.matched is False]
+    lines = _headline(run_dir, run, _verdict(run, not bad), f"{len(cells)} cells")
+    for c in bad:
+        lines.append(f"- **unmatched**: {c.bug} on {c.release}: {c.outcome} ({c.why})")
+    if bad:
+        lines.append("")
+    builds = [str(b.get("label")) for b in run.get("builds") or [] if isinstance(b, dict)]
+    order = builds or list(dict.fromkeys(c.release for c in cells))
+    headers, rows = sweep_grid(cells, order, row_of="bug", text_of="outcome")
+    return [*lines, *_table(headers, rows), ""]
+
+
 def _section(run_dir: Path) -> list[str]:
     run, problem = _load_run(run_dir)
     if problem:
@@ -364,6 +382,7 @@ def _section(run_dir: Path) -> list[str]:
         "roundtrip": _roundtrip,
         "matrix": _matrix,
         "sweep": _sweep,
+        "bugs": _bugs,
     }.get(str(run.get("command")), _other)
     try:
         return render_one(run_dir, run)

@@ -38,6 +38,7 @@ from harness.scenario import (
 KIND_CRASH_REPRO = "crash-repro"
 KIND_ROUNDTRIP = "roundtrip"
 KIND_MATRIX = "matrix"
+KIND_STEPS = "bug-steps"  # a bug entry's own script (harness.bug_steps)
 
 # Outcomes a cell may have besides its command's own.
 UNAVAILABLE = "unavailable"  # the build could not be installed (the cell was never run)
@@ -103,12 +104,14 @@ class Target:
     """A scenario and the checks of it the sweep runs (rows, cells or the round trip)."""
 
     kind: str
-    scenario: Any  # CrashReproScenario | RoundtripScenario | MatrixScenario
+    scenario: Any  # CrashReproScenario | RoundtripScenario | MatrixScenario | BugEntry
     checks: tuple[str, ...]
+    amx: str = "auto"  # "off": the builds run without the AMX permission fix (Variant.amx)
 
     @property
     def name(self) -> str:
-        return str(self.scenario.name)
+        # A bug entry's own script is named by the entry (it has an id, not a name).
+        return str(getattr(self.scenario, "name", None) or f"bug-{self.scenario.id}")
 
     @property
     def slug(self) -> str:
@@ -182,6 +185,7 @@ class SweepCell:
     seconds: float = 0.0
     vllm_version: str = ""
     detail: str = ""  # bytes, hits, output, failing checks: how this build behaved
+    failing: str = ""  # the checks that failed, comma-separated (a round trip, a script)
     why: str = ""  # why it did not match, or why it was not run
     rule: int | None = None  # the scenario's expectation rule that judged it (0-based)
     run_dir: str = ""  # the command's own results for this build (releases/...)
@@ -412,10 +416,15 @@ class Reporter(Protocol):
     def request_done(self, completion: Any) -> None: ...
 
 
-def variant_for(build: Build, python: str) -> dict[str, Variant]:
-    """The build as a variant the commands' planners launch by name."""
+def variant_for(build: Build, python: str, amx: str = "auto") -> dict[str, Variant]:
+    """The build as a variant the commands' planners launch by name; ``amx="off"`` also
+    needs AMX of the host (rows are skipped where there is none, as the variants file's
+    ``current-no-amx`` is)."""
     kind = "release" if build.release else "build"
-    return {build.label: Variant(name=build.label, python=python, description=f"sweep {kind}")}
+    variant = Variant(name=build.label, python=python, description=f"sweep {kind}")
+    if amx == "off":
+        variant.amx, variant.requires_cpu = "off", ["amx_tile"]
+    return {build.label: variant}
 
 
 @dataclass(frozen=True)
@@ -447,11 +456,15 @@ def run_target(
     build) makes every cell of the target ``error``, not the sweep's end.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    job = Job(target, build, variant_for(build, python), out_dir, reporter, on_cell, port)
+    variants = variant_for(build, python, target.amx)
+    job = Job(target, build, variants, out_dir, reporter, on_cell, port)
+    from harness.bug_steps import run_steps
+
     runner = {
         KIND_CRASH_REPRO: _run_crash_repro,
         KIND_MATRIX: _run_matrix,
         KIND_ROUNDTRIP: _run_roundtrip,
+        KIND_STEPS: run_steps,
     }[target.kind]
     try:
         return runner(job)
@@ -525,7 +538,7 @@ def _row_cell(row: Any, build: Build, target: Target, run_dir: Path) -> SweepCel
         scenario=target.name,
         outcome=row.outcome,
         known=known_label(row.known_issue) or "",
-        signature=row.signature,
+        signature=with_message(row.signature, row.message),
         expected=expected,
         matched=row.matched,
         seconds=float(row.seconds or 0.0),
@@ -535,6 +548,14 @@ def _row_cell(row: Any, build: Build, target: Target, run_dir: Path) -> SweepCel
         rule=row.rule_index,
         run_dir=str(run_dir),
     )
+
+
+def with_message(signature: str, message: str) -> str:
+    """A crash's signature and the first line of its message: two crashes in one function
+    (an assert on block sizes, another on hashes) differ only there, and a bug entry's
+    symptom names that text."""
+    first = (message or "").strip().splitlines()[0][:200] if (message or "").strip() else ""
+    return f"{signature}: {first}" if first and first not in signature else signature
 
 
 def _run_matrix(job: Job) -> list[SweepCell]:
@@ -574,6 +595,7 @@ def _matrix_cell(cell: Any, build: Build, target: Target) -> SweepCell:
 
     outcome = cell.startup if cell.startup != "started" else f"started, {cell.roundtrip}"
     detail = ", ".join(cell.failed_checks) if cell.failed_checks else ""
+    failing = ",".join(sorted(cell.failed_checks or []))
     return SweepCell(
         release=build.label,
         check=f"{cell.family}/{cell.geometry}",
@@ -581,12 +603,13 @@ def _matrix_cell(cell: Any, build: Build, target: Target) -> SweepCell:
         scenario=target.name,
         outcome=outcome,
         known=known_label(cell.known_issue) or "",
-        signature=cell.signature,
+        signature=with_message(cell.signature, cell.message),
         expected=cell.expected_text(),
         matched=cell.matched,
         seconds=float(cell.seconds or 0.0),
         vllm_version=cell.vllm_version,
         detail=f"fails {detail}" if detail else cell.specs,
+        failing=failing,
         why=cell.why,
         rule=cell.rule_index,
         run_dir=cell.cell_dir,
@@ -620,13 +643,16 @@ def _run_roundtrip(job: Job) -> list[SweepCell]:
         failing = sorted(c.name for c in result.checks if not c.passed)
         if failing:
             cell.signature = "fails " + ", ".join(failing)
+            cell.failing = ",".join(failing)
     except rt.StartupFailure as err:
         from harness.verdicts import crash_signature, known_label
 
         lines = err.log_path.read_text(errors="replace").splitlines()
         sig = crash_signature(lines, err.returncode, scn.known_crashes)
         cell.outcome = "timeout" if err.state == "timeout" else "crashed"
-        cell.signature = sig.summary() if err.state != "timeout" else str(err)
+        cell.signature = with_message(sig.summary(), sig.message)
+        if err.state == "timeout":
+            cell.signature = str(err)
         cell.known = known_label(sig.known) or ""
         cell.seconds = err.seconds
         failing = []
@@ -921,6 +947,7 @@ def read_cells(run_dir: Path) -> tuple[list[SweepCell], list[dict[str, Any]]]:
                 seconds=float(rec["seconds"] or 0.0),
                 vllm_version=str(rec["vllm_version"]),
                 detail=str(rec["detail"]),
+                failing=str(rec.get("failing", "")),
                 why=str(rec["why"]),
                 rule=None if str(rec["rule"]) == "" else int(rec["rule"]),
                 run_dir=str(rec["run_dir"]),

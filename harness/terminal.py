@@ -531,11 +531,33 @@ def _sweep_style(outcome: str) -> str:
 
 def sweep_table(cells: Sequence[Any], builds: Sequence[str]) -> Table:
     """Release x check: outcome per cell, red where it is not what the rules expect."""
+    return _grid_table(cells, builds, "check", "state", "sweep (* = not as expected)", _sweep_style)
+
+
+BUG_STYLE = {"reproduced": "yellow", "passed": "green", "error": "red"}
+
+
+def bugs_table(cells: Sequence[Any], builds: Sequence[str]) -> Table:
+    """Bug x release: reproduced (yellow), passed (green), error (red); bold red where the
+    cell is not what the entry says of that release."""
+    return _grid_table(
+        cells, builds, "bug", "outcome", "bugs (* = unmatched)", lambda o: BUG_STYLE.get(o, "dim")
+    )
+
+
+def _grid_table(
+    cells: Sequence[Any],
+    builds: Sequence[str],
+    row_of: str,
+    text_of: str,
+    title: str,
+    style_of: Any,
+) -> Table:
     from harness.markdown import sweep_grid
 
-    headers, rows = sweep_grid(cells, builds)
-    at = {(c.check, c.release): c for c in cells}
-    table = Table(title="sweep (* = not as expected)", header_style="bold", show_lines=True)
+    headers, rows = sweep_grid(cells, builds, row_of=row_of, text_of=text_of)
+    at = {(getattr(c, row_of), c.release): c for c in cells}
+    table = Table(title=title, header_style="bold", show_lines=True)
     for h in headers:
         table.add_column(h, overflow="fold")
     for r in rows:
@@ -545,7 +567,8 @@ def sweep_table(cells: Sequence[Any], builds: Sequence[str]) -> Table:
             if c is None:
                 out.append(Text(""))
                 continue
-            style = "bold red" if c.matched is False else _sweep_style(c.outcome)
-            out.append(Text(c.state + (" *" if c.matched is False else ""), style=style))
+            style = "bold red" if c.matched is False else style_of(c.outcome)
+            text = str(getattr(c, text_of)) + (" *" if c.matched is False else "")
+            out.append(Text(text, style=style))
         table.add_row(*out)
     return table

@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
+from harness.scenario import read_toml
 
 
 def scenario_kind(data: dict[str, Any]) -> str:
-    """``matrix`` (has entries), ``roundtrip`` (a geometry), ``variants`` (a variants
-    table) or ``crash-repro``."""
+    """``bug`` (a trigger), ``matrix`` (has entries), ``roundtrip`` (a geometry),
+    ``variants`` (a variants table) or ``crash-repro``."""
+    if "trigger" in data:
+        return "bug"
     if "entries" in data:
         return "matrix"
     if "geometry" in data:
@@ -29,15 +32,44 @@ def scenario_kind(data: dict[str, Any]) -> str:
 def validate(path: Path) -> tuple[str, str]:
     """The file's kind and a one-line summary of what planning found; raises
     ``HarnessError`` with one line on the first problem."""
-    from harness.scenario import read_toml
-
     kind = scenario_kind(read_toml(path))
     return kind, _check(kind, path)
+
+
+def load_any(path: Path) -> tuple[str, Any]:
+    """A scenario file of any kind, loaded by the model of the kind its keys say."""
+    from harness.scenario import (
+        load_bug,
+        load_crash_repro,
+        load_matrix,
+        load_roundtrip,
+        load_variants,
+    )
+
+    kind = scenario_kind(read_toml(path))
+    load: dict[str, Any] = {
+        "bug": load_bug,
+        "matrix": load_matrix,
+        "roundtrip": load_roundtrip,
+        "crash-repro": load_crash_repro,
+        "variants": load_variants,
+    }
+    return kind, load[kind](path)
 
 
 def _check(kind: str, path: Path) -> str:
     from harness.scenario import load_crash_repro, load_matrix, load_roundtrip, load_variants
 
+    if kind == "bug":
+        from harness import bug_steps, bugs
+        from harness.scenario import load_bug
+
+        entry = load_bug(path)
+        bugs.plan_targets_for([entry])
+        if entry.trigger.kind == "steps":
+            bug_steps.check_script(entry)
+        fixed = entry.fixed or "still open"
+        return f"{entry.trigger.kind} trigger, affected {entry.affected}, fixed {fixed}"
     if kind == "variants":
         return f"{len(load_variants(path))} variants"
     if kind == "matrix":

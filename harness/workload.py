@@ -108,8 +108,9 @@ def complete(
     logprobs: int,
     seed: int,
     timeout_s: float = 600.0,
+    prompt_logprobs: int | None = None,
 ) -> Completion:
-    payload = {
+    payload: dict[str, Any] = {
         "model": model,
         "prompt": prompt.token_ids,
         "max_tokens": max_tokens,
@@ -119,6 +120,8 @@ def complete(
         "ignore_eos": True,
         "return_token_ids": True,
     }
+    if prompt_logprobs is not None:
+        payload["prompt_logprobs"] = prompt_logprobs
     out = Completion(phase, prompt.name, len(prompt.token_ids), payload, started_at=time.time())
     t0 = time.perf_counter()
     resp = http_json(f"{base_url}/v1/completions", payload, timeout_s)

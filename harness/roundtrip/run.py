@@ -61,7 +61,7 @@ class Endpoint:
         self.server = server
         self.last_text = ""  # the raw exposition, kept per phase for diagnosis
 
-    def _dead(self, phase: str, err: Exception) -> HarnessError:
+    def failure(self, phase: str, err: Exception) -> HarnessError:
         """Blame a failed request: the engine under test, or the run's environment."""
         if self.server is not None:
             from harness.verdicts import crash_signature
@@ -86,7 +86,7 @@ class Endpoint:
         try:
             text = http_json(f"{self.base}/metrics", None, 30)
         except HarnessError as err:
-            raise self._dead(phase, err) from None
+            raise self.failure(phase, err) from None
         self.last_text = str(text)
         snap, cache, _ = metrics.parse(self.last_text)
         return snap, cache
@@ -123,7 +123,7 @@ class Endpoint:
                 seed=w.seed,
             )
         except HarnessError as err:
-            raise self._dead(phase, err) from None
+            raise self.failure(phase, err) from None
 
 
 def start_server(server: VllmServer, plan: RoundtripPlan, reporter: Reporter, what: str) -> float:

@@ -103,7 +103,8 @@ def test_unknown_patch():
 
 
 def test_validate_every_shipped_scenario():
-    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "scenarios").glob("*.toml"))
+    shipped = [*(ROOT / "scenarios").glob("*.toml"), *(ROOT / "scenarios" / "bugs").glob("*.toml")]
+    files = sorted(str(p.relative_to(ROOT)) for p in shipped)
     proc = run("validate", *files)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count(": ok (") == len(files)
@@ -210,6 +211,41 @@ def test_sweep_bad_input(tmp_path, args, needle):
     proc = run("sweep", *args, "--results-dir", str(tmp_path / "results"))
     assert_one_line_error(proc, needle)
     assert not (tmp_path / "results").exists()  # refused before a run directory
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--bug", "1"], "--bug 1: no such entry; there are: 51150"),
+        (["--corpus", "/nope"], "bug corpus not found: /nope"),
+        (["--variant", "stock+fix"], "--variant stock+fix patches vLLM (chunked-local-fix)"),
+        (["--variant", "nope"], "--variant nope: unknown"),
+        (["--build", "/nope/bin/python"], "--build /nope/bin/python: no such wheel"),
+    ],
+    ids=lambda a: " ".join(a) if isinstance(a, list) else None,
+)
+def test_bugs_bad_input(tmp_path, args, needle):
+    proc = run("bugs", *args, "--results-dir", str(tmp_path / "results"))
+    assert_one_line_error(proc, needle)
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_malformed_bug_entry(tmp_path):
+    text = (ROOT / "scenarios" / "bugs" / "57727.toml").read_text()
+    bad = text.replace('since = "after-reset"', 'since = "later"').replace(
+        '"../', f'"{ROOT}/scenarios/'
+    )
+    (tmp_path / "57727.toml").write_text(bad)
+    assert_one_line_error(run("validate", str(tmp_path / "57727.toml")), "since 'later'")
+    proc = run("bugs", "--corpus", str(tmp_path), "--dry-run")
+    assert_one_line_error(proc, "since 'later' names no earlier step")
+
+
+def test_bugs_dry_run_shows_expectations_and_reruns():
+    proc = run("bugs", "--releases", "0.27.1,0.28.0", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "offload-check bugs --bug 51150 --releases 0.27.1,0.28.0" in proc.stdout
+    assert "needs amx_tile" in proc.stdout or "amx-sigill" in proc.stdout
 
 
 def test_sweep_busy_port(tmp_path):

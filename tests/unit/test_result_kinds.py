@@ -69,7 +69,16 @@ def test_crash_repro_rows_carry_every_column():
 
 
 def test_every_command_with_a_run_directory_is_registered():
-    assert set(rk.KINDS) == {"crash-repro", "roundtrip", "matrix", "faults", "bench", "sweep"}
+    assert set(rk.KINDS) == {
+        "crash-repro",
+        "roundtrip",
+        "matrix",
+        "faults",
+        "bench",
+        "sweep",
+        "bugs",
+        "bug-steps",
+    }
     for kind in rk.KINDS.values():
         assert f"{kind.command} runs" in README or kind.command == "crash-repro", kind.command
 

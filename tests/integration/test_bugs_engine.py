@@ -1,0 +1,126 @@
+"""offload-check bugs on real vLLM builds: each entry's trigger through the real connector,
+one server at a time, judged both ways.
+
+The PR tier runs the cheapest live entry, #57727 (a prefix-cache reset that answers
+success while the CPU tier keeps serving), on the current build: its script must fail
+exactly the check the entry names, with the control (a reset with reset_external=true)
+passing on the same server; the AMX-only entry is skipped on hosts without AMX (and runs
+where there is AMX). The nightly tier runs #51150 on releases either side of its fix,
+with a seeded wrong entry sharing its launches, and #57596 on both.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.engine.amx import cpu_flags
+from tests.conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.engine
+CORPUS = ROOT / "scenarios" / "bugs"
+HAS_AMX = "amx_tile" in cpu_flags()
+
+
+def bugs_cli(results: Path, *args: str) -> tuple[int, Path, str]:
+    return run_cli(results, "bugs", *args, timeout=3600)
+
+
+def corpus_copy(tmp_path: Path, *entries: tuple[str, str, dict[str, str]]) -> Path:
+    """Entries copied into a corpus of their own (paths made absolute), each as
+    (source id, new id, text replacements): a seeded wrong entry is a copy with its
+    ranges changed."""
+    out = tmp_path / "corpus"
+    out.mkdir()
+    for source, new, changes in entries:
+        text = (CORPUS / f"{source}.toml").read_text()
+        text = text.replace('"../', f'"{ROOT}/scenarios/')
+        text = text.replace(f'id = "{source}"', f'id = "{new}"')
+        for old, replacement in changes.items():
+            assert old in text, old
+            text = text.replace(old, replacement)
+        (out / f"{new}.toml").write_text(text)
+    return out
+
+
+def table(run: Path) -> pd.DataFrame:
+    return pd.read_csv(run / "bugs.csv", keep_default_na=False, dtype=str)
+
+
+@pytest.mark.launches(1)  # +1 on AMX hosts: amx-sigill runs there
+def test_a_live_bug_reproduces_and_its_control_passes(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    current = str(ROOT / ".venv" / "bin" / "python")
+    code, run, out = bugs_cli(results, "--bug", "57727", "--bug", "amx-sigill", "--build", current)
+    assert code == 0, out
+    df = table(run)
+    live = df[df.bug == "57727"].iloc[0]
+    assert (live.outcome, live.expected, live.matched) == ("reproduced", "reproduced", "True")
+    assert live.observed == "fail" and live.signature == "fails reset-clears-offloaded"
+    amx = df[df.bug == "amx-sigill"].iloc[0]
+    if HAS_AMX:
+        assert (amx.outcome, amx.matched) == ("reproduced", "True"), out
+    else:
+        assert amx.outcome == "skipped" and amx.matched == "" and "amx_tile" in amx.why
+    # The script's own run: the reset answered success, yet the replay was served from
+    # the CPU tier; the control reset emptied it.
+    checks = pd.read_csv(Path(live.run_dir) / "checks.csv", keep_default_na=False)
+    verdict = dict(zip(checks.name, checks.passed.astype(str), strict=True))
+    assert verdict == {
+        "stored-before-reset": "True",
+        "reset-answered-success": "True",
+        "reset-clears-offloaded": "False",
+        "external-reset-clears": "True",
+    }
+    observed = checks.set_index("name").observed["reset-clears-offloaded"]
+    assert observed.startswith("external_hits since after-reset = ") and not observed.endswith(
+        "= 0"
+    )
+    steps = pd.read_csv(Path(live.run_dir) / "steps.csv", keep_default_na=False, dtype=str)
+    assert list(steps.do).count("reset-prefix-cache") == 2
+    assert set(steps[steps.do == "reset-prefix-cache"].http_status) == {"200"}
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["exit_code"] == 0 and meta["summary"]["unmatched"] == 0
+    report = (run / "report.md").read_text()
+    assert "## Bug x release" in report and "reset_external=true" in report
+    assert 'failures="0"' in (run / "junit.xml").read_text()
+    assert "offload-check bugs --bug 57727" in out
+
+
+@pytest.mark.nightly
+@pytest.mark.launches(4)
+def test_releases_either_side_of_a_fix_and_a_wrong_entry(tmp_path):
+    """Real 0.27.1 and 0.28.0 environments (made, or reused from the envs cache)."""
+    results = tmp_path / "results"
+    results.mkdir()
+    corpus = corpus_copy(
+        tmp_path,
+        ("51150", "51150", {}),
+        # Seeded wrong: says the crash lives on in every release. It shares #51150's
+        # trigger (one launch per build) and must be unmatched on 0.28.0 only.
+        (
+            "51150",
+            "wrong",
+            {'affected = "<0.28.0"': 'affected = "<99"', 'fixed = ">=0.28.0"\n': ""},
+        ),
+        ("57596", "57596", {}),
+    )
+    code, run, out = bugs_cli(results, "--corpus", str(corpus), "--releases", "0.27.1,0.28.0")
+    assert code == 1, out
+    df = table(run).set_index(["bug", "release"])
+    assert df.loc[("51150", "0.27.1")].outcome == "reproduced"
+    assert df.loc[("51150", "0.28.0")].outcome == "passed"
+    assert df.loc[("57596", "0.27.1")].outcome == "reproduced"
+    assert df.loc[("57596", "0.28.0")].outcome == "reproduced"
+    unmatched = df[df.matched == "False"]
+    assert list(unmatched.index) == [("wrong", "0.28.0")]
+    assert unmatched.iloc[0].why == "did not reproduce on a release the bug lived in"
+    assert (df[df.matched != "False"].matched == "True").all()
+    sub = Path(df.loc[("57596", "0.28.0")].run_dir)
+    checks = pd.read_csv(sub / "checks.csv", keep_default_na=False)
+    failing = set(checks[checks.passed.astype(str) == "False"].name)
+    assert failing == {"logprobs-not-an-external-query"}

@@ -1,0 +1,283 @@
+"""The bug corpus's pure logic: entries load and plan, scripts are refused before launch
+when they could not run, prompts are the same on every build, and every cell is judged
+both ways (reproduced where the bug lived, passed where it was fixed). The engine runs
+are in tests/integration/test_bugs_engine.py."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness import bug_steps as bs
+from harness import bugs
+from harness.errors import BadInput
+from harness.metrics import Snapshot
+from harness.scenario import Step, load_bug
+from harness.sweep import Build, SweepCell
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "scenarios" / "bugs"
+CPU_RELEASES = ["0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0"]
+
+
+def entry(name: str):
+    return load_bug(CORPUS / f"{name}.toml")
+
+
+def cell(outcome: str, version: str, **kw) -> SweepCell:
+    return SweepCell(
+        version, kw.pop("check", "c"), "crash-repro", "s", outcome, vllm_version=version, **kw
+    )
+
+
+# --- the corpus as shipped ------------------------------------------------------------------
+def test_every_entry_loads_plans_and_lives_in_an_installable_release():
+    entries = bugs.load_corpus(CORPUS)
+    assert len(entries) >= 5 and entries[0].id == "51150"
+    targets = bugs.plan_targets_for(entries)
+    checks = {c for t in targets for c in t.checks}
+    for e in entries:
+        assert bugs.check_id(e) in checks
+        assert e.reproduce.strip(), f"{e.id}: no reproduction outside the harness"
+        # Proven both ways needs somewhere to reproduce: a release here, or a GPU/AMX host.
+        lived = [r for r in CPU_RELEASES if bugs.expected_on(e, r) == bugs.REPRODUCED]
+        assert lived, e.id
+        if e.trigger.kind == "steps":
+            bs.check_script(e)
+
+
+def test_entries_sharing_a_scenario_share_one_target():
+    entries = [entry("51150"), entry("amx-sigill"), entry("57727")]
+    targets = bugs.plan_targets_for(entries)
+    kinds = sorted((t.kind, t.amx, t.checks) for t in targets)
+    assert kinds == [
+        ("bug-steps", "auto", ("bug/57727",)),
+        ("crash-repro", "auto", ("llama4-issue-51150/connector-on",)),
+        ("crash-repro", "off", ("llama4-small-chunk/connector-off",)),
+    ]
+
+
+def test_an_unknown_bug_id_lists_the_corpus():
+    with pytest.raises(BadInput, match="--bug 99999: no such entry; there are: 51150"):
+        bugs.load_corpus(CORPUS, ["99999"])
+    assert [e.id for e in bugs.load_corpus(CORPUS, ["#51150", "51150"])] == ["51150"]
+
+
+def test_an_entry_must_be_named_by_its_id(tmp_path):
+    shutil.copy(CORPUS / "51150.toml", tmp_path / "51151.toml")
+    with pytest.raises(BadInput, match="must be the file's name"):
+        load_bug(tmp_path / "51151.toml")
+
+
+def test_a_check_that_is_only_part_of_an_id_is_refused(tmp_path):
+    text = (CORPUS / "51150.toml").read_text()
+    text = text.replace('check = "llama4-issue-51150/connector-on"', 'check = "connector-on"')
+    text = text.replace('"../crash-repro.toml"', f'"{ROOT}/scenarios/crash-repro.toml"')
+    (tmp_path / "51150.toml").write_text(text)
+    with pytest.raises(BadInput, match="give a whole id"):
+        bugs.plan_targets_for([load_bug(tmp_path / "51150.toml")])
+
+
+def test_host_requirements():
+    amx = entry("amx-sigill")
+    assert bugs.host_lacks(amx, {"avx512f"}, False) == "needs amx_tile, which this host lacks"
+    assert bugs.host_lacks(amx, {"amx_tile"}, False) == ""
+    run = bugs.plan_corpus([amx, entry("51150")], [Build("0.32.0", "0.32.0", True)], "x", [], False)
+    assert run.skipped == {"amx-sigill": "needs amx_tile, which this host lacks"}
+    assert [t.checks for t in run.sweep.targets] == [("llama4-issue-51150/connector-on",)]
+    (skipped, *_) = run.cells()
+    assert skipped.outcome == "skipped" and skipped.matched is None
+
+
+# --- scripts --------------------------------------------------------------------------------
+def script_entry(tmp_path, steps: str, failing: str = "[]"):
+    text = f"""
+id = "1"
+title = "t"
+affected = ">=0.27"
+[trigger]
+kind = "steps"
+scenario = "{ROOT}/scenarios/roundtrip-cpu.toml"
+{steps}
+[symptom]
+outcome = "fail"
+failing_checks = {failing}
+"""
+    path = tmp_path / "1.toml"
+    path.write_text(text)
+    return load_bug(path)
+
+
+SEND_P = '[[trigger.steps]]\ndo = "send"\nname = "a"\nprompt = "P"\ntokens = 300\n'
+
+
+@pytest.mark.parametrize(
+    ("steps", "failing", "message"),
+    [
+        ('[[trigger.steps]]\ndo = "send"\nprompt = "P"\n', "[]", "is new, so it needs tokens"),
+        (
+            SEND_P + '[[trigger.steps]]\ndo = "expect"\nname = "x"\nwhat = "external_hits"\n'
+            'since = "later"\nvalue = 0\n',
+            "[]",
+            "since 'later' names no earlier step",
+        ),
+        (
+            SEND_P + '[[trigger.steps]]\ndo = "expect"\nname = "x"\nwhat = "external_hits"\n',
+            "[]",
+            "needs a value",
+        ),
+        (SEND_P, '["gone"]', "symptom names 'gone', which no expect step is"),
+        (
+            SEND_P + '[[trigger.steps]]\ndo = "expect"\nname = "x"\nwhat = "same_output"\n'
+            'of = ["a"]\n',
+            "[]",
+            "same_output needs of = two named earlier sends",
+        ),
+        (
+            SEND_P + '[[trigger.steps]]\ndo = "send"\nname = "b"\nprompt = "Q"\ntokens = 100\n'
+            'prefix = "P"\nprefix_tokens = 200\n',
+            "[]",
+            "prefix_tokens 200 is longer than a prompt",
+        ),
+        (SEND_P + SEND_P, "[]", "name 'a' is used twice"),
+    ],
+)
+def test_a_script_that_could_not_run_is_refused_before_launch(tmp_path, steps, failing, message):
+    with pytest.raises(BadInput, match=message):
+        bs.check_script(script_entry(tmp_path, steps, failing))
+
+
+def test_prompts_are_the_same_everywhere_and_prefixes_are_shared():
+    steps = [
+        Step(do="send", prompt="P", tokens=500),
+        Step(do="send", prompt="Q", tokens=400, prefix="P", prefix_tokens=300),
+        Step(do="send", prompt="P"),
+    ]
+    a = bs.build_prompts(steps, 1000, 0)
+    b = bs.build_prompts(steps, 1000, 0)
+    assert a["P"].token_ids == b["P"].token_ids and len(a) == 2
+    assert a["Q"].token_ids[:300] == a["P"].token_ids[:300]
+    assert a["Q"].token_ids[300:] != a["P"].token_ids[300:400] and len(a["Q"].token_ids) == 400
+    # the lower half of the vocabulary: evictions' fillers take the upper half
+    assert max(a["P"].token_ids) < 508 and min(a["P"].token_ids) >= 16
+
+
+def script_with(**before: Snapshot) -> bs.Script:
+    s = bs.Script(plan=None, prompts={})  # type: ignore[arg-type]
+    s.before.update(before)
+    return s
+
+
+def test_expect_reads_a_counter_since_a_step():
+    s = script_with(start=Snapshot(), replay=Snapshot(ext_hits=512, ext_queries=600))
+    now = Snapshot(ext_hits=1280, ext_queries=1300)
+    step = Step(do="expect", name="x", what="external_hits", since="replay", value=0)
+    got = bs._expect(s, step, now)
+    assert not got.passed and got.observed == "external_hits since replay = 768"
+    assert got.expected == "external_hits since replay == 0"
+    assert bs._expect(s, step.model_copy(update={"op": ">"}), now).passed
+    since_start = bs._expect(s, step.model_copy(update={"since": None, "value": 1280}), now)
+    assert since_start.passed
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "success"),
+    [
+        (200, '{"success": true}', 1.0),
+        (200, '{"success": false}', 0.0),
+        (200, "", 1.0),  # older servers answer a bare 200
+        (404, '{"detail": "Not Found"}', 0.0),
+    ],
+)
+def test_a_reset_answer_is_read_as_it_came(status, body, success):
+    s = script_with()
+    s.last_reset = bs.StepRecord(1, "reset-prefix-cache", "r", http_status=status, body=body)
+    assert bs.observe(s, Step(do="expect", what="reset_success", value=1), Snapshot()) == success
+    assert bs.observe(s, Step(do="expect", what="http_status", value=200), Snapshot()) == status
+
+
+def test_same_output_compares_token_ids():
+    from harness.workload import Completion
+
+    s = script_with()
+    s.sent = {
+        "a": [Completion("a", "P", 3, {}, token_ids=[1, 2])],
+        "b": [Completion("b", "P", 3, {}, token_ids=[1, 3])],
+    }
+    step = Step(do="expect", name="same", what="same_output", of=["a", "b"])
+    assert not bs._expect(s, step, Snapshot()).passed
+    s.sent["b"][0].token_ids = [1, 2]
+    assert bs._expect(s, step, Snapshot()).passed
+
+
+# --- judging ----------------------------------------------------------------------------------
+def test_a_crash_entry_is_judged_both_ways():
+    e = entry("51150")
+    lived = bugs.judge(e, cell("crashed", "0.27.1", known="#51150", signature="AssertionError"))
+    assert (lived.outcome, lived.expected, lived.matched) == ("reproduced", "reproduced", True)
+    fixed = bugs.judge(e, cell("started", "0.28.0"))
+    assert (fixed.outcome, fixed.expected, fixed.matched) == ("passed", "passed", True)
+    # The corpus cannot rot: a trigger that stops reproducing, or a fix that regresses.
+    stopped = bugs.judge(e, cell("started", "0.27.1"))
+    assert (
+        stopped.matched is False
+        and stopped.why == "did not reproduce on a release the bug lived in"
+    )
+    back = bugs.judge(e, cell("crashed", "0.30.0", known="#51150"))
+    assert back.matched is False and back.why == "reproduced on a release with the fix"
+
+
+def test_a_different_failure_is_an_error_not_a_reproduction():
+    e = entry("51150")
+    other = bugs.judge(e, cell("crashed", "0.27.1", signature="SIGSEGV in worker"))
+    assert other.outcome == "error" and other.matched is False
+    assert "a crash other than #51150" in other.why
+
+
+def test_a_failing_checks_symptom_needs_exactly_its_checks():
+    e = entry("57727")
+    exact = cell("fail", "0.32.0", failing="reset-clears-offloaded")
+    assert bugs.judge(e, exact).outcome == "reproduced"
+    more = cell("fail", "0.32.0", failing="external-reset-clears,reset-clears-offloaded")
+    judged = bugs.judge(e, more)
+    assert judged.outcome == "error" and judged.matched is False
+    assert bugs.judge(e, cell("pass", "0.32.0")).matched is False  # still open: must reproduce
+
+
+def test_matrix_cells_and_crash_text():
+    e = entry("54504")
+    hit = bugs.judge(e, cell("started, fail", "0.32.0", failing="engine-survived"))
+    assert hit.outcome == "reproduced" and hit.matched
+    # 0.27-0.31 are neither affected nor fixed: judged by nothing, never unmatched
+    before = bugs.judge(e, cell("started, pass", "0.31.0"))
+    assert before.outcome == "passed" and before.matched is None and before.expected == ""
+
+
+def test_cells_that_never_ran_are_not_judged():
+    e = entry("51150")
+    for outcome in ("unavailable", "not-run"):
+        c = bugs.judge(e, cell(outcome, "0.26.0"))
+        assert c.outcome == outcome and c.matched is None and c.expected == ""
+
+
+def test_versions_and_reproduction_commands():
+    e = entry("51150")
+    assert bugs.expected_on(e, "0.27.0") == "reproduced"
+    assert bugs.expected_on(e, "0.34.0.dev1") == "passed"
+    assert bugs.expected_on(e, "") == ""
+    assert bugs.reproduction(e, CPU_RELEASES) == (
+        "offload-check bugs --bug 51150 --releases 0.27.1,0.28.0"
+    )
+    assert bugs.reproduction(entry("57727"), CPU_RELEASES).endswith("--releases 0.32.0")
+    assert bugs.reproduction(e).endswith("--releases all")
+
+
+def test_counts():
+    cells = [
+        bugs.BugCell("a", "r", "reproduced", matched=True),
+        bugs.BugCell("a", "s", "passed", matched=False),
+        bugs.BugCell("a", "t", "unavailable"),
+    ]
+    assert bugs.counts(cells) == (1, 1, 1)
