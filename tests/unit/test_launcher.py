@@ -125,7 +125,7 @@ def test_a_dropped_connection_is_blamed_on_a_server_that_exits_just_after(tmp_pa
     server = ServerSpec(py, "m").server(tmp_path / "log")
     server.start()
     try:
-        err = Endpoint(server.url, server)._dead("cold", RuntimeError("connection closed"))
+        err = Endpoint(server.url, server).failure("cold", RuntimeError("connection closed"))
     finally:
         server.stop()
     assert isinstance(err, RuntimeFailure)
