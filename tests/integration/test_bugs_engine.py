@@ -5,8 +5,9 @@ The PR tier runs the cheapest live entry, #57727 (a prefix-cache reset that answ
 success while the CPU tier keeps serving), on the current build: its script must fail
 exactly the check the entry names, with the control (a reset with reset_external=true)
 passing on the same server; the AMX-only entry is skipped on hosts without AMX (and runs
-where there is AMX). The nightly tier runs #51150 on releases either side of its fix,
-with a seeded wrong entry sharing its launches, and #57596 on both.
+where there is AMX); a release that cannot be installed is a cell, never judged. The
+nightly tier runs #51150 on releases either side of its fix, with a seeded wrong entry
+sharing its launches, and #57596 on both.
 """
 
 from __future__ import annotations
@@ -55,9 +56,20 @@ def test_a_live_bug_reproduces_and_its_control_passes(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
     current = str(ROOT / ".venv" / "bin" / "python")
-    code, run, out = bugs_cli(results, "--bug", "57727", "--bug", "amx-sigill", "--build", current)
+    code, run, out = bugs_cli(
+        results,
+        "--bug", "57727",
+        "--bug", "amx-sigill",
+        "--releases", "0.26.0",
+        "--build", current,
+    )  # fmt: skip
     assert code == 0, out
     df = table(run)
+    # 0.26.0 pins a torch no index here offers: cells, with the reason, never judged.
+    old = df[df.release == "0.26.0"]
+    assert set(old.outcome) == {"unavailable", "skipped"} and set(old.matched) == {""}
+    assert "torch" in old[old.bug == "57727"].iloc[0].why
+    df = df[df.release == ".venv"]
     live = df[df.bug == "57727"].iloc[0]
     assert (live.outcome, live.expected, live.matched) == ("reproduced", "reproduced", "True")
     assert live.observed == "fail" and live.signature == "fails reset-clears-offloaded"

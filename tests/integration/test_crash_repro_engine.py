@@ -104,6 +104,8 @@ def test_matrix_verdicts(request, matrix, model):
     assert all(str(m) == "True" for m in df.matched)
 
 
+# The PR tier's control is stock+fix: the same build, with the fix, starting with the connector.
+@pytest.mark.nightly
 @pytest.mark.launches(1)
 def test_stock_starts_without_the_connector(tmp_path):
     """The control that makes the stock crash the connector's: the same build, the same

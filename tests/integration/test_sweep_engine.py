@@ -1,11 +1,12 @@
 """offload-check sweep on real vLLM builds: release environments made with uv, servers
 launched through the real connector, one at a time.
 
-The PR tier sweeps one build with a scenario whose rule is seeded wrong (it expects the
-#51150 crash on every version) next to a release that cannot be installed: the sweep must
-call the cell not as expected, list it first, exit 1, and write the unavailable release as
-a cell, not an error. The nightly tier sweeps two real releases on either side of the fix
-and must find the transition.
+Nightly (the PR tier's real sweep is the bug corpus's, tests/integration/test_bugs_engine.py,
+which also proves an uninstallable release is a cell): one build with a scenario whose rule
+is seeded wrong (it expects the #51150 crash on every version) next to a release that cannot
+be installed: the sweep must call the cell not as expected, list it first, exit 1, and
+write the unavailable release as a cell, not an error; and two real releases on either
+side of the fix, where it must find the transition.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def seeded_wrong_scenario(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.nightly  # the PR tier proves unavailable releases through the bug corpus's run
 @pytest.mark.launches(1)
 def test_a_wrong_expectation_and_an_uninstallable_release(tmp_path):
     results = tmp_path / "results"
