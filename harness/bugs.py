@@ -225,13 +225,10 @@ def reproduction(entry: BugEntry, releases: Sequence[str] = ()) -> str:
 
 
 def counts(cells: Iterable[BugCell]) -> tuple[int, int, int]:
-    """(matched, not matched, not judged)."""
-    cells = list(cells)
-    return (
-        sum(1 for c in cells if c.matched is True),
-        sum(1 for c in cells if c.matched is False),
-        sum(1 for c in cells if c.matched is None),
-    )
+    """(matched, not matched, not judged), counted as a sweep's cells are."""
+    from harness.sweep import judged
+
+    return judged(cells)
 
 
 # --- a corpus run --------------------------------------------------------------------------------

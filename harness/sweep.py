@@ -714,8 +714,8 @@ def roundtrip_detail(result: Any) -> str:
     return ", ".join(parts)
 
 
-def judged(cells: Iterable[SweepCell]) -> tuple[int, int, int]:
-    """(matched, not matched, not judged) counts."""
+def judged(cells: Iterable[Any]) -> tuple[int, int, int]:
+    """(matched, not matched, not judged) counts of cells with a ``matched`` verdict."""
     cells = list(cells)
     return (
         sum(1 for c in cells if c.matched is True),
