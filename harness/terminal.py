@@ -476,6 +476,8 @@ class SweepProgress(_SpinnerLines):
         self._line(_env_line(self._prefix, status))
 
     def cell_done(self, cell: Any) -> None:
+        if cell.outcome == "unavailable":
+            return  # the build's own line said so, with the reason, once
         if cell.matched is None:
             mark = Text("--", style="dim")
         elif cell.matched:
@@ -529,6 +531,8 @@ class BugsProgress(SweepProgress):
         self._judge = judge  # a sweep cell -> the bug cells it decides
 
     def cell_done(self, cell: Any) -> None:
+        if cell.outcome == "unavailable":
+            return  # the build's own line said so, with the reason, once
         for c in self._judge(cell):
             if c.matched is None:
                 mark = Text("--", style="dim")
