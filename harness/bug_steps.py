@@ -60,6 +60,17 @@ COUNTER_OF = {
 
 
 # --- checking a script before any launch ----------------------------------------------------
+# The fields each step kind reads (docs/bugs.md); another one set is a mistake to refuse.
+STEP_FIELDS = {
+    "send": {"prompt", "tokens", "prefix", "prefix_tokens", "max_tokens", "prompt_logprobs"}
+    | {"concurrent", "background"},
+    "evict": {"pools"},
+    "settle": set(),
+    "reset-prefix-cache": {"query"},
+    "expect": {"what", "since", "of", "op", "value", "why"},
+}
+
+
 def check_script(entry: BugEntry) -> None:
     """Refuse a script that could not run as written, with one line naming the step:
     a prompt used before it is defined, a ``since`` naming no earlier step, an expect
@@ -71,6 +82,9 @@ def check_script(entry: BugEntry) -> None:
     sends: list[str] = []
     for i, s in enumerate(trig.steps, 1):
         where = f"{entry.source}: step {i} ({s.do})"
+        stray = sorted(s.model_fields_set - STEP_FIELDS[s.do] - {"do", "name"})
+        if stray:
+            raise BadInput(f"{where}: {stray[0]} is not a field of {s.do} steps")
         if s.name and s.name in names:
             raise BadInput(f"{where}: name {s.name!r} is used twice")
         if s.do == "send":

@@ -142,6 +142,11 @@ SEND_P = '[[trigger.steps]]\ndo = "send"\nname = "a"\nprompt = "P"\ntokens = 300
             "prefix_tokens 200 is longer than a prompt",
         ),
         (SEND_P + SEND_P, "[]", "name 'a' is used twice"),
+        (
+            SEND_P + '[[trigger.steps]]\ndo = "evict"\nmax_tokens = 4\n',
+            "[]",
+            "max_tokens is not a field of evict steps",
+        ),
     ],
 )
 def test_a_script_that_could_not_run_is_refused_before_launch(tmp_path, steps, failing, message):
