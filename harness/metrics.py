@@ -39,6 +39,7 @@ COUNTERS: dict[str, Sources] = {
     "gpu_queries": [("vllm:prefix_cache_queries", {})],
     "prompt_tokens": [("vllm:prompt_tokens", {})],
     "generation_tokens": [("vllm:generation_tokens", {})],
+    "preemptions": [("vllm:num_preemptions", {})],
 }
 
 
@@ -56,6 +57,7 @@ class Snapshot:
     gpu_queries: float = 0.0
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
+    preemptions: float = 0.0  # requests the scheduler preempted (stress: it must happen)
 
     def __sub__(self, other: Snapshot) -> Snapshot:
         return Snapshot(

@@ -34,6 +34,7 @@ class Outcome:
     prompt: list[int]
     output: list[int] = field(default_factory=list)
     text: str = ""
+    logprobs: list[float] = field(default_factory=list)  # each generated token's, as served
     error: str = ""
     aborted: bool = False  # the client hung up on purpose (abort profile)
     started_s: float = 0.0  # since the run began
@@ -57,8 +58,17 @@ class Outcome:
         }
 
 
-Send = Callable[[PlannedRequest, list[int]], tuple[list[int], str]]
-"""Send one request with this whole prompt; (output token ids, text). Raises on error."""
+@dataclass
+class Reply:
+    """What came back for one request."""
+
+    ids: list[int]
+    text: str = ""
+    logprobs: list[float] = field(default_factory=list)  # per generated token, if asked
+
+
+Send = Callable[[PlannedRequest, list[int]], Reply]
+"""Send one request with this whole prompt; what came back. Raises on error."""
 
 
 def _turn(req: PlannedRequest) -> int | None:
@@ -103,7 +113,8 @@ def drive(
         out = Outcome(r.id, r.profile, prompt, filler=r.filler, turn=_turn(r))
         out.started_s = clock() - t0
         try:
-            out.output, out.text = send(r, prompt)
+            reply = send(r, prompt)
+            out.output, out.text, out.logprobs = reply.ids, reply.text, reply.logprobs
             out.aborted = r.abort_after is not None
         except Exception as err:  # a failed request is a result, not a crash
             out.error = f"{type(err).__name__}: {err}"
@@ -151,7 +162,7 @@ def http_sender(
     """A ``Send`` for ``/v1/completions``: greedy, token ids in and out; an aborting
     request streams and closes the connection after ``abort_after`` tokens."""
 
-    def send(req: PlannedRequest, prompt: list[int]) -> tuple[list[int], str]:
+    def send(req: PlannedRequest, prompt: list[int]) -> Reply:
         payload: dict[str, Any] = {
             "model": model,
             "prompt": prompt,
@@ -172,9 +183,18 @@ def http_sender(
             )
         body = _post(f"{base_url}/v1/completions", payload, timeout_s)
         choice = body["choices"][0]
-        return list(choice.get("token_ids") or []), str(choice.get("text", ""))
+        return Reply(
+            list(choice.get("token_ids") or []),
+            str(choice.get("text", "")),
+            _token_logprobs(choice),
+        )
 
     return send
+
+
+def _token_logprobs(choice: dict[str, Any]) -> list[float]:
+    lp = choice.get("logprobs") or {}
+    return [float(x) for x in lp.get("token_logprobs") or [] if x is not None]
 
 
 def _post(url: str, payload: dict[str, Any], timeout_s: float) -> Any:
@@ -190,15 +210,12 @@ def _post(url: str, payload: dict[str, Any], timeout_s: float) -> Any:
         ) from None
 
 
-def _stream_and_hang_up(
-    url: str, payload: dict[str, Any], after: int, timeout_s: float
-) -> tuple[list[int], str]:
+def _stream_and_hang_up(url: str, payload: dict[str, Any], after: int, timeout_s: float) -> Reply:
     """Read server-sent events until ``after`` tokens came, then close the socket."""
     req = urllib.request.Request(
         url, json.dumps(payload).encode(), {"Content-Type": "application/json"}, method="POST"
     )
-    ids: list[int] = []
-    text = ""
+    reply = Reply([])
     try:
         resp = urllib.request.urlopen(req, timeout=timeout_s)
     except urllib.error.HTTPError as err:
@@ -212,10 +229,11 @@ def _stream_and_hang_up(
                 continue
             event = json.loads(line[len("data:") :])
             for choice in event.get("choices") or []:
-                ids += list(choice.get("token_ids") or [])
-                text += str(choice.get("text", ""))
-            if len(ids) >= after:
+                reply.ids += list(choice.get("token_ids") or [])
+                reply.text += str(choice.get("text", ""))
+                reply.logprobs += _token_logprobs(choice)
+            if len(reply.ids) >= after:
                 break
     finally:
         resp.close()  # the disconnect vLLM sees as an abort
-    return ids, text
+    return reply

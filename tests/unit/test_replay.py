@@ -110,7 +110,8 @@ def test_replayed_phase_deltas_are_the_runs(case: str) -> None:
         assert phase.requests == int(row["requests"]), phase.phase
         for key, value in phase.record().items():
             if key.startswith(("d_", "cum_")):
-                assert value == float(row[key]), (phase.phase, key)
+                # A counter newer than the recording (preemptions) is not in its files.
+                assert value == float(row.get(key, 0.0)), (phase.phase, key)
     assert [p.phase for p in _replayed(case).phases] == list(rows)
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from harness.stress_driver import drive
+from harness.stress_driver import Reply, drive
 from harness.stress_workload import PlannedRequest, ProfileSettings, plan_profile
 
 
@@ -21,7 +21,7 @@ class Recorder:
         self.order: list[str] = []
         self.lock = threading.Lock()
 
-    def __call__(self, req: PlannedRequest, prompt: list[int]) -> tuple[list[int], str]:
+    def __call__(self, req: PlannedRequest, prompt: list[int]) -> Reply:
         with self.lock:
             self.live += 1
             self.peak = max(self.peak, self.live)
@@ -31,7 +31,7 @@ class Recorder:
             self.live -= 1
         if req.id in self.fail:
             raise RuntimeError("HTTP 500: engine dead")
-        return [len(prompt) % 97, 7], "ab"
+        return Reply([len(prompt) % 97, 7], "ab", [-0.1, -0.2])
 
 
 def test_concurrency_is_bounded_and_results_keep_plan_order():
