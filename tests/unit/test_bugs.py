@@ -84,6 +84,9 @@ def test_host_requirements():
     amx = entry("amx-sigill")
     assert bugs.host_lacks(amx, {"avx512f"}, False) == "needs amx_tile, which this host lacks"
     assert bugs.host_lacks(amx, {"amx_tile"}, False) == ""
+    gpu = entry("51150").model_copy(update={"requires": ["gpu"]})
+    assert bugs.host_lacks(gpu, {"amx_tile"}, False) == "needs gpu, which this host lacks"
+    assert bugs.host_lacks(gpu, set(), True) == ""
     run = bugs.plan_corpus([amx, entry("51150")], [Build("0.32.0", "0.32.0", True)], "x", [], False)
     assert run.skipped == {"amx-sigill": "needs amx_tile, which this host lacks"}
     assert [t.checks for t in run.sweep.targets] == [("llama4-issue-51150/connector-on",)]
