@@ -406,7 +406,14 @@ def run_steps(job: Job) -> list[SweepCell]:
         cell.outcome, cell.signature = "crashed", err.signature
         cell.detail = f"during step {err.phase}: {err.message[:200]}"
     except HarnessError as err:
-        cell.outcome, cell.why = ERROR, str(err)
+        if server.proc is not None and not server.alive():
+            # Died without a Python frame to blame (a fatal signal): still the engine's.
+            lines = server.log_path.read_text(errors="replace").splitlines()
+            sig = crash_signature(lines, server.proc.returncode, scn.known_crashes)
+            cell.outcome, cell.signature = "crashed", sig.summary()
+            cell.known, cell.detail = known_label(sig.known) or "", str(err)[:200]
+        else:
+            cell.outcome, cell.why = ERROR, str(err)
     finally:
         server.stop()
         cell.seconds = time.perf_counter() - t0
