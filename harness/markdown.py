@@ -197,7 +197,9 @@ def unavailable_builds(cells: Sequence[Any], builds: Sequence[str]) -> list[str]
     by: dict[str, set[str]] = {}
     for c in cells:
         by.setdefault(c.release, set()).add(c.outcome)
-    return [b for b in builds if by.get(b) == {"unavailable"}]
+    # "skipped" (an entry this host cannot run) says nothing about the build itself.
+    neutral = {"unavailable", "skipped"}
+    return [b for b in builds if "unavailable" in by.get(b, set()) and by[b] <= neutral]
 
 
 def _unavailable_line(cells: Sequence[Any], builds: Sequence[str]) -> list[str]:

@@ -289,3 +289,17 @@ def test_counts():
         bugs.BugCell("a", "t", "unavailable"),
     ]
     assert bugs.counts(cells) == (1, 1, 1)
+
+
+def test_uninstallable_builds_leave_the_grid():
+    from harness.markdown import sweep_grid, unavailable_builds
+
+    cells = [
+        bugs.BugCell("a", "0.8.5", "unavailable"),
+        bugs.BugCell("amx", "0.8.5", "skipped"),
+        bugs.BugCell("a", "0.32.0", "reproduced", matched=True),
+        bugs.BugCell("amx", "0.32.0", "skipped"),
+    ]
+    assert unavailable_builds(cells, ["0.8.5", "0.32.0"]) == ["0.8.5"]
+    headers, rows = sweep_grid(cells, ["0.8.5", "0.32.0"], row_of="bug", text_of="outcome")
+    assert headers == ["bug", "0.32.0"] and rows == [["a", "reproduced"], ["amx", "skipped"]]
