@@ -117,11 +117,11 @@ def floor_of(outcomes: Sequence[Outcome], score: Scorer) -> tuple[float, int]:
             {tok: lp} for tok, lp in zip(o.output, o.logprobs, strict=False)
         ]
         worst = max(worst, noise_floor(served, scores))
-        verdict = judge_tokens(len(o.prompt), o.output, scores, float("inf"))
-        n += verdict.scored
         for i, tok in enumerate(o.output):
-            dist = scores[len(o.prompt) + i] if len(o.prompt) + i < len(scores) else None
+            pos = len(o.prompt) + i
+            dist = scores[pos] if pos < len(scores) else None
             if dist and tok in dist:
+                n += 1
                 worst = max(worst, max(dist.values()) - dist[tok])
     return worst, n
 
@@ -148,11 +148,11 @@ class StressResult:
 
 def http_scorer(base_url: str, model: str) -> Scorer:
     """A ``Scorer`` through ``/v1/completions`` with ``prompt_logprobs``."""
-    from harness.stress_driver import _post
+    from harness.stress_driver import post_json
 
     def score(prompt: list[int], output: list[int]) -> Scores:
         req = score_request(prompt, output)
-        body = _post(
+        body = post_json(
             f"{base_url}/v1/completions",
             {
                 "model": model,

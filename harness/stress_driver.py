@@ -181,7 +181,7 @@ def http_sender(
             return _stream_and_hang_up(
                 f"{base_url}/v1/completions", payload, req.abort_after, timeout_s
             )
-        body = _post(f"{base_url}/v1/completions", payload, timeout_s)
+        body = post_json(f"{base_url}/v1/completions", payload, timeout_s)
         choice = body["choices"][0]
         return Reply(
             list(choice.get("token_ids") or []),
@@ -197,7 +197,7 @@ def _token_logprobs(choice: dict[str, Any]) -> list[float]:
     return [float(x) for x in lp.get("token_logprobs") or [] if x is not None]
 
 
-def _post(url: str, payload: dict[str, Any], timeout_s: float) -> Any:
+def post_json(url: str, payload: dict[str, Any], timeout_s: float) -> Any:
     req = urllib.request.Request(
         url, json.dumps(payload).encode(), {"Content-Type": "application/json"}, method="POST"
     )
