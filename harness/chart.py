@@ -97,3 +97,55 @@ def sweep_heatmap(cells: Sequence[Any], builds: Sequence[str], out: Path) -> Pat
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def stress_timeline(result: Any, out: Path) -> Path:
+    """A stress run over time: requests in flight (top), and the CPU tier's cumulative
+    stored and loaded bytes with preemptions (bottom), from the metrics sampled twice a
+    second. Where a divergence or an error lands against this picture says whether it
+    came with a burst of loads, a preemption or nothing in particular."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from harness.stress import timeline
+
+    inflight = timeline(result.outcomes)
+    fig, (ax_req, ax_bytes) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
+    if inflight:
+        ax_req.step([t for t, _ in inflight], [n for _, n in inflight], where="post")
+    bad = [o for o in result.outcomes if o.error and not o.aborted]
+    diverged = [
+        o
+        for o in result.outcomes
+        if o.id in result.verdicts and result.verdicts[o.id].divergence is not None
+    ]
+    for group, colour, label in ((bad, "red", "errored"), (diverged, "orange", "diverged")):
+        if group:
+            ax_req.scatter([o.ended_s for o in group], [0.2] * len(group), c=colour, label=label)
+    ax_req.set_ylabel("requests in flight")
+    ax_req.set_title(f"stress {result.plan.profile}, seed {result.plan.seed}")
+    if any(True for _ in (bad or diverged)):
+        ax_req.legend()
+    if result.samples:
+        t0 = result.samples[0][1]
+        ts = [t for t, _ in result.samples]
+        for key, label in (("stored_bytes", "stored"), ("loaded_bytes", "loaded")):
+            ax_bytes.plot(ts, [(s[key] - t0[key]) / 1e6 for _, s in result.samples], label=label)
+        ax_pre = ax_bytes.twinx()
+        ax_pre.plot(
+            ts,
+            [s["preemptions"] - t0["preemptions"] for _, s in result.samples],
+            color="grey",
+            linestyle="--",
+            label="preemptions",
+        )
+        ax_pre.set_ylabel("preemptions")
+        ax_bytes.legend(loc="upper left")
+    ax_bytes.set_ylabel("MB (cumulative)")
+    ax_bytes.set_xlabel("seconds")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -459,6 +459,122 @@ def _run_roundtrip(
     return int(code)
 
 
+@app.command("stress")
+def stress_cmd(
+    scenario: Annotated[Path | None, _scenario_opt("stress")] = None,
+    profile: Annotated[str | None, _opt("stress.profile")] = None,
+    requests: Annotated[int | None, _opt("stress.requests", min=1)] = None,
+    duration: Annotated[float | None, _opt("stress.duration", min=1.0, max=86400.0)] = None,
+    concurrency: Annotated[int | None, _opt("stress.concurrency", min=1, max=64)] = None,
+    seed: Annotated[int | None, _opt("stress.seed")] = None,
+    tp: TensorParallel = None,
+    variant: VariantName = None,
+    python: Annotated[str | None, _opt("roundtrip.python")] = None,
+    patch: Annotated[str | None, _opt("stress.patch")] = None,
+    fault: Annotated[str | None, _opt("stress.fault")] = None,
+    config: Geometry = None,
+    url: Annotated[str | None, _opt("stress.url")] = None,
+    results_dir: ResultsDir = RESULTS,
+    port: Port = None,
+    dry_run: DryRun = False,
+    engine_arg: EngineArgs = None,
+) -> None:
+    """Concurrent, multi-turn, preempting traffic through the connector, judged against a
+    connector-off reference: every token, every byte, every hit.
+
+    The server under test serves the profile's seeded plan; then a reference server
+    (same engine, connector off) measures the noise floor and scores each answer alone.
+    """
+    from harness import stress as st
+    from harness.scenario import FAULTS, load_stress
+
+    try:
+        scen = load_stress(scenario or _default_scenario("stress.toml"))
+        if fault is not None and fault not in FAULTS:
+            raise HarnessError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+        _port_free(port)
+        adhoc = _adhoc_variants([python] if python else [])
+        if adhoc and variant:
+            raise HarnessError("give --variant or --python, not both")
+        if url and (adhoc or variant or patch or fault or tp):
+            raise HarnessError(
+                "--url attaches to a server someone else launched: --variant, --python, "
+                "--patch, --fault and --tp do not apply"
+            )
+        plan = st.plan_stress(
+            scen,
+            profile=profile,
+            requests=requests,
+            duration_s=duration,
+            concurrency=concurrency,
+            seed=seed,
+            config=str(config) if config else None,
+            variant=next(iter(adhoc), variant),
+            patch=patch,
+            tp=tp,
+            fault=fault,
+            extra_args=engine_arg,
+            extra_variants=adhoc,
+        )
+    except HarnessError as err:
+        raise _fail(err) from None
+    if dry_run:
+        _dry_run().stress_plan(console, plan)
+        raise typer.Exit(0)
+    raise typer.Exit(_run_stress(plan, results_dir, url, port))
+
+
+def _run_stress(plan: object, results_dir: Path, url: str | None, port: int | None) -> int:
+    from harness import stress as st
+    from harness.result_kinds import write_stress
+    from harness.roundtrip import build_local_model
+    from harness.stress_run import execute
+    from harness.terminal import StressProgress, checks_table
+
+    assert isinstance(plan, st.StressPlan)
+    run_dir = _open_run(results_dir, "stress", plan.scenario)
+    base = plan.base
+    run_dir.update_meta(
+        variant={"name": base.variant, **(base.env.as_dict() if base.env else {"url": url})},
+        plan=plan.describe(),
+    )
+    console.print(
+        f"[bold]stress[/] {plan.profile} (seed {plan.seed}, concurrency {plan.concurrency}) "
+        f"on {base.model_ref} (variant {base.variant})",
+        highlight=False,
+    )
+    result = None
+    with _guard() as outcome:
+        build_local_model(base)
+        result = execute(
+            plan,
+            run_dir.path,
+            StressProgress(console),
+            lambda r: write_stress(run_dir, r),
+            url=url,
+            port=port,
+        )
+        if not result.passed:
+            outcome.code = ExitCode.MISMATCH
+    code = outcome.code
+    run_dir.finish(outcome.status, int(code), passed=bool(result and result.passed))
+    if result is not None and result.checks:
+        f = result.figures()
+        console.print(
+            f"  {f['requests_sent']} requests ({f['requests_compared']} compared, "
+            f"{f['requests_aborted']} aborted, {f['fillers']} fillers) in "
+            f"{f['traffic_seconds']}s; noise floor {f['noise_floor']} -> tolerance "
+            f"{f['tolerance']}",
+            highlight=False,
+        )
+        console.print(checks_table([c.record() for c in result.checks]))
+        verdict = "[green]all checks passed[/]" if result.passed else "[red]some checks failed[/]"
+        console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
+    else:
+        console.print(f"results so far: {run_dir.path}", highlight=False)
+    return int(code)
+
+
 class BenchPart(str, Enum):
     all = "all"
     crash_repro = "crash-repro"

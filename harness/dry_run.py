@@ -235,3 +235,57 @@ def sweep_plan(console: Console, run: object) -> None:
             ]
             table.add_row(c, *cells)
     console.print(table)
+
+
+def stress_plan(console: Console, plan: object) -> None:
+    from harness.stress import StressPlan, prompt_bounds
+
+    assert isinstance(plan, StressPlan)
+    d = plan.describe()
+    base = plan.base
+    console.print(
+        f"[bold]stress plan[/] {d['scenario']}: profile {plan.profile}, seed {plan.seed}, "
+        f"concurrency {plan.concurrency}, model {base.model_ref}, variant {base.variant}, "
+        f"TP {base.tensor_parallel}",
+        highlight=False,
+    )
+    host_line(console)
+    per = ", ".join(f"{k} {n}" for k, n in d["requests"].items())
+    bounds = prompt_bounds(plan.requests)
+    longest = max(bounds[r.id] + r.max_tokens for r in plan.requests)
+    console.print(
+        f"  requests: {len(plan.requests)} ({per}); longest up to {longest} tokens; "
+        f"can store up to {plan.storable_tokens:,} tokens",
+        highlight=False,
+    )
+    if plan.duration_s:
+        console.print(
+            f"  duration: rounds with seeds {plan.seed}, {plan.seed + 1}, ... until "
+            f"{plan.duration_s:g}s of traffic",
+            highlight=False,
+        )
+    console.print(
+        f"  patch {d['patch']}, fault {d['fault']}; offload chunk "
+        f"{d['offload_tokens_per_chunk']} tokens, KV block {d['kv_block_size']}, CPU tier "
+        f"{d['cpu_bytes_to_use']:,} B",
+        highlight=False,
+    )
+    for r in plan.requests[:8]:
+        extra = f" after {r.parent}" if r.parent else ""
+        console.print(
+            f"    {r.at_s:6.2f}s {r.id}: {len(r.prompt)} new tokens{extra}, max {r.max_tokens}",
+            highlight=False,
+            markup=False,
+        )
+    if len(plan.requests) > 8:
+        console.print(f"    ... {len(plan.requests) - 8} more", highlight=False)
+    console.print(
+        "  then the reference (connector off): round 0 again at the same concurrency "
+        "(noise floor), every answered request scored alone",
+        highlight=False,
+    )
+    if d["server_argv"]:
+        console.print("  argv: " + json.dumps(d["server_argv"]), highlight=False, markup=False)
+        console.print(
+            "  reference argv: " + json.dumps(d["reference_argv"]), highlight=False, markup=False
+        )

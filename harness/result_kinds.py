@@ -501,8 +501,60 @@ def write_bugs(
     run_dir.write_text("report.md", report)
 
 
+# --- stress ---------------------------------------------------------------------------------
+STRESS_CHECKS = TableFile(
+    name="checks.csv",
+    title="checks",
+    columns=_fields_of("harness.checks", "CheckResult"),
+    key=("name",),
+    compared=("passed", "observed"),
+    display=("name", "passed", "expected", "observed", "detail"),
+    junit=JUnitMap(
+        "stress.{profile}",
+        "{name}",
+        lambda c: None if c.passed else f"expected {c.expected}, observed {c.observed}. {c.detail}",
+        stdout="{why}",
+    ),
+)
+STRESS = ResultsKind(
+    command="stress",
+    tables=(STRESS_CHECKS,),
+    files=(
+        "requests.jsonl",
+        "reference.jsonl",
+        "divergence.md",
+        "junit.xml",
+        "timeline.png",
+        "metrics/start.prom",
+        "metrics/end.prom",
+        "logs/server.log",
+        "logs/reference-server.log",
+    ),
+)
+
+
+def write_stress(run_dir: RunDirectory, result: Any) -> None:
+    """Every stress file from what is known so far (rewritten as the run goes)."""
+    from harness.stress import divergence_md, save_requests
+
+    plan = result.plan
+    save_requests(result.outcomes, run_dir.path / "requests.jsonl", result.sent)
+    if result.reference:
+        save_requests(result.reference, run_dir.path / "reference.jsonl", plan.requests)
+    run_dir.update_meta(stress=result.figures())
+    if result.checks:
+        STRESS_CHECKS.write(run_dir, [c.record() for c in result.checks])
+        STRESS_CHECKS.write_junit(run_dir, "stress", result.checks, profile=plan.profile)
+        run_dir.write_text("divergence.md", divergence_md(result))
+        if result.outcomes:
+            from harness.chart import stress_timeline
+
+            stress_timeline(result, run_dir.path / "timeline.png")
+
+
 KINDS: dict[str, ResultsKind] = {
-    k.command: k for k in (CRASH_REPRO, ROUNDTRIP, MATRIX, FAULTS, BENCH, SWEEP, BUGS, BUG_SCRIPT)
+    k.command: k
+    for k in (CRASH_REPRO, ROUNDTRIP, MATRIX, FAULTS, BENCH, SWEEP, BUGS, BUG_SCRIPT, STRESS)
 }
 """Every command that writes a results directory, by its ``run.json`` ``command``."""
 

@@ -20,14 +20,17 @@ run's own tokens alone makes the comparison exact wherever the reference is not 
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.errors import BadInput
 from harness.reference import Scores, judge_tokens, noise_floor, parse_prompt_logprobs
 from harness.stress_driver import Outcome, Reply, drive
-from harness.stress_workload import PlannedRequest, ProfileSettings, plan_profile
+from harness.stress_workload import PROFILES, PlannedRequest, ProfileSettings, plan_profile
 
 # The tolerance is this many times the measured floor, and never below the minimum:
 # a floor measured as 0 on a short run must not make every near-tie a divergence.
@@ -46,15 +49,64 @@ class StressPlan:
     requests: list[PlannedRequest]
     concurrency: int
     seed: int
+    scenario: Any = None  # harness.scenario.StressScenario
+    duration_s: float | None = None  # repeat the plan with new seeds until this elapses
+    request_limit: int | None = None
+    storable_tokens: int = 0  # what one round can store at most (sizes the CPU tier)
+
+    @property
+    def offloads_decode(self) -> bool:
+        """Whether the connector stores generated tokens' blocks (vLLM's
+        ``offload_prompt_only``, true unless the connector's config says false)."""
+        server = self.base.server
+        extra = ((server.kv_transfer or {}) if server else {}).get("kv_connector_extra_config")
+        return (extra or {}).get("offload_prompt_only", True) is False
+
+    def round(self, k: int) -> list[PlannedRequest]:
+        """Round ``k`` of a ``--duration`` run: the plan with seed + k, ids prefixed."""
+        if k == 0:
+            return self.requests
+        reqs = plan_requests(
+            self.profile,
+            self.settings,
+            self.base.vocab_size,
+            self.seed + k,
+            self.request_limit,
+        )
+        for r in reqs:
+            r.id = f"round{k}/{r.id}"
+            if r.parent is not None:
+                r.parent = f"round{k}/{r.parent}"
+        return reqs
 
     def describe(self) -> dict[str, Any]:
         from harness.stress_workload import plan_summary
 
         return {
+            "scenario": self.scenario.name if self.scenario is not None else None,
             "profile": self.profile,
+            "settings": {k: v for k, v in vars(self.settings).items()},
             "concurrency": self.concurrency,
             "seed": self.seed,
+            "duration_s": self.duration_s,
+            "request_limit": self.request_limit,
             "requests": plan_summary(self.requests),
+            "requests_total": len(self.requests),
+            "storable_tokens": self.storable_tokens,
+            "offloads_decode": self.offloads_decode,
+            "variant": self.base.variant,
+            "patch": self.base.patch or "none",
+            "fault": self.base.fault,
+            "tensor_parallel": self.base.tensor_parallel,
+            "model": self.base.model_ref,
+            "kv_block_size": self.base.kv_block_size,
+            "offload_tokens_per_chunk": self.base.tokens_per_chunk,
+            "kv_bytes_per_token": self.base.expected.kv_bytes_per_token,
+            "cpu_bytes_to_use": (self.base.server.kv_transfer or {})
+            .get("kv_connector_extra_config", {})
+            .get("cpu_bytes_to_use")
+            if self.base.server
+            else None,
             "server_argv": self.base.server.argv() if self.base.server else None,
             "reference_argv": (
                 self.base.server.without_offload().argv() if self.base.server else None
@@ -89,6 +141,117 @@ def plan_requests(
     return cap_requests(plan_profile(profile, settings, vocab_size, seed), limit)
 
 
+def settings_for(scenario: Any, profile: str) -> tuple[ProfileSettings, list[str]]:
+    """A profile's numbers and engine arguments: the defaults, then what the scenario's
+    ``[profiles.<name>]`` table sets. ``mixed`` takes every sub-profile's table first,
+    then its own, so one file tunes each profile once."""
+    names = [*PROFILES[:-1], "mixed"] if profile == "mixed" else [profile]
+    values: dict[str, Any] = {}
+    args = list(scenario.engine_args)
+    for name in names:
+        table = scenario.profiles.get(name)
+        if table is None:
+            continue
+        values.update(table.model_dump(exclude_none=True, exclude={"engine_args"}))
+        args += list(table.engine_args)
+    if "prefix_tokens" in values:
+        values["prefix_tokens"] = tuple(values["prefix_tokens"])
+    return ProfileSettings(**values), args
+
+
+def prompt_bounds(reqs: Sequence[PlannedRequest]) -> dict[str, int]:
+    """Each request's longest possible prompt (a turn holds its parent's prompt and
+    whole answer), known before launch so an impossible plan is refused then."""
+    out: dict[str, int] = {}
+    by = {r.id: r for r in reqs}
+    for r in reqs:
+        n = len(r.prompt)
+        if r.parent is not None:
+            n += out[r.parent] + by[r.parent].max_tokens
+        out[r.id] = n
+    return out
+
+
+# Engine arguments every stress server gets: per-request cached tokens in the usage, the
+# evidence the prefix-reuse check reads.
+STRESS_ENGINE_ARGS = ("--enable-prompt-tokens-details",)
+
+
+def plan_stress(
+    scenario: Any,
+    *,
+    profile: str | None = None,
+    requests: int | None = None,
+    duration_s: float | None = None,
+    concurrency: int | None = None,
+    seed: int | None = None,
+    config: str | None = None,
+    **launch: Any,
+) -> StressPlan:
+    """Everything known before launch; refuses what cannot run with one clear line.
+    ``launch`` goes to ``plan_roundtrip`` (variant, patch, tp, fault, extra_variants)."""
+    from dataclasses import replace
+
+    from harness.names import ENV_TRACE
+    from harness.roundtrip import plan_roundtrip
+    from harness.scenario import load_roundtrip
+
+    name = profile or scenario.profile
+    if name not in PROFILES:
+        raise BadInput(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
+    settings, engine_args = settings_for(scenario, name)
+    base_scn = load_roundtrip(scenario.resolve(scenario.roundtrip))
+    extra = [*engine_args, *STRESS_ENGINE_ARGS, *(launch.pop("extra_args", None) or [])]
+    base = plan_roundtrip(base_scn, config=config, extra_args=extra, **launch)
+    seed_ = scenario.seed if seed is None else seed
+    limit = requests if requests is not None else scenario.requests
+    try:
+        reqs = plan_requests(name, settings, base.vocab_size, seed_, limit)
+    except ValueError as err:
+        raise BadInput(f"profile {name}: {err}") from None
+    if not reqs:
+        raise BadInput(f"profile {name} plans no requests with these settings")
+    bounds = prompt_bounds(reqs)
+    max_len = base_scn.server.max_model_len
+    for r in reqs:
+        if bounds[r.id] + r.max_tokens > max_len:
+            raise BadInput(
+                f"{r.id}: up to {bounds[r.id]} prompt + {r.max_tokens} generated tokens "
+                f"exceed max_model_len {max_len}; fewer turns or shorter texts"
+            )
+    storable = sum(bounds[r.id] + r.max_tokens for r in reqs)
+    # Size the CPU tier to hold every byte the plan can store (twice for --duration,
+    # whose rounds never share prefixes): a prefix evicted from the tier would make a
+    # missed hit the tier's choice, not a bug.
+    rounds = 2 if (duration_s or scenario.duration_s) else 1
+    tier = math.ceil(
+        storable * rounds * base.expected.kv_bytes_per_token * (1 + scenario.cpu_tier_margin)
+    )
+    server = base.server
+    if server is not None:
+        kv = dict(server.kv_transfer or {})
+        if kv:
+            extra_cfg = dict(kv.get("kv_connector_extra_config") or {})
+            given = extra_cfg.get("cpu_bytes_to_use")
+            extra_cfg["cpu_bytes_to_use"] = max(int(given or 0), tier)
+            extra_cfg.setdefault("offload_prompt_only", not scenario.offload_decode)
+            kv["kv_connector_extra_config"] = extra_cfg
+        server = replace(server, kv_transfer=kv or None, env={**server.env, ENV_TRACE: "1"})
+        base = replace(base, server=server)
+    return StressPlan(
+        base,
+        name,
+        settings,
+        reqs,
+        concurrency or scenario.concurrency,
+        seed_,
+        scenario=scenario,
+        duration_s=duration_s if duration_s is not None else scenario.duration_s,
+        request_limit=limit,
+        storable_tokens=storable,
+    )
+
+
 # --- the reference --------------------------------------------------------------------------
 def compared(outcomes: Sequence[Outcome]) -> list[Outcome]:
     """The requests judged against the reference: answered, not cut off, not filler."""
@@ -98,19 +261,44 @@ def compared(outcomes: Sequence[Outcome]) -> list[Outcome]:
 def score_request(prompt: list[int], output: list[int]) -> PlannedRequest:
     """The reference's scoring request: the prompt and what was generated, one token asked
     for, ``prompt_logprobs`` over all of it (the actual token and the top choice)."""
-    return PlannedRequest("score", "score", 0.0, prompt + output, max_tokens=1, prompt_logprobs=1)
+    return PlannedRequest(
+        "score", "score", 0.0, prompt + output, max_tokens=1, prompt_logprobs=SCORE_TOP
+    )
 
+
+# The reference scores each position's actual token and its top two: the gap between the
+# two is what the logprobs' resolution is measured from.
+SCORE_TOP = 2
 
 Scorer = Callable[[list[int], list[int]], Scores]
 """Score prompt + output alone on the reference server: per position, token -> logprob."""
 
 
-def floor_of(outcomes: Sequence[Outcome], score: Scorer) -> tuple[float, int]:
+@dataclass(frozen=True)
+class Floor:
+    """The noise floor of a clean concurrent run, measured on the reference server."""
+
+    stray: float  # largest |logprob as served - as scored alone|, or lost near-tie gap
+    tokens: int  # generated tokens measured
+    resolution: float  # smallest positive gap between two scored logprobs at a position
+
+    @property
+    def value(self) -> float:
+        """What the tolerance is derived from: the stray, and never less than the
+        logprobs' resolution. Logits are rounded to the model's dtype (bf16 here), so
+        two computations of one position that differ by less than a step can round to
+        neighbouring steps: a tie broken the other way costs one step, whether or not
+        the floor run happened to break one."""
+        return max(self.stray, self.resolution)
+
+
+def floor_of(outcomes: Sequence[Outcome], score: Scorer) -> Floor:
     """How far a clean concurrent run strays from the same tokens scored alone: the
     largest difference between a generated token's logprob as served and as scored, and
     the largest gap by which scoring preferred another token (a near-tie the concurrent
-    run resolved the other way). Returns (floor, tokens measured)."""
+    run resolved the other way); and the scored logprobs' resolution."""
     worst, n = 0.0, 0
+    step = math.inf
     for o in compared(outcomes):
         scores = score(o.prompt, o.output)
         served: Scores = [None] * len(o.prompt) + [
@@ -123,11 +311,17 @@ def floor_of(outcomes: Sequence[Outcome], score: Scorer) -> tuple[float, int]:
             if dist and tok in dist:
                 n += 1
                 worst = max(worst, max(dist.values()) - dist[tok])
-    return worst, n
+            if dist and len(dist) > 1:
+                vals = sorted(dist.values())
+                gaps = [b - a for a, b in itertools.pairwise(vals) if b - a > 1e-9]
+                step = min(step, *gaps) if gaps else step
+    return Floor(worst, n, 0.0 if math.isinf(step) else step)
 
 
 def tolerance_for(floor: float) -> float:
-    return max(FLOOR_FACTOR * floor, MIN_TOLERANCE)
+    """Twice the floor (and never below ``MIN_TOLERANCE``), plus a hair so a gap of
+    exactly twice the floor, computed in floating point, is not a divergence."""
+    return max(FLOOR_FACTOR * floor, MIN_TOLERANCE) + 1e-6
 
 
 @dataclass
@@ -139,11 +333,53 @@ class StressResult:
     reference: list[Outcome] = field(default_factory=list)  # the reference's own run
     floor: float | None = None
     floor_tokens: int = 0
+    floor_stray: float | None = None  # the floor's parts (``Floor``)
+    floor_resolution: float | None = None
     tolerance: float | None = None
     verdicts: dict[str, Any] = field(default_factory=dict)  # request id -> TokenVerdict
     counters: dict[str, float] = field(default_factory=dict)  # the run under test's deltas
     log_lines: list[str] = field(default_factory=list)
     checks: list[Any] = field(default_factory=list)
+    sent: list[PlannedRequest] = field(default_factory=list)  # every round's requests
+    rounds: int = 0
+    traffic_seconds: float = 0.0
+    server_alive: bool = True
+    death: str = ""
+    pool_tokens: int | None = None  # the live GPU pool
+    engine_groups: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    reference_error: str = ""
+
+    def compared_count(self) -> int:
+        return len(compared(self.outcomes))
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    def figures(self) -> dict[str, Any]:
+        """``run.json``'s ``stress``: what the run did, in numbers."""
+        outs = self.outcomes
+        return {
+            "requests_sent": len(outs),
+            "requests_compared": self.compared_count(),
+            "requests_aborted": sum(o.aborted for o in outs),
+            "requests_failed": sum(bool(o.error) for o in outs),
+            "fillers": sum(o.filler for o in outs),
+            "rounds": self.rounds,
+            "traffic_seconds": round(self.traffic_seconds, 2),
+            "generated_tokens": sum(len(o.output) for o in outs),
+            "pool_tokens": self.pool_tokens,
+            "noise_floor": self.floor,
+            "floor_tokens": self.floor_tokens,
+            "floor_stray": self.floor_stray,
+            "floor_resolution": self.floor_resolution,
+            "tolerance": self.tolerance,
+            "near_ties": sum(v.near_ties for v in self.verdicts.values()),
+            "counters": self.counters,
+            "reference_error": self.reference_error or None,
+            "death": self.death or None,
+        }
 
 
 def http_scorer(base_url: str, model: str) -> Scorer:
@@ -159,7 +395,7 @@ def http_scorer(base_url: str, model: str) -> Scorer:
                 "prompt": req.prompt,
                 "max_tokens": 1,
                 "temperature": 0.0,
-                "prompt_logprobs": 1,
+                "prompt_logprobs": SCORE_TOP,
                 "return_token_ids": True,
             },
             600.0,
@@ -184,8 +420,10 @@ def run_reference_side(result: StressResult, send: Callable[..., Reply], score: 
     run under test's requests scored alone."""
     plan = result.plan
     result.reference = drive(plan.requests, send, plan.concurrency)
-    result.floor, result.floor_tokens = floor_of(result.reference, score)
-    result.tolerance = tolerance_for(result.floor)
+    fl = floor_of(result.reference, score)
+    result.floor, result.floor_tokens = fl.value, fl.tokens
+    result.floor_stray, result.floor_resolution = fl.stray, fl.resolution
+    result.tolerance = tolerance_for(fl.value)
     judge_run(result, score)
 
 
@@ -211,3 +449,173 @@ def save_requests(outcomes: Sequence[Outcome], path: Path, plan: Sequence[Planne
         for o in outcomes:
             rec = {**by[o.id].record(), **o.record()} if o.id in by else o.record()
             fh.write(json.dumps(rec, sort_keys=True) + "\n")
+
+
+def group_kinds(groups: Sequence[dict[str, Any]]) -> list[str]:
+    from harness.kv_layout import spec_kind
+
+    return [spec_kind(g) for g in groups]
+
+
+def ledger_of(result: StressResult) -> Any:
+    """The byte ledger: vLLM's counters, the host backend's per-kind trace, and what the
+    requests as sent and answered say should have moved."""
+    from harness.stress_checks import Ledger, parse_transfers, per_kind, stored_chunks
+
+    plan = result.plan
+    exp = plan.base.expected
+    c = plan.base.tokens_per_chunk
+    by = {r.id: r for r in result.sent}
+    low: list[list[int]] = []
+    high: list[list[int]] = []
+    decode = plan.offloads_decode
+    for o in result.outcomes:
+        if not o.prompt or (o.error and not o.aborted):
+            continue
+        if not decode:
+            low.append(o.prompt)
+            high.append(o.prompt)
+            continue
+        # The last generated token's KV is never computed (it is sampled, not fed back).
+        seen = o.prompt + o.output[:-1]
+        low.append(seen)
+        if o.aborted:
+            # Generated past what the client read before hanging up: up to max_tokens.
+            want = by[o.id].max_tokens if o.id in by else len(o.output)
+            high.append(o.prompt + (o.output + [-1] * want)[: want - 1])
+        else:
+            high.append(seen)
+    kinds = per_kind(parse_transfers(result.log_lines), group_kinds(result.engine_groups))
+    kind_bpt = {k.kind: k.bytes_per_token for k in exp.layout if k.bytes_per_token}
+    return Ledger(
+        stored=result.counters.get("stored_bytes", 0.0),
+        loaded=result.counters.get("loaded_bytes", 0.0),
+        ext_hits=result.counters.get("ext_hits", 0.0),
+        kinds=kinds,
+        full_bpt=exp.full_bytes_per_token,
+        kind_bpt=kind_bpt,
+        chunks_low=stored_chunks(low, c),
+        chunks_high=stored_chunks(high, c),
+        chunk=c,
+        preemptions=result.counters.get("preemptions", 0.0),
+        longest=max((len(o.prompt) + len(o.output) for o in result.outcomes), default=0),
+    )
+
+
+# The profiles whose traffic must make the scheduler preempt, and those whose later
+# requests must be served from the CPU tier (the GPU evicted by then).
+PREEMPTING = ("preemption", "mixed")
+REUSING = ("multi-turn", "shared-prefix", "mixed")
+
+
+def evaluate(result: StressResult) -> None:
+    """Every check of a stress run, each expected / observed / why."""
+    from harness.checks import CheckResult
+    from harness.stress_checks import (
+        check_happened,
+        check_log,
+        check_no_errors,
+        check_outputs,
+        check_prefix_reuse,
+    )
+
+    plan = result.plan
+    checks: list[Any] = [
+        CheckResult(
+            "engine-survived",
+            result.server_alive and not result.death,
+            "the server answered to the end",
+            result.death or "alive",
+            "offloading must never bring the engine down",
+        ),
+        check_no_errors(result.outcomes),
+    ]
+    if result.reference_error and plan.base.server is not None and not result.verdicts:
+        checks.append(
+            CheckResult(
+                "outputs-match-reference",
+                False,
+                "every request's tokens are the reference's choice",
+                "not judged",
+                "the reference server could not score the run",
+                result.reference_error,
+            )
+        )
+    elif result.verdicts or result.compared_count():
+        checks.append(check_outputs(result.outcomes, result.verdicts))
+    if result.log_lines:
+        checks.append(check_log(result.log_lines))
+    logprob_ids = [r.id for r in result.sent if r.prompt_logprobs is not None]
+    if result.counters:
+        checks.append(
+            check_prefix_reuse(
+                result.outcomes,
+                plan.base.tokens_per_chunk,
+                logprob_ids,
+                decode=plan.offloads_decode,
+            )
+        )
+        checks += check_ledger_for(result)
+        if plan.profile in PREEMPTING:
+            checks.append(
+                check_happened(
+                    "preemptions-happened",
+                    "vllm:num_preemptions",
+                    result.counters.get("preemptions", 0.0),
+                    "the profile exists to make the scheduler preempt and resume requests; "
+                    "without a preemption it proved nothing about them",
+                )
+            )
+        if plan.profile in REUSING:
+            checks.append(
+                check_happened(
+                    "external-hits-happened",
+                    "external prefix-cache hits",
+                    result.counters.get("ext_hits", 0.0),
+                    "later turns and family members must find their prefix evicted from "
+                    "the GPU and served from the CPU tier, or the tier was never read",
+                )
+            )
+    result.checks = checks
+
+
+def check_ledger_for(result: StressResult) -> list[Any]:
+    from harness.stress_checks import check_ledger
+
+    return check_ledger(ledger_of(result))
+
+
+def divergence_md(result: StressResult) -> str:
+    """``divergence.md``: each request the reference would not have generated, with the
+    first token where they part and both texts around it."""
+    plan = result.plan
+    lines = [
+        f"# Divergences: stress {plan.profile}, seed {plan.seed}",
+        "",
+        f"Noise floor {result.floor if result.floor is not None else 'not measured'} "
+        f"(largest stray {result.floor_stray}, logprob resolution {result.floor_resolution}) "
+        f"over {result.floor_tokens} tokens; tolerance {result.tolerance}.",
+        "",
+    ]
+    bad = [
+        (o, result.verdicts[o.id])
+        for o in result.outcomes
+        if o.id in result.verdicts and result.verdicts[o.id].divergence is not None
+    ]
+    if not bad:
+        lines.append("No request diverged from the reference.")
+        return "\n".join(lines) + "\n"
+    for o, v in bad:
+        d = v.divergence
+        turn = f", turn {o.turn}" if o.turn is not None else ""
+        lines += [
+            f"## {o.id}{turn}",
+            "",
+            f"- {d.text()}",
+            f"- prompt {len(o.prompt)} tokens, cached {o.cached_tokens}, "
+            f"started {o.started_s:.2f}s, ended {o.ended_s:.2f}s",
+            f"- generated ids from the divergence: {o.output[d.index : d.index + 12]}",
+            f"- run's text: {o.text[:300]!r}",
+            "",
+        ]
+    return "\n".join(lines) + "\n"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from harness.checks import CheckResult
 from harness.reference import TokenVerdict
@@ -89,3 +90,204 @@ def check_happened(name: str, what: str, count: float, why: str) -> CheckResult:
     """A condition the profile exists to create (preemptions, external hits on later
     turns) really happened: otherwise the run proved nothing about it."""
     return CheckResult(name, count > 0, f"{what} > 0", f"{what} = {count:g}", why)
+
+
+# --- the byte ledger --------------------------------------------------------------------------
+_TRANSFER = re.compile(r"offload-check transfer: job=\d+ (store|load) bytes=(\d+) (.*?) block_")
+_GROUP = re.compile(r"g(\d+):\d+@\d+=(\d+)")
+
+
+def parse_transfers(lines: Iterable[str]) -> dict[tuple[str, int], int]:
+    """Bytes moved per (store|load, KV-cache group) from the host backend's trace lines
+    (``harness.engine.host_offload``, one per job and rank); empty without a trace."""
+    out: dict[tuple[str, int], int] = {}
+    for line in lines:
+        m = _TRANSFER.search(line)
+        if not m:
+            continue
+        for g in _GROUP.finditer(m.group(3)):
+            key = (m.group(1), int(g.group(1)))
+            out[key] = out.get(key, 0) + int(g.group(2))
+    return out
+
+
+def per_kind(
+    transfers: Mapping[tuple[str, int], int], group_kinds: Sequence[str]
+) -> dict[str, dict[str, int]]:
+    """The trace's bytes per KV kind: {kind: {"stored": B, "loaded": B}}."""
+    out: dict[str, dict[str, int]] = {}
+    for (op, group), n in transfers.items():
+        kind = group_kinds[group] if group < len(group_kinds) else f"group{group}"
+        slot = out.setdefault(kind, {"stored": 0, "loaded": 0})
+        slot["stored" if op == "store" else "loaded"] += n
+    return out
+
+
+def stored_chunks(sequences: Iterable[Sequence[int]], chunk: int) -> int:
+    """Distinct offload chunks these token sequences fill: a chunk is its whole prefix,
+    so two requests sharing a prefix store its chunks once."""
+    seen: set[int] = set()
+    for seq in sequences:
+        h = 0
+        for end in range(chunk, len(seq) + 1, chunk):
+            h = hash((h, tuple(seq[end - chunk : end])))
+            seen.add(h)
+    return len(seen)
+
+
+FULL_KINDS = ("full", "mla")  # layers that attend to every earlier token: load every hit
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """What the run moved and what it should have, in bytes; totals over TP ranks."""
+
+    stored: float  # vLLM's counter
+    loaded: float
+    ext_hits: float  # external prefix-cache hits, tokens
+    kinds: dict[str, dict[str, int]]  # from the trace, per KV kind ({} without one)
+    full_bpt: int  # bytes per token of full-attention (and MLA) layers
+    kind_bpt: dict[str, int]  # bytes per token per KV kind
+    chunks_low: int  # distinct chunks the requests filled (aborted ones: what was seen)
+    chunks_high: int  # ... (aborted ones: as if they generated every token they asked for)
+    chunk: int  # offload chunk, tokens
+    preemptions: float = 0.0  # vllm:num_preemptions over the run
+    longest: int = 0  # the longest request's tokens (prompt + generated)
+
+    @property
+    def readmitted_tokens(self) -> float:
+        """The most a resumed request can load again: vLLM counts a preempted request's
+        hits apart (``preempted_hits``, not exported), so its reload has no counted hit."""
+        return self.preemptions * self.longest
+
+
+def check_ledger(ledger: Ledger) -> list[CheckResult]:
+    """Every byte accounted for. Loads: a full-attention layer loads every hit token, so
+    its loaded bytes are hits x its bytes per token exactly; a chunked-local or sliding
+    layer loads only its window's part, so at most that. Stores: each distinct chunk the
+    requests filled is stored once per layer. The trace and vLLM's counters must agree."""
+    fulls = [v for k, v in ledger.kinds.items() if k in FULL_KINDS]
+    full = (
+        {"stored": sum(v["stored"] for v in fulls), "loaded": sum(v["loaded"] for v in fulls)}
+        if fulls
+        else None
+    )
+    out = []
+    if ledger.kinds:
+        traced_s = sum(k["stored"] for k in ledger.kinds.values())
+        traced_l = sum(k["loaded"] for k in ledger.kinds.values())
+        out.append(
+            CheckResult(
+                "ledger-matches-counters",
+                traced_s == ledger.stored and traced_l == ledger.loaded,
+                "bytes the backend moved = vLLM's store/load counters",
+                f"traced {traced_s:,}/{traced_l:,} B, counters {ledger.stored:,.0f}/"
+                f"{ledger.loaded:,.0f} B (stored/loaded)",
+                "a counter that disagrees with what moved hides lost or invented bytes",
+            )
+        )
+    want = ledger.ext_hits * ledger.full_bpt
+    slack = ledger.readmitted_tokens * ledger.full_bpt
+    resumed = (
+        f" + up to {ledger.preemptions:g} preemption(s) x {ledger.longest} tokens reloaded"
+        if ledger.preemptions
+        else ""
+    )
+    if full is not None:
+        over = {
+            k: v["loaded"]
+            for k, v in ledger.kinds.items()
+            if k not in FULL_KINDS
+            and v["loaded"]
+            > (ledger.ext_hits + ledger.readmitted_tokens) * ledger.kind_bpt.get(k, 0)
+        }
+        ok = want <= full["loaded"] <= want + slack and not over
+        observed = f"full-attention loaded {full['loaded']:,} B for {ledger.ext_hits:,.0f} hits"
+        observed += "".join(f"; {k} loaded {v:,} B, over its bound" for k, v in over.items())
+        expected = f"full-attention loaded = hits x {ledger.full_bpt} B = {want:,.0f} B{resumed}"
+        expected += "; windowed kinds <= hits x their bytes per token"
+    else:
+        top = (ledger.ext_hits + ledger.readmitted_tokens) * sum(ledger.kind_bpt.values())
+        ok = want <= ledger.loaded <= top
+        observed = f"loaded {ledger.loaded:,.0f} B for {ledger.ext_hits:,.0f} hits"
+        expected = f"{want:,.0f} <= loaded <= {top:,.0f} B (no per-kind trace){resumed}"
+    out.append(
+        CheckResult(
+            "loads-match-hits",
+            ok,
+            expected,
+            observed,
+            "a hit counted without its load (or a load without its hit) means a request "
+            "computed on KV that was never there",
+        )
+    )
+    stored_full = full["stored"] if full is not None else None
+    per_chunk = ledger.chunk * ledger.full_bpt
+    low, high = ledger.chunks_low * per_chunk, ledger.chunks_high * per_chunk
+    if stored_full is not None:
+        ok = low <= stored_full <= high
+        observed = f"full-attention stored {stored_full:,} B = {stored_full / per_chunk:g} chunks"
+    else:
+        ok = ledger.stored >= low
+        observed = f"stored {ledger.stored:,.0f} B (no per-kind trace)"
+    span = f"{ledger.chunks_low}" + (
+        f"..{ledger.chunks_high}" if ledger.chunks_high != ledger.chunks_low else ""
+    )
+    out.append(
+        CheckResult(
+            "stores-match-chunks",
+            ok,
+            f"{span} distinct chunks x {per_chunk:,} B",
+            observed,
+            "every full chunk a request computed (prompt and generated tokens, preempted "
+            "ones included) is offloaded once; fewer is a lost store, more a duplicate",
+        )
+    )
+    return out
+
+
+def check_prefix_reuse(
+    outcomes: Sequence[Outcome],
+    chunk: int,
+    prompt_logprobs: Iterable[str] = (),
+    *,
+    decode: bool = True,
+) -> CheckResult:
+    """Each request served from cache at least the chunks an earlier, finished request
+    had computed of its prompt (of its prompt alone, when ``decode`` is off: the
+    connector then stores prompt blocks only). The CPU tier holds everything (it is
+    sized so), so a shorter ``cached_tokens`` is a hit the connector failed to admit."""
+    skip = set(prompt_logprobs)
+    done = [o for o in outcomes if o.output and not o.error]
+    short: list[tuple[Outcome, int]] = []
+    judged = 0
+    for o in outcomes:
+        if o.error or o.aborted or o.id in skip or o.cached_tokens is None:
+            continue
+        best = 0
+        for d in done:
+            if d is o or d.ended_s > o.started_s:
+                continue
+            computed = d.prompt + d.output[:-1] if decode else d.prompt
+            n = 0
+            for a, b in zip(computed, o.prompt, strict=False):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, min(n, len(o.prompt) - 1) // chunk * chunk)
+        if best:
+            judged += 1
+            if o.cached_tokens < best:
+                short.append((o, best))
+    detail = ""
+    if short:
+        o, best = short[0]
+        detail = f"first: {o.id} cached {o.cached_tokens} of {best} reusable tokens"
+    return CheckResult(
+        "prefix-reused",
+        not short and judged > 0,
+        "cached tokens >= the chunks an earlier finished request computed of the prompt",
+        f"{judged - len(short)}/{judged} requests with a reusable prefix got it",
+        "a stored prefix the connector does not offer again is a lost hit",
+        detail,
+    )

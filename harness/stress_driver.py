@@ -41,6 +41,7 @@ class Outcome:
     ended_s: float = 0.0
     filler: bool = False
     turn: int | None = None  # multi-turn: the turn (0-based)
+    cached_tokens: int | None = None  # prompt tokens served from a cache (GPU or CPU tier)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -48,13 +49,16 @@ class Outcome:
             "profile": self.profile,
             "turn": self.turn,
             "prompt_tokens": len(self.prompt),
+            "prompt_ids": self.prompt,
             "output": self.output,
+            "logprobs": [round(x, 6) for x in self.logprobs],
             "text": self.text,
             "error": self.error,
             "aborted": self.aborted,
             "started_s": round(self.started_s, 4),
             "ended_s": round(self.ended_s, 4),
             "filler": self.filler,
+            "cached_tokens": self.cached_tokens,
         }
 
 
@@ -65,6 +69,7 @@ class Reply:
     ids: list[int]
     text: str = ""
     logprobs: list[float] = field(default_factory=list)  # per generated token, if asked
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
 
 
 Send = Callable[[PlannedRequest, list[int]], Reply]
@@ -115,6 +120,7 @@ def drive(
         try:
             reply = send(r, prompt)
             out.output, out.text, out.logprobs = reply.ids, reply.text, reply.logprobs
+            out.cached_tokens = reply.cached_tokens
             out.aborted = r.abort_after is not None
         except Exception as err:  # a failed request is a result, not a crash
             out.error = f"{type(err).__name__}: {err}"
@@ -183,10 +189,13 @@ def http_sender(
             )
         body = post_json(f"{base_url}/v1/completions", payload, timeout_s)
         choice = body["choices"][0]
+        details = (body.get("usage") or {}).get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens")
         return Reply(
             list(choice.get("token_ids") or []),
             str(choice.get("text", "")),
             _token_logprobs(choice),
+            int(cached) if cached is not None else None,
         )
 
     return send

@@ -32,6 +32,7 @@ class ProfileSettings:
     turns: int = 3  # multi-turn: turns per chat
     first_tokens: int = 600  # multi-turn: the first turn's prompt
     turn_tokens: int = 150  # multi-turn: new text per later turn
+    turn_max_tokens: int = 300  # multi-turn: each answer (long: decode-phase stores)
     families: int = 3  # shared-prefix: prompt families
     members: int = 3  # shared-prefix: prompts per family
     prefix_tokens: Sequence[int] = (300, 517, 700)  # shared-prefix: one per family, cycled
@@ -154,7 +155,7 @@ def _multi_turn(s: ProfileSettings, tok: _Tokens, rng: random.Random) -> list[Pl
                     round(at + rng.uniform(0, s.spread_s / 2), 3),
                     tok.text(n),
                     parent=parent,
-                    max_tokens=s.max_tokens,
+                    max_tokens=s.turn_max_tokens,
                 )
             )
         out += _fillers(s, tok, f"mt{t}", at + s.spread_s * 0.75)

@@ -603,3 +603,29 @@ def _grid_table(
             out.append(Text(text, style=style))
         table.add_row(*out)
     return table
+
+
+class StressProgress:
+    """One line per server step and one per finished request (``--quiet``-free: a stress
+    run is a few dozen requests, each worth seeing as it lands)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def status(self, message: str) -> None:
+        self.console.print(f"  {message}", highlight=False, markup=False)
+
+    def request_done(self, outcome: Any, done: int, total: int) -> None:
+        if outcome.error and not outcome.aborted:
+            from rich.markup import escape
+
+            what = f"[red]error[/] {escape(outcome.error[:120])}"
+        elif outcome.aborted:
+            what = f"aborted after {len(outcome.output)} tokens"
+        else:
+            cached = "" if outcome.cached_tokens is None else f", {outcome.cached_tokens} cached"
+            what = f"{len(outcome.prompt)} prompt{cached}, {len(outcome.output)} generated"
+        self.console.print(
+            f"    \\[{done}/{total}] {outcome.ended_s:6.1f}s {outcome.id}: {what}",
+            highlight=False,
+        )

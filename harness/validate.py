@@ -16,10 +16,12 @@ from harness.scenario import read_toml
 
 
 def scenario_kind(data: dict[str, Any]) -> str:
-    """``bug`` (a trigger), ``matrix`` (has entries), ``roundtrip`` (a geometry),
-    ``variants`` (a variants table) or ``crash-repro``."""
+    """``bug`` (a trigger), ``stress`` (names a round trip), ``matrix`` (has entries),
+    ``roundtrip`` (a geometry), ``variants`` (a variants table) or ``crash-repro``."""
     if "trigger" in data:
         return "bug"
+    if "roundtrip" in data and "entries" not in data:
+        return "stress"
     if "entries" in data:
         return "matrix"
     if "geometry" in data:
@@ -43,12 +45,14 @@ def load_any(path: Path) -> tuple[str, Any]:
         load_crash_repro,
         load_matrix,
         load_roundtrip,
+        load_stress,
         load_variants,
     )
 
     kind = scenario_kind(read_toml(path))
     load: dict[str, Any] = {
         "bug": load_bug,
+        "stress": load_stress,
         "matrix": load_matrix,
         "roundtrip": load_roundtrip,
         "crash-repro": load_crash_repro,
@@ -70,6 +74,15 @@ def _check(kind: str, path: Path) -> str:
             bug_steps.check_script(entry)
         fixed = entry.fixed or "still open"
         return f"{entry.trigger.kind} trigger, affected {entry.affected}, fixed {fixed}"
+    if kind == "stress":
+        from harness.scenario import load_stress
+        from harness.stress import plan_stress
+
+        splan = plan_stress(load_stress(path))
+        return (
+            f"profile {splan.profile}: {len(splan.requests)} requests at concurrency "
+            f"{splan.concurrency}, variant {splan.base.variant}"
+        )
     if kind == "variants":
         return f"{len(load_variants(path))} variants"
     if kind == "matrix":

@@ -366,6 +366,7 @@ class HostOffloadingWorker(OffloadingWorker):
             not to_host and fault == FAULT_PARTIAL_LOAD
         )
         num_bytes = 0
+        group_bytes: dict[int, int] = {}
         for group in plan:
             if partial and group.group_idx > 0:
                 continue
@@ -373,6 +374,9 @@ class HostOffloadingWorker(OffloadingWorker):
                 page = ref.page_size_bytes
                 # Counted like the stock worker: whole un-padded pages per block and ref.
                 num_bytes += len(group.engine_block_ids) * page
+                group_bytes[group.group_idx] = (
+                    group_bytes.get(group.group_idx, 0) + len(group.engine_block_ids) * page
+                )
                 if skip_copy:
                     continue
                 engine = self.engine_tensors[ref.tensor_idx]
@@ -388,11 +392,13 @@ class HostOffloadingWorker(OffloadingWorker):
                     engine[group.engine_block_ids, :page] = data
 
         if _TRACE:
-            # One line per job: which blocks of which group moved, for diagnosing a byte
-            # check (harness greps nothing here; it is for people reading server.log).
+            # One line per job: per group, blocks moved @ first host slot = bytes. The
+            # stress run's byte ledger reads it (harness.stress_checks.parse_transfers),
+            # and people reading server.log diagnose a byte check with it.
             groups = " ".join(
                 f"g{g.group_idx}:{len(g.engine_block_ids)}@"
                 f"{int(g.host_subs[0]) if len(g.host_subs) else 0}"
+                f"={group_bytes.get(g.group_idx, 0)}"
                 for g in plan
             )
             print(

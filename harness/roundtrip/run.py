@@ -47,8 +47,11 @@ class StartupFailure(RuntimeFailure):
         self.seconds = seconds
 
 
-class Reporter(Protocol):
+class Status(Protocol):
     def status(self, message: str) -> None: ...
+
+
+class Reporter(Status, Protocol):
     def phase_done(self, phase: PhaseResult) -> None: ...
     def request_done(self, completion: Completion) -> None: ...
 
@@ -126,7 +129,7 @@ class Endpoint:
             raise self.failure(phase, err) from None
 
 
-def start_server(server: VllmServer, plan: RoundtripPlan, reporter: Reporter, what: str) -> float:
+def start_server(server: VllmServer, plan: RoundtripPlan, reporter: Status, what: str) -> float:
     reporter.status(f"starting {what} ...")
     server.start()
     ready = server.wait_ready(

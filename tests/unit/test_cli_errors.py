@@ -283,3 +283,42 @@ def test_python_option_is_an_adhoc_variant():
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "llama4-small-chunk / .venv-stock / connector on expect crashed (#51150)" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--profile", "storm"], "unknown profile 'storm'"),
+        (["--fault", "melt"], "unknown fault 'melt'"),
+        (["--variant", "nope"], "unknown variant 'nope'"),
+        (["--url", "http://127.0.0.1:9", "--fault", "no-load"], "--url attaches"),
+        (["--scenario", "/nope.toml"], "scenario file not found: /nope.toml"),
+        (["--profile", "multi-turn", "--tp", "3"], "--tp 3 does not divide"),
+    ],
+    ids=lambda a: " ".join(a) if isinstance(a, list) else None,
+)
+def test_stress_bad_input(tmp_path, args, needle):
+    proc = run("stress", *args, "--results-dir", str(tmp_path / "results"))
+    assert_one_line_error(proc, needle)
+    assert not (tmp_path / "results").exists()
+
+
+def test_stress_unknown_key_in_a_profile_table(tmp_path):
+    text = (
+        (ROOT / "scenarios" / "stress.toml")
+        .read_text()
+        .replace("long_requests = 6", "long_reqs = 6")
+    )
+    path = tmp_path / "stress.toml"
+    path.write_text(text.replace('"roundtrip-cpu.toml"', f'"{ROOT}/scenarios/roundtrip-cpu.toml"'))
+    proc = run("stress", "--scenario", str(path), "--dry-run")
+    assert_one_line_error(proc, "profiles.preemption.long_reqs: Extra inputs are not permitted")
+
+
+def test_stress_dry_run_prints_the_plan_and_both_servers():
+    proc = run("stress", "--profile", "preemption", "--seed", "3", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "profile preemption, seed 3, concurrency 4" in proc.stdout
+    assert "requests: 6 (preemption 6)" in proc.stdout
+    assert '"--enable-prompt-tokens-details"' in proc.stdout
+    assert "reference argv:" in proc.stdout

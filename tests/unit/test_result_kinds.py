@@ -78,6 +78,7 @@ def test_every_command_with_a_run_directory_is_registered():
         "sweep",
         "bugs",
         "bug-steps",
+        "stress",
     }
     for kind in rk.KINDS.values():
         assert f"{kind.command} runs" in README or kind.command == "crash-repro", kind.command

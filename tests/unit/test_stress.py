@@ -44,9 +44,20 @@ def test_the_floor_is_the_largest_stray_of_a_clean_run():
     o = Outcome("a", "x", [1, 2], output=[5, 6], logprobs=[-0.1, -0.2])
     # scored alone: token 5 at -0.1003 (strays 0.0003), token 6 lost a near-tie by 0.002
     table = {2: {5: -0.1003}, 3: {6: -0.2, 9: -0.198}}
-    floor, n = floor_of([o], scorer(table))
-    assert math.isclose(floor, 0.002, abs_tol=1e-9) and n == 2
-    assert math.isclose(tolerance_for(floor), 0.004) and tolerance_for(0.0) == MIN_TOLERANCE
+    fl = floor_of([o], scorer(table))
+    assert math.isclose(fl.stray, 0.002, abs_tol=1e-9) and fl.tokens == 2
+    assert math.isclose(fl.resolution, 0.002, abs_tol=1e-9)
+    assert math.isclose(tolerance_for(fl.value), 0.004, abs_tol=1e-5)
+    assert math.isclose(tolerance_for(0.0), MIN_TOLERANCE, abs_tol=1e-5)
+
+
+def test_the_floor_is_never_below_the_logprobs_resolution():
+    """A floor run that broke no tie still knows the step logits are rounded to: a run
+    under test breaking a one-step tie the other way is noise, not a divergence."""
+    o = Outcome("a", "x", [1, 2], output=[5], logprobs=[-0.5])
+    table = {2: {5: -0.5, 8: -0.50390625}}  # the runner-up one bf16 step behind
+    fl = floor_of([o], scorer(table))
+    assert fl.stray == 0.0 and fl.value == 0.00390625
 
 
 def test_the_run_under_test_is_judged_within_the_tolerance():

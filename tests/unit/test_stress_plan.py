@@ -1,0 +1,80 @@
+"""Planning a stress run without a launch: scenario tables merge into a profile's
+settings, the CPU tier is sized from the plan, decode offloading is switched on in the
+connector's config, and plans that cannot run are refused with one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.errors import BadInput
+from harness.scenario import load_stress
+from harness.stress import plan_stress, prompt_bounds, settings_for
+from harness.stress_workload import PlannedRequest
+
+SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "stress.toml"
+
+
+def write(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "s.toml"
+    path.write_text(f'name = "t"\nroundtrip = "{SCENARIO.parent / "roundtrip-cpu.toml"}"\n' + body)
+    return path
+
+
+def test_the_shipped_scenario_loads_and_mixed_takes_every_profile_table():
+    scen = load_stress(SCENARIO)
+    s, args = settings_for(scen, "mixed")
+    assert s.turn_max_tokens == 300 and s.long_requests == 6 and s.max_tokens == 48
+    assert "--num-gpu-blocks-override" in args
+    one, _ = settings_for(scen, "shared-prefix")
+    assert one.prefix_tokens == (300, 517, 700)
+
+
+def test_unknown_keys_and_profiles_are_refused_at_load(tmp_path):
+    with pytest.raises(BadInput, match=r"profiles\.preemption\.long_reqs"):
+        load_stress(write(tmp_path, "[profiles.preemption]\nlong_reqs = 3\n"))
+    with pytest.raises(BadInput, match="unknown profile 'storm'"):
+        load_stress(write(tmp_path, 'profile = "storm"\n'))
+    with pytest.raises(BadInput, match="colour"):
+        load_stress(write(tmp_path, 'colour = "red"\n'))
+
+
+def test_the_plan_sizes_the_tier_and_turns_decode_offloading_on(tmp_path):
+    plan = plan_stress(load_stress(SCENARIO))
+    assert plan.offloads_decode
+    extra = plan.base.server.kv_transfer["kv_connector_extra_config"]
+    assert extra["offload_prompt_only"] is False
+    assert extra["cpu_bytes_to_use"] >= plan.storable_tokens * 1024
+    assert "--enable-prompt-tokens-details" in plan.base.server.argv()
+    assert plan.base.server.without_offload().kv_transfer is None
+    off = plan_stress(load_stress(write(tmp_path, "offload_decode = false\n")))
+    assert not off.offloads_decode
+
+
+def test_cli_choices_override_the_scenario():
+    plan = plan_stress(load_stress(SCENARIO), profile="abort", requests=2, concurrency=2, seed=5)
+    assert plan.profile == "abort" and len(plan.requests) == 2
+    assert plan.concurrency == 2 and plan.seed == 5
+    assert all(r.profile == "abort" for r in plan.requests)
+
+
+def test_a_conversation_longer_than_the_model_is_refused(tmp_path):
+    body = "[profiles.multi-turn]\nturns = 9\n"
+    with pytest.raises(BadInput, match="exceed max_model_len 2048"):
+        plan_stress(load_stress(write(tmp_path, body)), profile="multi-turn")
+
+
+def test_prompt_bounds_hold_every_earlier_turn_and_answer():
+    a = PlannedRequest("a", "multi-turn", 0, [1] * 10, max_tokens=5)
+    b = PlannedRequest("b", "multi-turn", 0, [2] * 3, parent="a", max_tokens=5)
+    c = PlannedRequest("c", "multi-turn", 0, [3] * 4, parent="b", max_tokens=5)
+    assert prompt_bounds([a, b, c]) == {"a": 10, "b": 18, "c": 27}
+
+
+def test_duration_rounds_reseed_and_keep_parents_inside_their_round():
+    plan = plan_stress(load_stress(SCENARIO), profile="multi-turn", duration_s=60)
+    r1 = plan.round(1)
+    assert all(r.id.startswith("round1/") for r in r1)
+    assert all(r.parent is None or r.parent.startswith("round1/") for r in r1)
+    assert [r.prompt for r in r1] != [r.prompt for r in plan.round(0)]
