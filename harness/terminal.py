@@ -312,7 +312,7 @@ def bench_table(figures: Sequence[dict[str, Any]]) -> Table:
 
 def run_tables(command: str, run_dir: Path) -> list[Table]:
     """A results directory's tables, as its command's results kind defines them."""
-    from harness.result_kinds import CHECKS, PHASES, kind_of
+    from harness.result_kinds import CHECKS, PHASES, STRESS_CHECKS, kind_of
 
     kind = kind_of(command)
     if kind is None:
@@ -325,7 +325,7 @@ def run_tables(command: str, run_dir: Path) -> list[Table]:
         records = frame.to_dict("records")
         if spec is PHASES:
             out.append(phase_table(records))
-        elif spec is CHECKS:
+        elif spec in (CHECKS, STRESS_CHECKS):
             out.append(checks_table(records))
         else:
             out.append(frame_table(spec.title, records, spec.shown or spec.columns))

@@ -29,7 +29,11 @@ def shared_server(tmp_path_factory) -> Iterator[str]:
     from harness import roundtrip as rt
     from harness.scenario import load_roundtrip
 
-    plan = rt.plan_roundtrip(load_roundtrip(ROOT / "scenarios" / "roundtrip-cpu.toml"))
+    # Per-request cached tokens in the usage: what `stress --url` judges prefix reuse by.
+    plan = rt.plan_roundtrip(
+        load_roundtrip(ROOT / "scenarios" / "roundtrip-cpu.toml"),
+        extra_args=["--enable-prompt-tokens-details"],
+    )
     rt.build_local_model(plan)
     sp = plan.server
     assert sp is not None
@@ -80,3 +84,49 @@ def test_attach_without_config_measures_bytes_per_token(tmp_path, shared_server)
     assert failed(run) == set()
     meta = json.loads((run / "run.json").read_text())
     assert any("attach mode without --config" in n for n in meta["plan"]["notes"])
+
+
+def test_stress_attached_judges_reuse_and_bytes_without_a_reference(tmp_path, shared_server):
+    """``stress --url``: multi-turn traffic at concurrency 4 on a server launched outside
+    the harness with vLLM's default connector (prompt blocks only, as the scenario then
+    says). No reference is launched, so outputs are not compared; every other check
+    that needs no engine log runs, with the byte ledger bounded instead of per kind."""
+    scen = tmp_path / "stress.toml"
+    scen.write_text(
+        'name = "attached"\n'
+        f'roundtrip = "{ROOT}/scenarios/roundtrip-cpu.toml"\n'
+        'profile = "multi-turn"\n'
+        "offload_decode = false\n"
+        "[profiles.multi-turn]\nconversations = 4\nturns = 2\nturn_max_tokens = 64\n"
+        # Fillers of 1.5 pools per round (the pool holds ~4,900 tokens): later turns find
+        # their history evicted from the GPU, so external hits must happen.
+        "fillers = 8\n"
+    )
+    code, run, out = run_cli(
+        tmp_path / "results", "stress", "--url", shared_server, "--scenario", str(scen),
+        "--seed", "400", timeout=600,
+    )  # fmt: skip
+    assert code == 0, out
+    checks = {r["name"]: r for r in csv_rows(run / "checks.csv")}
+    assert set(checks) == {
+        "engine-survived",
+        "no-request-errored",
+        "prefix-reused",
+        "loads-match-hits",
+        "stores-match-chunks",
+        "external-hits-happened",
+    }
+    assert "4/4 requests with a reusable prefix got it" in checks["prefix-reused"]["observed"]
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["stress"]["reference_error"].startswith("attached (--url)")
+    assert meta["stress"]["requests_sent"] == 24  # 8 turns + 8 fillers per round
+    lines = (run / "requests.jsonl").read_text().splitlines()
+    turn1 = [json.loads(x) for x in lines if json.loads(x)["id"].endswith("/t1")]
+    assert all(r["cached_tokens"] >= 512 for r in turn1)  # 600-token first turns: 2 chunks
+
+
+def csv_rows(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with path.open() as fh:
+        return list(csv.DictReader(fh))

@@ -542,7 +542,13 @@ def _offload_check_invocations() -> dict[str, list[list[str]]]:
 def test_nightly_runs_the_same_commands_on_github_and_buildkite() -> None:
     found = _offload_check_invocations()
     assert found[NIGHTLY.name] == found[BUILDKITE.name]
-    assert sorted(a[0] for a in found[NIGHTLY.name]) == ["bugs", "crash-repro", "roundtrip"]
+    assert sorted(a[0] for a in found[NIGHTLY.name]) == [
+        "bugs",
+        "crash-repro",
+        "roundtrip",
+        "stress",
+    ]
+    assert ["stress", "--results-dir", "results"] in found[NIGHTLY.name]
     assert ["bugs", "--variant", "current", "--results-dir", "results"] in found[NIGHTLY.name]
     assert ["roundtrip", "--scenario", "scenarios/scout-fp8-tp4.toml", "--tp", "4"] in found[
         NIGHTLY.name
@@ -557,7 +563,7 @@ def test_nightly_runs_the_same_commands_on_github_and_buildkite() -> None:
 )
 def test_ci_command_is_accepted_by_the_cli(args: tuple[str, ...]) -> None:
     assert not any("$" in a for a in args), f"unresolved variable in {args}"
-    planned = args[0] in ("crash-repro", "roundtrip", "bugs")
+    planned = args[0] in ("crash-repro", "roundtrip", "bugs", "stress")
     cmd = [str(CLI), *args, "--dry-run" if planned else "--help"]
     env = {**os.environ, "OFFLOAD_CHECK_DEVICE": "cuda"}  # the GPU runners' plan
     proc = run(cmd, cwd=ROOT, env=env)

@@ -90,3 +90,38 @@ def test_timeline_counts_requests_in_flight():
 def test_planned_requests_describe_themselves_without_tokens():
     r = PlannedRequest("a", "x", 0.0, [1, 2, 3])
     assert r.record()["prompt"] == "<3 token ids>"
+
+
+def test_a_stress_run_directory_is_read_back_by_report_and_the_ci_summary(tmp_path):
+    """The writer and every reader agree: checks.csv, requests.jsonl with whole prompts,
+    divergence.md naming the request and token, the timeline, the CI summary."""
+    from harness.checks import CheckResult
+    from harness.reference import TokenDivergence, TokenVerdict
+    from harness.result_kinds import write_stress
+    from harness.results import RunDirectory
+    from harness.summary import render
+    from harness.terminal import run_tables
+
+    req = PlannedRequest("multi-turn/c0/t1", "multi-turn", 0.0, [9, 9], parent=None)
+    plan = StressPlan(None, "multi-turn", ProfileSettings(), [req], 2, 7)
+    res = StressResult(plan, floor=0.0039, tolerance=0.0078)
+    res.sent = [req]
+    res.outcomes = [
+        Outcome("multi-turn/c0/t1", "multi-turn", [9, 9], [5, 6], "ab", [-0.1, -0.2],
+                started_s=0.0, ended_s=1.0, turn=1, cached_tokens=0)
+    ]  # fmt: skip
+    res.verdicts = {"multi-turn/c0/t1": TokenVerdict(TokenDivergence(1, 6, 8, 0.5, 0.0078), 0, 1)}
+    res.samples = [(0.0, {"stored_bytes": 0, "loaded_bytes": 0, "preemptions": 0})]
+    res.checks = [CheckResult("outputs-match-reference", False, "e", "0/1", "w", "first")]
+    run_dir = RunDirectory(tmp_path / "run", "stress")
+    (tmp_path / "run").mkdir()
+    run_dir.update_meta(plan={"profile": "multi-turn", "seed": 7, "concurrency": 2})
+    write_stress(run_dir, res)
+    line = (tmp_path / "run" / "requests.jsonl").read_text().splitlines()[0]
+    assert '"prompt_ids": [9, 9]' in line and '"cached_tokens": 0' in line
+    div = (tmp_path / "run" / "divergence.md").read_text()
+    assert "## multi-turn/c0/t1, turn 1" in div and "token 1: got 6" in div
+    assert (tmp_path / "run" / "timeline.png").is_file()
+    assert [t.title for t in run_tables("stress", tmp_path / "run")] == ["checks"]
+    md = render([tmp_path / "run"])
+    assert "profile `multi-turn`, seed 7" in md and "| outputs-match-reference | **FAIL**" in md
