@@ -350,6 +350,8 @@ class StressResult:
     samples: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     reference_error: str = ""
     attached: bool = False  # --url: a server someone else launched, no reference
+    # request id -> the reference's own continuation from the first divergence
+    explanations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def compared_count(self) -> int:
         return len(compared(self.outcomes))
@@ -426,6 +428,31 @@ def run_reference_side(result: StressResult, send: Callable[..., Reply], score: 
     result.floor_stray, result.floor_resolution = fl.stray, fl.resolution
     result.tolerance = tolerance_for(fl.value)
     judge_run(result, score)
+    explain_divergences(result, send)
+
+
+# Tokens of each side shown from the first divergence on (divergence.md).
+SHOWN_TOKENS = 12
+
+
+def explain_divergences(result: StressResult, send: Callable[..., Reply]) -> None:
+    """For each diverging request, what the reference says from the divergence on: its
+    greedy continuation of the prompt and the run's tokens before the divergence, beside
+    the run's own (both texts in ``divergence.md``)."""
+    by = {o.id: o for o in result.outcomes}
+    for rid, verdict in result.verdicts.items():
+        d = verdict.divergence
+        if d is None or rid not in by:
+            continue
+        o = by[rid]
+        prompt = o.prompt + o.output[: d.index]
+        ask = PlannedRequest(f"explain/{rid}", "explain", 0.0, prompt, max_tokens=SHOWN_TOKENS)
+        try:
+            reply = send(ask, prompt)
+        except Exception as err:  # an explanation is a courtesy, never the verdict
+            result.explanations[rid] = {"error": f"{type(err).__name__}: {err}"}
+            continue
+        result.explanations[rid] = {"reference_ids": reply.ids, "reference_text": reply.text}
 
 
 def timeline(outcomes: Sequence[Outcome], step_s: float = 0.25) -> list[tuple[float, int]]:
@@ -617,8 +644,13 @@ def divergence_md(result: StressResult) -> str:
             f"- {d.text()}",
             f"- prompt {len(o.prompt)} tokens, cached {o.cached_tokens}, "
             f"started {o.started_s:.2f}s, ended {o.ended_s:.2f}s",
-            f"- generated ids from the divergence: {o.output[d.index : d.index + 12]}",
-            f"- run's text: {o.text[:300]!r}",
-            "",
+            f"- run's tokens from there: {o.output[d.index : d.index + SHOWN_TOKENS]}",
         ]
+        ex = result.explanations.get(o.id, {})
+        if "reference_ids" in ex:
+            lines.append(f"- reference's tokens from there: {ex['reference_ids']}")
+            lines.append(f"- reference's text from there: {ex['reference_text']!r}")
+        elif "error" in ex:
+            lines.append(f"- reference's continuation: not available ({ex['error']})")
+        lines += [f"- run's whole answer: {o.text[:400]!r}", ""]
     return "\n".join(lines) + "\n"

@@ -167,6 +167,8 @@ def _run_under_test(
                 o.ended_s += offset
                 result.outcomes.append(o)
                 reporter.request_done(o, len(result.outcomes), total)
+                # Each answer on disk as it lands: an interrupted run keeps what it sent.
+                on_record(result)
 
             drive(reqs, send, plan.concurrency, on_done=done)
             on_record(result)

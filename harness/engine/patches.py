@@ -116,6 +116,10 @@ def _apply_hits_minus_chunk() -> PatchReport:
         if hits:
             chunk = max(g.tokens_per_chunk for g in self.config.kv_group_configs)
             hits = hits - chunk if hits > chunk else 0
+            # No hit left, no load: vLLM asserts an asynchronous load has tokens to load
+            # (found by `stress`: a one-chunk hit made the first version of this mutant
+            # crash the engine instead of losing a hit).
+            is_async = bool(hits) and is_async
         return hits, is_async
 
     setattr(get_num_new_matched_tokens, MARK, PATCH_HITS_MINUS_CHUNK)

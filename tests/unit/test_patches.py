@@ -130,10 +130,13 @@ def test_hits_minus_chunk_wraps_the_connector_lookup_once():
 
         def fake_orig(self, request, num_computed_tokens, *a, **k):
             orig_calls.append(num_computed_tokens)
-            return 768, False
+            return num_computed_tokens, True
 
         cls.get_num_new_matched_tokens = fake_orig
         patches.apply("hits-minus-chunk")
-        assert cls.get_num_new_matched_tokens(FakeSelf(), None, 0) == (512, False)
+        assert cls.get_num_new_matched_tokens(FakeSelf(), None, 768) == (512, True)
+        # A one-chunk hit becomes none, and no load: vLLM asserts an asynchronous load
+        # has tokens (the first version of the mutant crashed the engine there).
+        assert cls.get_num_new_matched_tokens(FakeSelf(), None, 256) == (0, False)
     finally:
         cls.get_num_new_matched_tokens = original

@@ -125,3 +125,23 @@ def test_a_stress_run_directory_is_read_back_by_report_and_the_ci_summary(tmp_pa
     assert [t.title for t in run_tables("stress", tmp_path / "run")] == ["checks"]
     md = render([tmp_path / "run"])
     assert "profile `multi-turn`, seed 7" in md and "| outputs-match-reference | **FAIL**" in md
+
+
+def test_a_divergence_is_explained_by_the_references_own_continuation():
+    from harness.reference import TokenDivergence, TokenVerdict
+    from harness.stress import explain_divergences
+    from harness.stress_driver import Reply
+
+    plan = StressPlan(None, "x", ProfileSettings(), [], 2, 0)
+    res = StressResult(plan)
+    res.outcomes = [Outcome("a", "x", [1, 2], output=[5, 6, 7])]
+    res.verdicts = {"a": TokenVerdict(TokenDivergence(1, 6, 8, 0.5, 0.01), 0, 1)}
+    asked = []
+
+    def send(req, prompt):
+        asked.append(prompt)
+        return Reply([8, 9], " t8 t9")
+
+    explain_divergences(res, send)
+    assert asked == [[1, 2, 5]]  # the prompt and the run's tokens before the divergence
+    assert res.explanations["a"] == {"reference_ids": [8, 9], "reference_text": " t8 t9"}
