@@ -108,9 +108,7 @@ class StressPlan:
             if self.base.server
             else None,
             "server_argv": self.base.server.argv() if self.base.server else None,
-            "reference_argv": (
-                self.base.server.without_offload().argv() if self.base.server else None
-            ),
+            "reference_argv": reference_spec(self).argv() if self.base.server else None,
         }
 
 
@@ -250,6 +248,36 @@ def plan_stress(
         request_limit=limit,
         storable_tokens=storable,
     )
+
+
+# The reference's GPU pool, in tokens, per token the plan can store: enough that its
+# replay evicts nothing, so its later turns reuse their parents' KV as the run under
+# test's do from the CPU tier (KV computed during decode, which teacher-forced scoring
+# recomputes by prefill: the floor must measure that difference too).
+REFERENCE_POOL_FACTOR = 3
+
+
+def reference_spec(plan: StressPlan) -> Any:
+    """The reference server: the run under test's engine and arguments, the connector
+    off, and a GPU pool (``--num-gpu-blocks-override``, where the scenario sets one)
+    large enough to hold everything the plan stores."""
+    from dataclasses import replace
+
+    server = plan.base.server
+    assert server is not None
+    blocks = math.ceil(plan.storable_tokens * REFERENCE_POOL_FACTOR / plan.base.kv_block_size)
+
+    def raised(args: list[str]) -> list[str]:
+        out = list(args)
+        for i, a in enumerate(out):
+            if a == "--num-gpu-blocks-override" and i + 1 < len(out):
+                out[i + 1] = str(max(int(out[i + 1]), blocks))
+            elif a.startswith("--num-gpu-blocks-override="):
+                out[i] = f"--num-gpu-blocks-override={max(int(a.split('=', 1)[1]), blocks)}"
+        return out
+
+    ref = server.without_offload()
+    return replace(ref, args=raised(ref.args), tail=raised(ref.tail))
 
 
 # --- the reference --------------------------------------------------------------------------

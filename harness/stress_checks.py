@@ -253,10 +253,11 @@ def check_prefix_reuse(
     *,
     decode: bool = True,
 ) -> CheckResult:
-    """Each request served from cache at least the chunks an earlier, finished request
-    had computed of its prompt (of its prompt alone, when ``decode`` is off: the
-    connector then stores prompt blocks only). The CPU tier holds everything (it is
-    sized so), so a shorter ``cached_tokens`` is a hit the connector failed to admit."""
+    """Each request served from cache the chunks an earlier, finished request had
+    computed of its prompt (of its prompt alone, when ``decode`` is off: the connector
+    then stores prompt blocks only), less at most part of one chunk. The CPU tier holds
+    everything (it is sized so), so a whole chunk missing is a hit the connector failed
+    to admit."""
     skip = set(prompt_logprobs)
     done = [o for o in outcomes if o.output and not o.error]
     short: list[tuple[Outcome, int]] = []
@@ -277,7 +278,10 @@ def check_prefix_reuse(
             best = max(best, min(n, len(o.prompt) - 1) // chunk * chunk)
         if best:
             judged += 1
-            if o.cached_tokens < best:
+            # A GPU hit ending inside a chunk leaves less than a chunk to load, which the
+            # connector skips by design ("We can only load less than a chunk, so skip",
+            # vLLM's _lookup_complete_chunks): so up to a chunk less, never a whole one.
+            if o.cached_tokens <= best - chunk:
                 short.append((o, best))
     detail = ""
     if short:
@@ -286,7 +290,7 @@ def check_prefix_reuse(
     return CheckResult(
         "prefix-reused",
         not short and judged > 0,
-        "cached tokens >= the chunks an earlier finished request computed of the prompt",
+        "cached tokens > (the chunks an earlier finished request computed of the prompt) - 1 chunk",
         f"{judged - len(short)}/{judged} requests with a reusable prefix got it",
         "a stored prefix the connector does not offer again is a lost hit",
         detail,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -103,9 +102,9 @@ def execute(
             server.stop()
     on_record(result)
     if server is not None and base.server is not None and result.compared_count():
-        ref = base.server.without_offload()
-        ref = replace(ref, env={k: v for k, v in ref.env.items()})
-        rserver = ref.server(out_dir / "logs" / "reference-server.log", port)
+        from harness.stress import reference_spec
+
+        rserver = reference_spec(plan).server(out_dir / "logs" / "reference-server.log", port)
         try:
             start_server(rserver, base, reporter, "reference server (connector off)")
             reporter.status(

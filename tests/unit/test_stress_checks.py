@@ -159,7 +159,9 @@ def test_a_turn_must_get_the_chunks_its_finished_parent_computed():
     parent = done("t0", list(range(10)), [50, 51, 52], 0, 1, cached=0)
     child = done("t1", [*range(10), 50, 51, 60, 61], [7], 2, 3, cached=12)
     assert check_prefix_reuse([parent, child], 4).passed  # 12 of (10 + 2) computed, aligned
-    child.cached_tokens = 8
+    child.cached_tokens = 10  # a GPU hit ending mid-chunk: the rest is less than a chunk
+    assert check_prefix_reuse([parent, child], 4).passed
+    child.cached_tokens = 8  # a whole chunk lost
     got = check_prefix_reuse([parent, child], 4)
     assert not got.passed and "t1 cached 8 of 12" in got.detail
 
@@ -174,7 +176,7 @@ def test_reuse_is_not_asked_of_a_request_that_started_before_its_donor_finished(
 def test_prompt_logprobs_requests_are_not_judged_for_reuse():
     a = done("a", list(range(10)), [1, 2], 0, 1, cached=0)
     b = done("b", list(range(10)), [1, 2], 2, 3, cached=0)
-    c = done("c", list(range(10)), [1, 2], 2, 3, cached=8)
+    c = done("c", list(range(10)), [1, 2], 2, 3, cached=9)
     assert check_prefix_reuse([a, b, c], 4, ["b"]).passed
 
 

@@ -78,3 +78,16 @@ def test_duration_rounds_reseed_and_keep_parents_inside_their_round():
     assert all(r.id.startswith("round1/") for r in r1)
     assert all(r.parent is None or r.parent.startswith("round1/") for r in r1)
     assert [r.prompt for r in r1] != [r.prompt for r in plan.round(0)]
+
+
+def test_the_reference_has_no_connector_and_a_pool_that_evicts_nothing():
+    from harness.stress import REFERENCE_POOL_FACTOR, reference_spec
+
+    plan = plan_stress(load_stress(SCENARIO))
+    ref = reference_spec(plan).argv()
+    assert "--kv-transfer-config" not in ref
+    overrides = [ref[i + 1] for i, a in enumerate(ref) if a == "--num-gpu-blocks-override"]
+    want = -(-plan.storable_tokens * REFERENCE_POOL_FACTOR // plan.base.kv_block_size)
+    assert overrides and all(int(v) == want for v in overrides)
+    ours = plan.base.server.argv()
+    assert "48" in [ours[i + 1] for i, a in enumerate(ours) if a == "--num-gpu-blocks-override"]
