@@ -391,6 +391,7 @@ class StressResult:
     def figures(self) -> dict[str, Any]:
         """``run.json``'s ``stress``: what the run did, in numbers."""
         outs = self.outcomes
+        diffs = served_differences(self) if self.reference else []
         return {
             "requests_sent": len(outs),
             "requests_compared": self.compared_count(),
@@ -407,6 +408,10 @@ class StressResult:
             "floor_resolution": self.floor_resolution,
             "tolerance": self.tolerance,
             "near_ties": sum(v.near_ties for v in self.verdicts.values()),
+            "served_differ_requests": len(diffs) if self.reference else None,
+            "served_max_diff": max((d.max_diff for d in diffs), default=0.0)
+            if self.reference
+            else None,
             "counters": self.counters,
             "reference_error": self.reference_error or None,
             "death": self.death or None,
@@ -643,6 +648,45 @@ def check_ledger_for(result: StressResult) -> list[Any]:
     return check_ledger(ledger_of(result))
 
 
+@dataclass(frozen=True)
+class ServedDiff:
+    """One request as served by the run under test and by the reference's replay, when
+    both got the same prompt: where their logprobs or tokens first part. A diagnostic,
+    not a verdict (the replay's batches differ), that shows which requests moved."""
+
+    id: str
+    cached_tokens: int | None
+    reference_cached_tokens: int | None
+    differing: int  # generated positions whose logprob differs (before any token does)
+    max_diff: float
+    first: int | None  # first differing position
+    token_at: int | None  # first position where the tokens themselves differ
+
+
+def served_differences(result: StressResult) -> list[ServedDiff]:
+    ref = {o.id: o for o in result.reference}
+    out = []
+    for o in compared(result.outcomes):
+        r = ref.get(o.id)
+        if r is None or r.prompt != o.prompt or not o.logprobs or not r.logprobs:
+            continue
+        n, worst, first, token_at = 0, 0.0, None, None
+        for i, (a, b) in enumerate(zip(o.output, r.output, strict=False)):
+            if a != b:
+                token_at = i
+                first = i if first is None else first
+                break
+            if i < len(o.logprobs) and i < len(r.logprobs) and o.logprobs[i] != r.logprobs[i]:
+                n += 1
+                worst = max(worst, abs(o.logprobs[i] - r.logprobs[i]))
+                first = i if first is None else first
+        if first is not None:
+            out.append(
+                ServedDiff(o.id, o.cached_tokens, r.cached_tokens, n, worst, first, token_at)
+            )
+    return out
+
+
 def divergence_md(result: StressResult) -> str:
     """``divergence.md``: each request the reference would not have generated, with the
     first token where they part and both texts around it."""
@@ -662,6 +706,8 @@ def divergence_md(result: StressResult) -> str:
     ]
     if not bad:
         lines.append("No request diverged from the reference.")
+    lines += _served_section(result)
+    if not bad:
         return "\n".join(lines) + "\n"
     for o, v in bad:
         d = v.divergence
@@ -682,3 +728,31 @@ def divergence_md(result: StressResult) -> str:
             lines.append(f"- reference's continuation: not available ({ex['error']})")
         lines += [f"- run's whole answer: {o.text[:400]!r}", ""]
     return "\n".join(lines) + "\n"
+
+
+def _served_section(result: StressResult) -> list[str]:
+    """Requests whose served logprobs differ from the reference replay's (same prompt)."""
+    diffs = served_differences(result)
+    if not result.reference:
+        return []
+    head = [
+        "",
+        "## Served logprobs, run under test vs the reference's replay",
+        "",
+        "Same prompt, both served at the same concurrency; a diagnostic, not a verdict. "
+        f"{len(diffs)} request(s) differ.",
+        "",
+    ]
+    if not diffs:
+        return head
+    rows = [
+        "| request | cached (run / reference) | positions differing | max difference | "
+        "first position | first token differing |",
+        "|---|---|---|---|---|---|",
+    ]
+    for d in diffs:
+        rows.append(
+            f"| {d.id} | {d.cached_tokens} / {d.reference_cached_tokens} | {d.differing} | "
+            f"{d.max_diff:.6f} | {d.first} | {d.token_at if d.token_at is not None else ''} |"
+        )
+    return [*head, *rows, ""]
