@@ -39,6 +39,8 @@ CAUGHT_BY: dict[str, frozenset[str]] = {
     # Only the first KV-cache group moved (and honestly counted).
     names.FAULT_PARTIAL_STORE: frozenset({"cold-stored-bytes", "replay-output-identical"}),
     names.FAULT_PARTIAL_LOAD: frozenset({"replay-loaded-bytes", "replay-output-identical"}),
+    # The right bytes moved, twice as many reported: only the load counter check sees it.
+    names.FAULT_OVERCOUNT_LOAD: frozenset({"replay-loaded-bytes"}),
     # The worker dies on its next step: the round trip fails as a whole.
     names.FAULT_SEGV: frozenset({"engine-survived"}),
 }

@@ -19,11 +19,12 @@ Fault = Literal[
     "no-load",
     "partial-store",
     "partial-load",
+    "overcount-load",
     "segv-in-worker",
 ]
 FAULTS: tuple[str, ...] = get_args(Fault)
 FAULT_NONE, FAULT_CORRUPT_LOAD, FAULT_DROP_STORE, FAULT_NO_LOAD = FAULTS[:4]
-FAULT_PARTIAL_STORE, FAULT_PARTIAL_LOAD, FAULT_SEGV = FAULTS[4:]
+FAULT_PARTIAL_STORE, FAULT_PARTIAL_LOAD, FAULT_OVERCOUNT_LOAD, FAULT_SEGV = FAULTS[4:]
 
 # --- patches applied inside vLLM (harness.engine.patches) ------------------------------
 PATCH_FIX = "chunked-local-fix"  # PR #51161's fix, on a stock build

@@ -102,12 +102,12 @@ def parse_transfers(lines: Iterable[str]) -> dict[tuple[str, int], int]:
     (``harness.engine.host_offload``, one per job and rank); empty without a trace."""
     out: dict[tuple[str, int], int] = {}
     for line in lines:
-        m = _TRANSFER.search(line)
-        if not m:
-            continue
-        for g in _GROUP.finditer(m.group(3)):
-            key = (m.group(1), int(g.group(1)))
-            out[key] = out.get(key, 0) + int(g.group(2))
+        # Every record on the line: ranks share the log, and a line written by one rank
+        # can hold another's record (older backends printed text and newline apart).
+        for m in _TRANSFER.finditer(line):
+            for g in _GROUP.finditer(m.group(3)):
+                key = (m.group(1), int(g.group(1)))
+                out[key] = out.get(key, 0) + int(g.group(2))
     return out
 
 

@@ -59,6 +59,7 @@ from harness.names import (
     FAULT_DROP_STORE,
     FAULT_NO_LOAD,
     FAULT_NONE,
+    FAULT_OVERCOUNT_LOAD,
     FAULT_PARTIAL_LOAD,
     FAULT_PARTIAL_STORE,
     FAULT_SEGV,
@@ -91,7 +92,9 @@ FAULT_MODES: tuple[str, ...] = FAULTS
 """Accepted fault modes. corrupt-load, drop-store and no-load report success and the full
 byte count, so only the output check can catch them; partial-store / partial-load move (and
 honestly report) only the first KV-cache group's bytes, the shape of a connector that
-forgets a group (hybrid models), which the byte checks must catch. segv-in-worker reads
+forgets a group (hybrid models), which the byte checks must catch. overcount-load moves
+the right bytes and reports twice as many (a counter that lies: the trace line keeps
+the bytes moved), which only a check of the counters can catch. segv-in-worker reads
 address 0 on the worker's first step, the way a broken copy kernel dies: the harness must
 name the signal and the vLLM frame, not report a server that "did not answer"."""
 
@@ -401,18 +404,22 @@ class HostOffloadingWorker(OffloadingWorker):
                 f"={group_bytes.get(g.group_idx, 0)}"
                 for g in plan
             )
-            print(
+            # One write per line: TP ranks share the log, and print() writes the text
+            # and the newline apart, so two ranks' records could share a line.
+            sys.stderr.write(
                 f"{LOG_TRANSFER} job={job_id} {'store' if to_host else 'load'} "
                 f"bytes={num_bytes} {groups} block_indices="
-                f"{list(engine_spec.block_indices)}",
-                file=sys.stderr,
-                flush=True,
+                f"{list(engine_spec.block_indices)}\n"
             )
+            sys.stderr.flush()
+        reported = num_bytes
+        if not to_host and fault == FAULT_OVERCOUNT_LOAD:
+            reported = 2 * num_bytes  # the counter lies; the trace above does not
         self._finished.append(
             TransferResult(
                 job_id=job_id,
                 success=True,
-                transfer_size=num_bytes,
+                transfer_size=reported,
                 transfer_time=time.perf_counter() - start,
             )
         )

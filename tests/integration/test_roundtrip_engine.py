@@ -96,6 +96,7 @@ CAUGHT_BY = {
     "no-load": {"replay-output-identical"},
     "partial-store": {"cold-stored-bytes", "replay-output-identical"},
     "partial-load": {"replay-loaded-bytes", "replay-output-identical"},
+    "overcount-load": {"replay-loaded-bytes"},
     "segv-in-worker": {"engine-survived"},
 }
 SEGV_FRAME = (
@@ -128,7 +129,7 @@ def test_every_fault_is_caught_by_exactly_its_checks_on_one_server(tmp_path):
     for fault in CAUGHT_BY:
         if fault != "none":
             assert f"fault is now {fault}" in log, fault
-    seg = pd.read_csv(run / "rounds" / "06-segv-in-worker" / "checks.csv").set_index("name")
+    seg = pd.read_csv(run / "rounds" / "07-segv-in-worker" / "checks.csv").set_index("name")
     assert seg.loc["engine-survived", "observed"].startswith(SEGV_FRAME)
     assert "cold phase" in seg.loc["engine-survived", "detail"]
     meta = json.loads((run / "run.json").read_text())

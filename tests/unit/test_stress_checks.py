@@ -191,3 +191,12 @@ def test_a_resumed_request_may_reload_without_a_counted_hit_but_no_more():
     short = {"full": {"stored": 80, "loaded": 20}}
     bad = ledger(kinds=short, loaded=20, preemptions=1, longest=5)
     assert not by_name(check_ledger(bad))["loads-match-hits"].passed
+
+
+def test_two_ranks_records_on_one_line_are_both_counted():
+    merged = (
+        "offload-check transfer: job=3 load bytes=512 g0:1@0=512 "
+        "offload-check transfer: job=3 load bytes=512 g0:1@0=512 block_indices=[0]"
+        "block_indices=[0]"
+    )
+    assert parse_transfers([merged]) == {("load", 0): 1024}
