@@ -91,3 +91,14 @@ def test_the_reference_has_no_connector_and_a_pool_that_evicts_nothing():
     assert overrides and all(int(v) == want for v in overrides)
     ours = plan.base.server.argv()
     assert "48" in [ours[i + 1] for i, a in enumerate(ours) if a == "--num-gpu-blocks-override"]
+
+
+def test_prefix_reuse_is_judged_only_where_the_harness_can_state_it():
+    """Sliding-window layers keep only what a hit at a prompt boundary reaches (vLLM's
+    retention rule), so the reuse a later request must get is not stated there."""
+    from harness.stress import reuse_is_modelled
+
+    models = SCENARIO.parent / "models"
+    assert reuse_is_modelled(plan_stress(load_stress(SCENARIO)))
+    gemma = plan_stress(load_stress(SCENARIO), config=str(models / "gemma3-interleaved.json"))
+    assert not reuse_is_modelled(gemma)
