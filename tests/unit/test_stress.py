@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from harness.stress import (
+    FLOOR_FACTOR,
     MIN_TOLERANCE,
     StressPlan,
     StressResult,
@@ -47,7 +48,7 @@ def test_the_floor_is_the_largest_stray_of_a_clean_run():
     fl = floor_of([o], scorer(table))
     assert math.isclose(fl.stray, 0.002, abs_tol=1e-9) and fl.tokens == 2
     assert math.isclose(fl.resolution, 0.002, abs_tol=1e-9)
-    assert math.isclose(tolerance_for(fl.value), 0.004, abs_tol=1e-5)
+    assert math.isclose(tolerance_for(fl.value), FLOOR_FACTOR * 0.002, abs_tol=1e-5)
     assert math.isclose(tolerance_for(0.0), MIN_TOLERANCE, abs_tol=1e-5)
 
 
