@@ -191,6 +191,14 @@ def _run_under_test(
         else:
             code = ep.server.proc.returncode if ep.server and ep.server.proc else None
             result.death = f"the server died during the run (exit code {code})"
+            if ep.server is not None and ep.server.log_path.is_file():
+                from harness.verdicts import crash_signature
+
+                # Name what killed it, as the round trip does: the frame and the error.
+                lines = ep.server.log_path.read_text(errors="replace").splitlines()
+                sig = crash_signature(lines, code)
+                if sig.frame or sig.exception:
+                    result.death = f"{sig.summary()} (the server died during the run)"
     finally:
         sampler.stop()
         result.samples = [(t, s.as_dict()) for t, s in sampler.points]

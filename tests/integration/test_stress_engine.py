@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 
 pytestmark = [pytest.mark.engine, pytest.mark.nightly]
 
@@ -98,3 +98,22 @@ def test_a_seeded_fault_is_caught_by_its_check(tmp_path, fault, caught_by):
     code, run, out = stress(tmp_path, *SHORT, *fault)
     assert code == 1, out
     assert failed(run) == caught_by
+
+
+@pytest.mark.launches(2)
+def test_the_window_floor_mutant_is_caught_mid_run_on_the_window_edge_model(tmp_path):
+    """The chunked-local window rounded down, on the model whose offload chunk does not
+    divide its attention chunk: a later turn's load needs more blocks than the mutant
+    window allows and vLLM's own consistency check kills the engine mid-run. The crash
+    is named, not reported as a server that stopped answering."""
+    code, run, out = stress(
+        tmp_path,
+        "--scenario",
+        str(ROOT / "scenarios" / "stress-window-edge.toml"),
+        "--patch",
+        "chunked-local-floor",
+    )
+    assert code == 1, out
+    assert failed(run) == {"engine-survived", "no-request-errored", "engine-log-clean"}
+    df = pd.read_csv(run / "checks.csv").set_index("name")
+    assert "update_state_after_alloc" in df.loc["engine-survived", "observed"]
