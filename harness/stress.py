@@ -570,7 +570,8 @@ def ledger_of(result: StressResult) -> Any:
 
 
 # The profiles whose traffic must make the scheduler preempt, and those whose later
-# requests must be served from the CPU tier (the GPU evicted by then).
+# requests reuse earlier ones' prefixes (served from the CPU tier once the GPU evicted
+# them): only those are judged on reuse and external hits.
 PREEMPTING = ("preemption", "mixed")
 REUSING = ("multi-turn", "shared-prefix", "mixed")
 
@@ -616,7 +617,7 @@ def evaluate(result: StressResult) -> None:
         checks.append(check_log(result.log_lines))
     logprob_ids = [r.id for r in result.sent if r.prompt_logprobs is not None]
     if result.counters:
-        if reuse_is_modelled(plan):
+        if plan.profile in REUSING and reuse_is_modelled(plan):
             checks.append(
                 check_prefix_reuse(
                     result.outcomes,

@@ -146,3 +146,23 @@ def test_a_divergence_is_explained_by_the_references_own_continuation():
     explain_divergences(res, send)
     assert asked == [[1, 2, 5]]  # the prompt and the run's tokens before the divergence
     assert res.explanations["a"] == {"reference_ids": [8, 9], "reference_text": " t8 t9"}
+
+
+def test_reuse_and_preemption_are_judged_only_where_the_profile_makes_them():
+    """The preemption profile shares no prefix (nothing to reuse: judging reuse there
+    would fail on nothing judged); multi-turn need not preempt."""
+    from harness.stress import evaluate
+
+    def names(profile):
+        base = type("B", (), {"tokens_per_chunk": 4, "server": None})()
+        base.expected = type("E", (), {"layout": [], "full_bytes_per_token": 1})()
+        res = StressResult(StressPlan(base, profile, ProfileSettings(), [], 1, 0))
+        res.counters = {"preemptions": 1.0, "ext_hits": 1.0}
+        res.attached = True
+        evaluate(res)
+        return {c.name for c in res.checks}
+
+    assert "prefix-reused" not in names("preemption")
+    assert "preemptions-happened" in names("preemption")
+    assert {"prefix-reused", "external-hits-happened"} <= names("multi-turn")
+    assert "preemptions-happened" not in names("multi-turn")
