@@ -13,10 +13,13 @@ import sys
 from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import tomllib
 import typer
+
+if TYPE_CHECKING:
+    from harness.roundtrip.plan import RoundtripOptions
 from rich.console import Console
 
 from harness.errors import ExitCode, HarnessError
@@ -154,6 +157,39 @@ def _dry_run() -> Any:
     from harness import dry_run
 
     return dry_run
+
+
+def _known_fault(fault: str | None) -> None:
+    from harness.scenario import FAULTS
+
+    if fault is not None and fault not in FAULTS:
+        raise HarnessError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+
+
+def _launch_options(
+    variant: str | None,
+    python: str | None,
+    patch: str | None,
+    config: Path | None,
+    tp: int | None,
+    fault: str | None,
+    engine_arg: list[str] | None,
+) -> RoundtripOptions:
+    """What ``roundtrip`` and ``stress`` forward to ``plan_roundtrip`` (its
+    ``RoundtripOptions``): ``--python`` becomes an ad-hoc variant, named as the sweep names
+    user builds."""
+    adhoc = _adhoc_variants([python] if python else [])
+    if adhoc and variant:
+        raise HarnessError("give --variant or --python, not both")
+    return {
+        "variant": next(iter(adhoc), variant),
+        "patch": patch,
+        "config": str(config) if config else None,
+        "tp": tp,
+        "fault": fault,
+        "extra_args": engine_arg,
+        "extra_variants": adhoc,
+    }
 
 
 def _fail(err: HarnessError) -> typer.Exit:
@@ -372,12 +408,11 @@ def roundtrip_cmd(
     """
     from harness import roundtrip as rt
     from harness.launcher import check_port_free
-    from harness.scenario import FAULTS, load_roundtrip
+    from harness.scenario import load_roundtrip
 
     try:
         scen = load_roundtrip(scenario or _default_scenario("roundtrip-cpu.toml"))
-        if fault is not None and fault not in FAULTS:
-            raise HarnessError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+        _known_fault(fault)
         if filler_count is not None:
             scen.workload.filler_count = filler_count
         if seed is not None:
@@ -387,18 +422,8 @@ def roundtrip_cmd(
         if url:
             plan = rt.attach_plan(scen, url, str(config) if config else None)
         else:
-            adhoc = _adhoc_variants([python] if python else [])
-            if adhoc and variant:
-                raise HarnessError("give --variant or --python, not both")
             plan = rt.plan_roundtrip(
-                scen,
-                variant=next(iter(adhoc), variant),
-                patch=patch,
-                config=str(config) if config else None,
-                tp=tp,
-                fault=fault,
-                extra_args=engine_arg,
-                extra_variants=adhoc,
+                scen, **_launch_options(variant, python, patch, config, tp, fault, engine_arg)
             )
     except HarnessError as err:
         raise _fail(err) from None
@@ -486,17 +511,14 @@ def stress_cmd(
     (same engine, connector off) measures the noise floor and scores each answer alone.
     """
     from harness import stress as st
-    from harness.scenario import FAULTS, load_stress
+    from harness.scenario import load_stress
 
     try:
         scen = load_stress(scenario or _default_scenario("stress.toml"))
-        if fault is not None and fault not in FAULTS:
-            raise HarnessError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+        _known_fault(fault)
         _port_free(port)
-        adhoc = _adhoc_variants([python] if python else [])
-        if adhoc and variant:
-            raise HarnessError("give --variant or --python, not both")
-        if url and (adhoc or variant or patch or fault or tp):
+        launch = _launch_options(variant, python, patch, config, tp, fault, engine_arg)
+        if url and (python or variant or patch or fault or tp):
             raise HarnessError(
                 "--url attaches to a server someone else launched: --variant, --python, "
                 "--patch, --fault and --tp do not apply"
@@ -508,13 +530,7 @@ def stress_cmd(
             duration_s=duration,
             concurrency=concurrency,
             seed=seed,
-            config=str(config) if config else None,
-            variant=next(iter(adhoc), variant),
-            patch=patch,
-            tp=tp,
-            fault=fault,
-            extra_args=engine_arg,
-            extra_variants=adhoc,
+            **launch,
         )
     except HarnessError as err:
         raise _fail(err) from None

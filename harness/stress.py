@@ -25,12 +25,15 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from harness.errors import BadInput
 from harness.reference import Scores, judge_tokens, noise_floor, parse_prompt_logprobs
 from harness.stress_driver import Outcome, Reply, drive
 from harness.stress_workload import PROFILES, PlannedRequest, ProfileSettings, plan_profile
+
+if TYPE_CHECKING:
+    from harness.roundtrip.plan import RoundtripOptions
 
 # The tolerance is this many times the measured floor, and never below the minimum:
 # a floor measured as 0 on a short run must not make every near-tie a divergence.
@@ -61,12 +64,17 @@ class StressPlan:
     storable_tokens: int = 0  # what one round can store at most (sizes the CPU tier)
 
     @property
+    def connector_config(self) -> dict[str, Any]:
+        """The launched connector's ``kv_connector_extra_config`` ({} when attached)."""
+        server = self.base.server
+        kv = (server.kv_transfer or {}) if server is not None else {}
+        return dict(kv.get("kv_connector_extra_config") or {})
+
+    @property
     def offloads_decode(self) -> bool:
         """Whether the connector stores generated tokens' blocks (vLLM's
         ``offload_prompt_only``, true unless the connector's config says false)."""
-        server = self.base.server
-        extra = ((server.kv_transfer or {}) if server else {}).get("kv_connector_extra_config")
-        return (extra or {}).get("offload_prompt_only", True) is False
+        return self.connector_config.get("offload_prompt_only", True) is False
 
     def round(self, k: int) -> list[PlannedRequest]:
         """Round ``k`` of a ``--duration`` run: the plan with seed + k, ids prefixed."""
@@ -91,7 +99,7 @@ class StressPlan:
         return {
             "scenario": self.scenario.name if self.scenario is not None else None,
             "profile": self.profile,
-            "settings": {k: v for k, v in vars(self.settings).items()},
+            "settings": dict(vars(self.settings)),
             "concurrency": self.concurrency,
             "seed": self.seed,
             "duration_s": self.duration_s,
@@ -108,11 +116,7 @@ class StressPlan:
             "kv_block_size": self.base.kv_block_size,
             "offload_tokens_per_chunk": self.base.tokens_per_chunk,
             "kv_bytes_per_token": self.base.expected.kv_bytes_per_token,
-            "cpu_bytes_to_use": (self.base.server.kv_transfer or {})
-            .get("kv_connector_extra_config", {})
-            .get("cpu_bytes_to_use")
-            if self.base.server
-            else None,
+            "cpu_bytes_to_use": self.connector_config.get("cpu_bytes_to_use"),
             "server_argv": self.base.server.argv() if self.base.server else None,
             "reference_argv": reference_spec(self).argv() if self.base.server else None,
         }
@@ -189,11 +193,10 @@ def plan_stress(
     duration_s: float | None = None,
     concurrency: int | None = None,
     seed: int | None = None,
-    config: str | None = None,
-    **launch: Any,
+    **launch: Unpack[RoundtripOptions],
 ) -> StressPlan:
     """Everything known before launch; refuses what cannot run with one clear line.
-    ``launch`` goes to ``plan_roundtrip`` (variant, patch, tp, fault, extra_variants)."""
+    ``launch`` goes to ``plan_roundtrip``, the stress engine arguments before its own."""
     from dataclasses import replace
 
     from harness.names import ENV_TRACE
@@ -205,8 +208,8 @@ def plan_stress(
         raise BadInput(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
     settings, engine_args = settings_for(scenario, name)
     base_scn = load_roundtrip(scenario.resolve(scenario.roundtrip))
-    extra = [*engine_args, *STRESS_ENGINE_ARGS, *(launch.pop("extra_args", None) or [])]
-    base = plan_roundtrip(base_scn, config=config, extra_args=extra, **launch)
+    launch["extra_args"] = [*engine_args, *STRESS_ENGINE_ARGS, *(launch.get("extra_args") or [])]
+    base = plan_roundtrip(base_scn, **launch)
     seed_ = scenario.seed if seed is None else seed
     limit = requests if requests is not None else scenario.requests
     try:
@@ -227,7 +230,8 @@ def plan_stress(
     # Size the CPU tier to hold every byte the plan can store (twice for --duration,
     # whose rounds never share prefixes): a prefix evicted from the tier would make a
     # missed hit the tier's choice, not a bug.
-    rounds = 2 if (duration_s or scenario.duration_s) else 1
+    duration = duration_s if duration_s is not None else scenario.duration_s
+    rounds = 2 if duration else 1
     tier = math.ceil(
         storable * rounds * base.expected.kv_bytes_per_token * (1 + scenario.cpu_tier_margin)
     )
@@ -250,7 +254,7 @@ def plan_stress(
         concurrency or scenario.concurrency,
         seed_,
         scenario=scenario,
-        duration_s=duration_s if duration_s is not None else scenario.duration_s,
+        duration_s=duration,
         request_limit=limit,
         storable_tokens=storable,
     )
@@ -574,6 +578,25 @@ def ledger_of(result: StressResult) -> Any:
 # them): only those are judged on reuse and external hits.
 PREEMPTING = ("preemption", "mixed")
 REUSING = ("multi-turn", "shared-prefix", "mixed")
+# What each kind of profile exists to make happen: (profiles, check, what, counter, why).
+HAPPENED = (
+    (
+        PREEMPTING,
+        "preemptions-happened",
+        "vllm:num_preemptions",
+        "preemptions",
+        "the profile exists to make the scheduler preempt and resume requests; "
+        "without a preemption it proved nothing about them",
+    ),
+    (
+        REUSING,
+        "external-hits-happened",
+        "external prefix-cache hits",
+        "ext_hits",
+        "later turns and family members must find their prefix evicted from "
+        "the GPU and served from the CPU tier, or the tier was never read",
+    ),
+)
 
 
 def evaluate(result: StressResult) -> None:
@@ -627,26 +650,11 @@ def evaluate(result: StressResult) -> None:
                 )
             )
         checks += check_ledger_for(result)
-        if plan.profile in PREEMPTING:
-            checks.append(
-                check_happened(
-                    "preemptions-happened",
-                    "vllm:num_preemptions",
-                    result.counters.get("preemptions", 0.0),
-                    "the profile exists to make the scheduler preempt and resume requests; "
-                    "without a preemption it proved nothing about them",
-                )
-            )
-        if plan.profile in REUSING:
-            checks.append(
-                check_happened(
-                    "external-hits-happened",
-                    "external prefix-cache hits",
-                    result.counters.get("ext_hits", 0.0),
-                    "later turns and family members must find their prefix evicted from "
-                    "the GPU and served from the CPU tier, or the tier was never read",
-                )
-            )
+        checks += [
+            check_happened(name, what, result.counters.get(counter, 0.0), why)
+            for profiles, name, what, counter, why in HAPPENED
+            if plan.profile in profiles
+        ]
     result.checks = checks
 
 
