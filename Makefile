@@ -36,8 +36,10 @@ SPEC_TAG := $(shell printf '%s' '$(VLLM_SPEC)' | md5sum | cut -c1-8)
 
 VENV := .venv
 VENV_STOCK := .venv-stock
-STAMP := $(VENV)/.stamp-$(VLLM_DIST)-$(VLLM_CURRENT)-$(SPEC_TAG)
-STAMP_STOCK := $(VENV_STOCK)/.stamp-$(VLLM_DIST)-$(VLLM_STOCK)
+# "-bytecode": environments made before setup compiled bytecode are redone once (fast:
+# nothing to install, only the compile), see harness/bytecode.py.
+STAMP := $(VENV)/.stamp-$(VLLM_DIST)-$(VLLM_CURRENT)-$(SPEC_TAG)-bytecode
+STAMP_STOCK := $(VENV_STOCK)/.stamp-$(VLLM_DIST)-$(VLLM_STOCK)-bytecode
 # This machine's pip config names local indexes that do not all exist; pip warns for
 # each one on every install. The noise hides real errors, so drop just those lines.
 PIP_QUIET := sed -u '/^WARNING: Location .* is ignored/d'
@@ -63,8 +65,11 @@ PYTHON_EXE = $(shell $(PYTHON) -c 'import sys; print(sys.executable)')
 mkvenv = $(UV) venv --quiet --seed --allow-existing --python "$(PYTHON_EXE)" $(1)
 # uv does not read pip's config: the same find-links, indexes and constraints are passed
 # explicitly (UV_FROM_PIP), and unsafe-best-match picks across indexes as pip does.
+# --compile-bytecode: uv installs no bytecode by default, and with PYTHONDONTWRITEBYTECODE
+# (set here, on CI, in many images) none is ever written, so each of a launch's three
+# processes would compile vLLM and torch anew: about twice the launch time.
 install = $(UV) pip install --quiet --python $(1)/bin/python $(UV_FROM_PIP) \
-	--index-strategy unsafe-best-match
+	--index-strategy unsafe-best-match --compile-bytecode
 uninstall = $(UV) pip uninstall --quiet --python $(1)/bin/python
 else ifeq ($(INSTALLER),pip)
 INSTALLER_TOOL := $(TOOLS)/bin/python
@@ -138,6 +143,7 @@ $(STAMP): pyproject.toml | $(INSTALLER_TOOL)
 	test -x $(VENV)/bin/python || $(call mkvenv,$(VENV))
 	$(call install,$(VENV)) $(TORCH_FLAGS) "$(VLLM_SPEC)" -e ".[test]" 2>&1 | $(PIP_QUIET)
 	$(MAKE) --no-print-directory _cpu-quirks ENV_DIR=$(VENV)
+	$(VENV)/bin/python -m harness.bytecode ensure
 	$(VENV)/bin/python -c "import vllm, harness.engine.plugin"
 	rm -f $(VENV)/.stamp-*; touch $@
 
@@ -148,6 +154,7 @@ $(STAMP_STOCK): pyproject.toml | $(INSTALLER_TOOL)
 	# --no-deps: only the engine-side plugin must load here; leave stock's pins alone.
 	$(call install,$(VENV_STOCK)) --no-deps -e . 2>&1 | $(PIP_QUIET)
 	$(MAKE) --no-print-directory _cpu-quirks ENV_DIR=$(VENV_STOCK)
+	$(VENV_STOCK)/bin/python -m harness.bytecode ensure
 	$(VENV_STOCK)/bin/python -c "import vllm, harness.engine.plugin"
 	rm -f $(VENV_STOCK)/.stamp-*; touch $@
 

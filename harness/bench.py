@@ -8,6 +8,15 @@ crash-repro overhead: time to verdict through the harness (planning, interpreter
 probes, model cache, launch, health polling) versus a bare
 ``python -m vllm.entrypoints.openai.api_server`` of the identical command line,
 timed from launch to ``/health`` 200, or to process exit for a crashing build.
+
+launch with bytecode vs without: the same server launched through the harness's
+launcher with this tree's environment as it is, and with its bytecode hidden
+(``PYTHONPYCACHEPREFIX`` naming an empty directory, so Python finds no ``.pyc`` and,
+with ``PYTHONDONTWRITEBYTECODE``, writes none: exactly an environment uv installed
+without ``--compile-bytecode``), interleaved, with each side's launch timeline.
+
+the README's commands: ``offload-check crash-repro`` as a user runs it (a subprocess,
+every row), timed to its exit, with its launch count and where the launches' time went.
 """
 
 from __future__ import annotations
@@ -17,15 +26,18 @@ import os
 import signal
 import statistics
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from harness import crash_repro
 from harness.environments import probe
+from harness.errors import HarnessError
+from harness.launch_timeline import PHASES
 from harness.launcher import ServerSpec, _signal_group, free_port, server_slot
 from harness.scenario import CrashReproScenario
 
@@ -197,7 +209,117 @@ def run_roundtrip_bench(scenario_path: Path, out_dir: Path) -> dict[str, Any]:
     }
 
 
+def launch_once(spec: ServerSpec, log_path: Path, timeout_s: float, prompt: str) -> dict[str, Any]:
+    """One launch to the first answer and its stop, through the harness's launcher; its
+    timeline (``harness.launch_timeline``) with ``health_s`` as the launch wall."""
+    server = spec.server(log_path)
+    with server:
+        ready = server.wait_ready(timeout_s)
+        if ready.state != "started":
+            raise HarnessError(f"bench launch {ready.state} after {ready.seconds:.0f}s: {log_path}")
+        server.request(
+            "/v1/completions",
+            {"model": spec.served_model_name, "prompt": prompt, "max_tokens": 4},
+        )
+    assert server.timeline is not None
+    return server.timeline
+
+
+def without_bytecode(spec: ServerSpec, empty_dir: Path) -> ServerSpec:
+    """The same server with its environment's bytecode out of sight (module docstring)."""
+    env = {**spec.env, "PYTHONPYCACHEPREFIX": str(empty_dir), "PYTHONDONTWRITEBYTECODE": "1"}
+    return replace(spec, env=env)
+
+
+def phase_medians(timelines: list[dict[str, Any]]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for name, _ in PHASES:
+        values = [t["phases"][name] for t in timelines if t["phases"].get(name) is not None]
+        out[name] = round(statistics.median(values), 2) if values else None
+    return out
+
+
+def shares(medians: dict[str, float | None]) -> dict[str, float]:
+    """Each phase's share of the launch (phases that happened)."""
+    total = sum(v for v in medians.values() if v is not None)
+    return {k: round(v / total, 3) for k, v in medians.items() if v is not None and total}
+
+
+def run_launch_bench(
+    scenario: CrashReproScenario,
+    config: str,
+    repeats: int,
+    out_dir: Path,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Median launch wall (spawn to /health) with bytecode / without, paired ABBA."""
+    spec = _case_row(scenario, Case("launch", "current", config, "on")).plan
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    timeout = scenario.server.startup_timeout_s
+    prompt = scenario.server.probe_prompt
+    sides: dict[str, list[dict[str, Any]]] = {"bytecode": [], "no-bytecode": []}
+    launch_once(spec, log_dir / "warmup.log", timeout, prompt)  # cold caches: neither side's
+    progress("launch: warm-up launch done")
+    for i in range(repeats):
+        order = ("bytecode", "no-bytecode") if i % 2 == 0 else ("no-bytecode", "bytecode")
+        for side in order:
+            with tempfile.TemporaryDirectory(prefix="oc-nopyc-") as empty:
+                run = spec if side == "bytecode" else without_bytecode(spec, Path(empty))
+                timeline = launch_once(run, log_dir / f"{side}-{i}.log", timeout, prompt)
+            sides[side].append(timeline)
+            progress(f"launch #{i + 1} {side}: {timeline['health_s']:.1f}s to /health")
+    walls = {k: [float(t["health_s"]) for t in v] for k, v in sides.items()}
+    medians = {k: phase_medians(v) for k, v in sides.items()}
+    return {
+        "ratio": round(
+            statistics.median(walls["bytecode"]) / statistics.median(walls["no-bytecode"]), 3
+        ),
+        "bytecode_s": walls["bytecode"],
+        "no_bytecode_s": walls["no-bytecode"],
+        "bytecode_median_s": round(statistics.median(walls["bytecode"]), 2),
+        "no_bytecode_median_s": round(statistics.median(walls["no-bytecode"]), 2),
+        "phases_median_s": medians,
+        "phase_shares": {k: shares(v) for k, v in medians.items()},
+    }
+
+
+def run_commands_bench(out_dir: Path, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """``offload-check crash-repro`` as the README runs it: wall to exit, launches made,
+    and the median phase shares of those launches (from its run.json)."""
+    import json
+    import sys
+
+    results = out_dir / "commands"
+    results.mkdir(parents=True, exist_ok=True)
+    progress("offload-check crash-repro (every row, as `make crash-repro` runs it) ...")
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "crash-repro", "--results-dir", str(results)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
+    wall = time.perf_counter() - t0
+    runs = sorted(results.glob("*-crash-repro-*/run.json"))
+    meta = json.loads(runs[-1].read_text()) if runs else {}
+    launches = meta.get("launches") or []
+    medians = phase_medians(launches)
+    rows = (meta.get("summary") or {}).get("rows")
+    return {
+        "command": "offload-check crash-repro",
+        "exit_code": proc.returncode,
+        "wall_s": round(wall, 1),
+        "rows": rows,
+        "launches": len(launches),
+        "phases_median_s": medians,
+        "phase_shares": shares(medians),
+    }
+
+
 # Targets of each figure: what the harness promises about its own cost.
+LAUNCH_TARGET = 0.5  # launch wall with bytecode / without, at most
 COPY_TARGET = 0.6  # host backend copy throughput / plain torch copy, at least
 FILLER_TARGET = 1.5  # filler tokens / pool tokens, at most: eviction without waste
 WALL_TARGET = 1.3  # round-trip wall / (server start + generation), at most
@@ -219,6 +341,29 @@ def run_bench(
     """Every figure of ``offload-check bench`` (``parts``: copy, roundtrip, crash-repro),
     each a ratio measured side by side in this run, with its target and verdict."""
     figures: list[dict[str, Any]] = []
+    if "launch" in parts:
+        say("launch with bytecode vs the same launch without, paired ...")
+        lb = run_launch_bench(crash_scenario, config, repeats, out_dir / "launch", progress=say)
+        figures.append(
+            _figure(
+                "launch wall (spawn to /health): with bytecode / without",
+                lb["ratio"],
+                f"<= {LAUNCH_TARGET}",
+                float(lb["ratio"]) <= LAUNCH_TARGET,
+                lb,
+            )
+        )
+    if "commands" in parts:
+        cb = run_commands_bench(out_dir, progress=say)
+        figures.append(
+            _figure(
+                f"time to verdict: {cb['command']} ({cb['launches']} launches, {cb['rows']} rows)",
+                cb["wall_s"],
+                "-",
+                cb["exit_code"] == 0,
+                cb,
+            )
+        )
     if "copy" in parts:
         from harness.bench_copy import measure_host_copy
 

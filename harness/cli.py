@@ -593,6 +593,8 @@ def _run_stress(plan: object, results_dir: Path, url: str | None, port: int | No
 
 class BenchPart(str, Enum):
     all = "all"
+    launch = "launch"
+    commands = "commands"
     crash_repro = "crash-repro"
     copy = "copy"
     roundtrip = "roundtrip"
@@ -967,7 +969,8 @@ def _plan_bugs(
     chosen = releases if releases is not None else (None if extra else "all")
     known_list = known_releases(dist) if chosen else []
     planned = sw.plan_builds(chosen, extra, known_list)
-    return bugs.plan_corpus(entries, planned, dist, cpu_flags(), has_gpu())
+    devices = {b.label: sw.build_device(b, dist) for b in planned}
+    return bugs.plan_corpus(entries, planned, dist, cpu_flags(), has_gpu(), devices)
 
 
 def _run_bugs(run: Any, results_dir: Path, **options: Any) -> int:
@@ -1048,7 +1051,11 @@ def bench_cmd(
     from harness.terminal import bench_table
 
     install_signal_handlers()
-    parts = {"copy", "roundtrip", "crash-repro"} if only is BenchPart.all else {only.value}
+    parts = (
+        {p.value for p in BenchPart if p is not BenchPart.all}
+        if only is BenchPart.all
+        else {only.value}
+    )
     try:
         run_dir = RunDirectory(new_run_dir(results_dir, "bench"), "bench")
         run_dir.update_meta(platform=_platform(), repeats=repeats, only=only.value)

@@ -33,6 +33,7 @@ from harness.serving import offload_backend, server_spec
 from harness.verdicts import (
     RowContext,
     crash_signature,
+    expectation_gap,
     judge,
     match_expectation,
     parse_fatal_signals,
@@ -76,6 +77,10 @@ class Row:
     returncode: int | None = None
     patch_status: str = ""
     kernels: str = ""  # attention backend / ISA the engine chose (harness.engine_log)
+    # Which launch of the run served the row (1, 2, ...): rows that would launch exactly
+    # the same server share one launch (``launch_key``); 0 = not launched (skipped).
+    launch: int = 0
+    shared_with: str = ""  # the key of the row whose launch this row reused
     # Why the row is not launched on this host (a CPU feature it lacks); "" = launch it.
     skip_reason: str = ""
     matched: bool | None = None
@@ -98,6 +103,7 @@ class Row:
         data.pop("skip_reason")
         data.pop("rule")
         data.pop("rule_index")
+        data.pop("shared_with")
         data["connector"] = "on" if self.connector else "off"
         data["patch"] = self.patch or "none"
         data["command"] = self.plan.argv()
@@ -184,13 +190,16 @@ def plan_run(
     for entry in models:
         for n, variant in variants.items():
             env = environments[n]
-            effective = effective_patch(patch, variant.patch)
             only = scenario.variant_models.get(n)
             if only is not None and entry.name not in {Path(m).stem for m in only}:
                 continue
             missing = [f for f in variant.requires_cpu if f not in flags]
             for mode in modes:
                 on = mode == "on"
+                # Every patch acts on the offloading connector's code, which a
+                # connector-off control never runs: the control carries none, so the
+                # controls of a build and of that build + a patch are one server.
+                effective = effective_patch(patch, variant.patch) if on else None
                 row = Row(
                     model=entry.name,
                     variant=n,
@@ -212,12 +221,26 @@ def plan_run(
                     row.skip_reason = (
                         f"needs a CPU with {', '.join(missing)}; this host ({cpu_name()}) has none"
                     )
-                found = match_expectation(
-                    RowContext(
-                        n, env.vllm_version, effective or "none", on, row.chunked_local, entry.name
-                    ),
-                    scenario.expectations,
+                elif variant.platform and (off := variant.platform.mismatch(env.device, flags)):
+                    where = variant.platform.describe()
+                    row.skip_reason = f"variant {n} holds only on {where}, not on {off}"
+                ctx = RowContext(
+                    variant=n,
+                    vllm_version=env.vllm_version,
+                    patch=effective or "none",
+                    connector=on,
+                    chunked_local=row.chunked_local,
+                    model=entry.name,
+                    device=env.device,
+                    cpu_flags=flags,
                 )
+                found = match_expectation(ctx, scenario.expectations)
+                if found is None and (gap := expectation_gap(ctx, scenario.expectations)):
+                    # Rules for other platforms only: the row says so and is not launched.
+                    row.expected, row.expected_why = "skipped", gap
+                    row.skip_reason = row.skip_reason or gap
+                    plan.rows.append(row)
+                    continue
                 if found is None:
                     raise BadInput(
                         f"{scenario.source}: no expectation rule matches {row.key}; "
@@ -359,17 +382,57 @@ def judge_row(row: Row) -> None:
     row.why = row.why or why
 
 
+# What a launch decides, copied to every row it serves (the rest is the row's own).
+_LAUNCH_FIELDS = (
+    "outcome",
+    "seconds",
+    "signature",
+    "exception",
+    "frame",
+    "message",
+    "known_issue",
+    "answered",
+    "answer",
+    "returncode",
+    "patch_status",
+    "kernels",
+    "log",
+    "launch",
+)
+
+
+def launch_count(rows: list[Row]) -> int:
+    """How many servers the rows need: one per distinct ``launch_key``, skips aside."""
+    return len({row.plan.launch_key() for row in rows if not row.skip_reason})
+
+
 def execute(plan: RunPlan, out_dir: Path, reporter: Reporter, port: int | None = None) -> None:
-    """Run every row in order; each row is judged and reported as soon as it ends."""
+    """Run every row in order; each row is judged and reported as soon as it ends.
+
+    Two rows that would launch exactly the same server (interpreter, argv, environment,
+    model) share one launch: the later row takes the earlier one's outcome and is judged
+    against its own expectation."""
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     total = len(plan.rows)
+    served: dict[str, Row] = {}
     for i, row in enumerate(plan.rows, 1):
         reporter.row_started(row, i, total)
         if row.skip_reason:
             row.outcome, row.matched, row.why, row.seconds = "skipped", True, row.skip_reason, 0.0
             reporter.row_finished(row, i, total)
             continue
+        key = row.plan.launch_key()
+        first = served.get(key)
+        if first is not None:
+            for name in _LAUNCH_FIELDS:
+                setattr(row, name, getattr(first, name))
+            row.shared_with = first.key
+            judge_row(row)
+            reporter.row_finished(row, i, total)
+            continue
+        served[key] = row
+        row.launch = len(served)
         t0 = time.monotonic()
         run_row(
             row,

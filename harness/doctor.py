@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from harness import bytecode
+from harness.bytecode import BytecodeState
 from harness.engine.amx import (
     ISA_FLAGS,
     cpu_flags,
@@ -483,6 +485,34 @@ def check_plugin(
     return Check(label, "ok", f"installed and loads from this checkout in {python}")
 
 
+def check_bytecode(
+    name: str, python: str, state_of: Callable[[str], BytecodeState] = bytecode.check
+) -> Check:
+    """Whether vLLM, torch and transformers hold bytecode in ``python``'s environment.
+
+    Without it (uv installs none unless asked; ``PYTHONDONTWRITEBYTECODE`` keeps Python
+    from caching what it compiles) each of a launch's three processes compiles them
+    anew: about twice the time of every launch."""
+    label = f"bytecode {name}"
+    try:
+        state = state_of(python)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        return Check(label, "warn", f"could not check: {err}", "")
+    shares = ", ".join(f"{n} {state.share(n):.0%}" for n in state.packages)
+    if not state.missing:
+        return Check(label, "ok", f"compiled: {shares}")
+    fix = f"`{python} -m harness.bytecode ensure` (a minute, once)"
+    if _setup_fix(python, None) == MAKE_SETUP:
+        fix = f"{MAKE_SETUP} (it compiles), or {fix}"
+    return Check(
+        label,
+        "warn",
+        f"no bytecode for {', '.join(state.missing)} ({shares}): every vLLM process "
+        "compiles them at each launch, about twice the launch time",
+        fix,
+    )
+
+
 def check_plugin_allowlist(environ: Mapping[str, str]) -> Check | None:
     """vLLM loads only the plugins ``VLLM_PLUGINS`` names when it is set, in every variant.
 
@@ -574,6 +604,7 @@ def run_checks(variants_file: Path, variant_names: Sequence[str] | None = None) 
     ]
     envs: dict[str, Environment | None] = {}
     plugins: dict[str, Check] = {}
+    compiled: dict[str, Check] = {}
     for name in selected:
         python = variants[name].python
         line, envs[name] = check_variant(name, python, variants_file=variants_file)
@@ -583,7 +614,9 @@ def run_checks(variants_file: Path, variant_names: Sequence[str] | None = None) 
             continue  # nothing to import into; the variant line already says so
         if exe not in plugins:  # stock and stock+fix share one environment
             plugins[exe] = check_plugin(name, exe)
+            compiled[exe] = check_bytecode(name, exe)
         checks.append(replace(plugins[exe], name=f"plugin {name}"))
+        checks.append(replace(compiled[exe], name=f"bytecode {name}"))
     allowlist = check_plugin_allowlist(os.environ)
     if allowlist is not None:
         checks.append(allowlist)

@@ -29,15 +29,20 @@ def host_line(console: Console) -> None:
 
 
 def crash_repro_plan(console: Console, plan: object) -> None:
-    from harness.crash_repro import RunPlan, backends
+    from harness.crash_repro import RunPlan, backends, launch_count
     from harness.verdicts import known_label
 
     assert isinstance(plan, RunPlan)
     skipped = sum(1 for r in plan.rows if r.skip_reason)
+    launches = launch_count(plan.rows)
+    shared = len(plan.rows) - skipped - launches
     console.print(
-        f"[bold]scenario[/] {plan.scenario.name}: {len(plan.rows) - skipped} launches, "
-        "one at a time" + (f" ({skipped} rows skipped on this host)" if skipped else "")
+        f"[bold]scenario[/] {plan.scenario.name}: {len(plan.rows)} rows, {launches} launches, "
+        "one at a time"
+        + (f"; {shared} rows share a launch with an identical server" if shared else "")
+        + (f" ({skipped} rows skipped on this host)" if skipped else "")
     )
+    first_of: dict[str, str] = {}
     host_line(console)
     for n, env in plan.environments.items():
         console.print(
@@ -50,6 +55,13 @@ def crash_repro_plan(console: Console, plan: object) -> None:
         console.print(f"[bold]{row.key}[/] expect {exp}", highlight=False)
         if row.skip_reason:
             console.print(f"  skipped on this host: {row.skip_reason}", highlight=False)
+        else:
+            key = row.plan.launch_key()
+            if key in first_of:
+                console.print(
+                    f"  same server as {first_of[key]}: served by its launch", highlight=False
+                )
+            first_of.setdefault(key, row.key)
         env_txt = " ".join(f"{k}={v}" for k, v in sorted(row.plan.env.items()))
         console.print(f"  env: {env_txt}", highlight=False, markup=False)
         console.print("  argv: " + json.dumps(row.plan.argv()), highlight=False, markup=False)
@@ -195,7 +207,11 @@ def bugs_plan(console: Console, run: object) -> None:
             cells = ["skipped"] * len(sweep.builds)
         else:
             cells = [
-                (bugs.expected_on(e, b.label) or "-") if b.release else "(by its version)"
+                "skipped"
+                if (e.id, b.label) in run.off_platform
+                else (bugs.expected_on(e, b.label) or "-")
+                if b.release
+                else "(by its version)"
                 for b in sweep.builds
             ]
         table.add_row(e.id, what, *cells)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from harness import launch_timeline
 from harness.errors import BadInput, HarnessError
 from harness.names import ENV_LOCK
 
@@ -36,6 +37,26 @@ API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # Every server the harness started and has not torn down yet; the signal and exit
 # hooks below use it so that even an unexpected exit leaves no vLLM behind.
 _LIVE: set[VllmServer] = set()
+# The launch timeline of every server stopped in this process, in order; a run
+# directory records those made during its run (harness.results).
+_FINISHED: list[dict[str, Any]] = []
+_ANSWER_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+def finished_launches() -> list[dict[str, Any]]:
+    """The timelines (``harness.launch_timeline``) of the servers stopped so far."""
+    return list(_FINISHED)
+
+
+def note_answer(url: str) -> None:
+    """A completion came back from ``url``: the first one ends its server's launch.
+
+    Every client of a launched server (the round trip's workload, crash-repro's probe,
+    stress's driver) posts through ``http_json`` or calls this, so the launch
+    timeline's last point needs no hook in each command."""
+    for server in list(_LIVE):
+        if server.first_answer_s is None and server.port and url.startswith(server.url + "/"):
+            server.first_answer_s = time.monotonic() - server.started_at
 
 
 def _lock_path() -> str | None:
@@ -117,6 +138,11 @@ class ServerSpec:
             cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer, sort_keys=True)]
         return cmd + self.tail
 
+    def launch_key(self) -> str:
+        """Identity of the server this spec launches: two specs with one key start the
+        same processes with the same inputs, so one launch can serve both."""
+        return json.dumps([self.argv(), sorted(self.env.items())])
+
     def without_offload(self) -> ServerSpec:
         """The same server with the connector off (a round trip's baseline)."""
         return replace(self, kv_transfer=None, args=list(self.args), tail=list(self.tail))
@@ -137,6 +163,11 @@ class VllmServer:
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     started_at: float = field(default=0.0, init=False)
     ready: bool = field(default=False, init=False)  # answered /health at least once
+    # The launch timeline's harness-side points, in seconds after the spawn.
+    spawned_wall: float = field(default=0.0, init=False)
+    health_s: float | None = field(default=None, init=False)
+    first_answer_s: float | None = field(default=None, init=False)
+    timeline: dict[str, Any] | None = field(default=None, init=False)  # set at stop
     _log: Any = field(default=None, init=False, repr=False)
     _slot: Any = field(default=None, init=False, repr=False)
     _reaper: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
@@ -171,6 +202,7 @@ class VllmServer:
             self._rpc_dir = tempfile.mkdtemp(prefix="oc-rpc-")
             env["VLLM_RPC_BASE_PATH"] = self._rpc_dir
         self.started_at = time.monotonic()
+        self.spawned_wall = time.time()
         try:
             self.proc = subprocess.Popen(
                 self.command(),
@@ -220,7 +252,8 @@ class VllmServer:
                 return ReadyResult("exited", elapsed, code)
             if self._health_ok():
                 self.ready = True
-                return ReadyResult("started", time.monotonic() - self.started_at)
+                self.health_s = time.monotonic() - self.started_at
+                return ReadyResult("started", self.health_s)
             if time.monotonic() >= deadline:
                 return ReadyResult("timeout", elapsed)
             if on_tick is not None:
@@ -254,6 +287,8 @@ class VllmServer:
         if proc is None:
             self._release_slot()
             return None
+        stop_requested = time.monotonic()
+        ended = "exited" if proc.poll() is not None else "stopped"
         try:
             descendants = _descendants(proc.pid)
             if proc.poll() is None:
@@ -283,7 +318,29 @@ class VllmServer:
                 shutil.rmtree(self._rpc_dir, ignore_errors=True)
                 self._rpc_dir = None
             self._release_slot()
+            self._record_timeline(ended, stop_requested)
         return proc.returncode
+
+    def _record_timeline(self, ended: str, stop_requested: float) -> None:
+        """Read this launch's timeline from its log, once, after the last process is gone."""
+        if self.timeline is not None:
+            return
+        now = time.monotonic()
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        self.timeline = launch_timeline.build(
+            lines,
+            log=str(self.log_path),
+            spawned_wall=self.spawned_wall,
+            ended=ended,
+            health_s=self.health_s,
+            first_answer_s=self.first_answer_s,
+            stopped_s=now - self.started_at,
+            teardown_s=now - stop_requested,
+        ).record()
+        _FINISHED.append(self.timeline)
 
     def _release_slot(self) -> None:
         if self._slot is not None:
@@ -315,6 +372,8 @@ def http_json(url: str, payload: dict[str, Any] | None = None, timeout_s: float 
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
         reason = getattr(err, "reason", err)
         raise HarnessError(f"{url}: no answer ({reason})") from None
+    if payload is not None and url.endswith(_ANSWER_PATHS):
+        note_answer(url)
     ctype = resp.headers.get("Content-Type", "")
     if "json" in ctype:
         return json.loads(body)

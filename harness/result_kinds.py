@@ -124,6 +124,7 @@ OUTCOMES = TableFile(
         "chunked_local",
         "outcome",
         "seconds",
+        "launch",
         "signature",
         "exception",
         "frame",

@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from harness.launcher import finished_launches
+
 SCHEMA_VERSION = 2
 
 
@@ -108,9 +110,17 @@ class RunDirectory:
             "finished_at": None,
         }
         self._t0 = time.monotonic()
+        # Launches made before this run (an earlier run in the same process) are not its.
+        self._launch_mark = len(finished_launches())
+
+    def launches(self) -> list[dict[str, Any]]:
+        """The timeline of every server stopped since this run began, in order."""
+        return finished_launches()[self._launch_mark :]
 
     def update_meta(self, **fields: Any) -> None:
         self.meta.update(fields)
+        # Rewritten with every update, so an interrupted run keeps the launches it made.
+        self.meta["launches"] = self.launches()
         self.write_json("run.json", self.meta)
 
     def finish(self, status: str, exit_code: int, **fields: Any) -> None:

@@ -22,6 +22,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.launcher import note_answer
 from harness.stress_workload import PlannedRequest
 
 
@@ -212,7 +213,9 @@ def post_json(url: str, payload: dict[str, Any], timeout_s: float) -> Any:
     )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return json.loads(resp.read())
+            body = json.loads(resp.read())
+        note_answer(url)
+        return body
     except urllib.error.HTTPError as err:
         raise RuntimeError(
             f"HTTP {err.code}: {err.read()[:300].decode(errors='replace')}"

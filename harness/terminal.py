@@ -79,8 +79,11 @@ class CrashReproProgress:
         detail = f" {row.signature}" if row.signature else ""
         if row.outcome == "started":
             detail = " and answered" if row.answered else " but did not answer"
+        took = f"{row.seconds or 0:.1f}s"
+        if row.shared_with:
+            took = f"launch #{row.launch}, shared with {row.shared_with}"
         self.console.print(
-            f"{mark} {row.key}: [{style}]{row.outcome}[/]{detail} ({row.seconds or 0:.1f}s)",
+            f"{mark} {row.key}: [{style}]{row.outcome}[/]{detail} ({took})",
             highlight=False,
         )
 
@@ -96,6 +99,7 @@ def crash_repro_table(rows: Sequence[Row]) -> Table:
         "outcome",
         "signature",
         "time",
+        "launch",
         "expected",
         "match",
     ):
@@ -118,6 +122,7 @@ def crash_repro_table(rows: Sequence[Row]) -> Table:
             Text(r.outcome, style=style),
             sig,
             f"{r.seconds:.1f}s" if r.seconds is not None else "-",
+            (f"#{r.launch}" + (" (shared)" if r.shared_with else "")) if r.launch else "-",
             expected,
             Text("yes", style="green") if r.matched else Text(f"NO: {r.why}", style="bold red"),
         )

