@@ -18,8 +18,8 @@ fixed, is unmatched (exit 1): the corpus cannot rot silently.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -95,10 +95,21 @@ def plan_targets_for(entries: Sequence[BugEntry]) -> list[Target]:
 
 
 def host_lacks(entry: BugEntry, flags: Iterable[str], has_gpu: bool) -> str:
-    """Why this host cannot run the entry ("" when it can)."""
+    """Why this host cannot run the entry ("" when it can): what it ``requires``, and the
+    CPU flags of its ``platform``."""
     have = set(flags) | ({"gpu"} if has_gpu else set())
-    missing = [r for r in entry.requires if r not in have]
+    needed = [*entry.requires, *(entry.platform.cpu_flags if entry.platform else [])]
+    missing = [r for r in dict.fromkeys(needed) if r not in have]
     return f"needs {', '.join(missing)}, which this host lacks" if missing else ""
+
+
+def off_platform(entry: BugEntry, device: str) -> str:
+    """Why the entry says nothing of a build on ``device`` ("" when it does): a bug in
+    one device's code (a CPU kernel) neither lives nor is fixed on another's."""
+    p = entry.platform
+    if p is None or not p.device or device in p.device:
+        return ""
+    return f"no expectation on {device}: the bug holds only on {p.describe()}"
 
 
 # --- judging ---------------------------------------------------------------------------------
@@ -239,6 +250,8 @@ class CorpusRun:
     entries: list[BugEntry]
     sweep: Any  # harness.sweep.SweepRun over the triggers of the entries not skipped
     skipped: dict[str, str]  # entry id -> why this host cannot run it
+    # (entry id, build label) -> why the entry says nothing of that build (its device)
+    off_platform: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def cells(self) -> list[BugCell]:
         """Every (entry, build) judged so far, entry by entry."""
@@ -249,13 +262,22 @@ class CorpusRun:
         for e in self.entries:
             if e.id in self.skipped:
                 out += skipped_cells(e, builds, self.skipped[e.id])
-            else:
-                out += [c for c in judged if c.bug == e.id]
+                continue
+            for c in judged:
+                if c.bug == e.id:
+                    why = self.off_platform.get((e.id, c.release))
+                    out.append(
+                        BugCell(e.id, c.release, SKIPPED, why=why, check=c.check) if why else c
+                    )
         return out
 
     def judge_cell(self, cell: SweepCell) -> list[BugCell]:
         """The entries one trigger's cell decides, judged (progress lines)."""
-        run = [e for e in self.entries if e.id not in self.skipped]
+        run = [
+            e
+            for e in self.entries
+            if e.id not in self.skipped and (e.id, cell.release) not in self.off_platform
+        ]
         return judge_all([e for e in run if check_id(e) == cell.check], [cell])
 
 
@@ -265,13 +287,27 @@ def plan_corpus(
     dist: str,
     flags: Iterable[str],
     has_gpu: bool,
+    devices: Mapping[str, str] | None = None,
 ) -> CorpusRun:
     """The sweep of the entries' triggers on ``builds`` (``harness.sweep.Build``); entries
-    needing what the host lacks are skipped, with the reason, and run on no build."""
+    needing what the host lacks are skipped, with the reason, and run on no build. An
+    entry whose ``platform`` names devices is skipped on builds of other ``devices``
+    (build label -> device; CPU where not given), and not run when that is every build."""
     from harness.sweep import SweepRun
 
     flags = set(flags)
+    device = {b.label: (devices or {}).get(b.label, "cpu") for b in builds}
     skipped = {e.id: why for e in entries if (why := host_lacks(e, flags, has_gpu))}
+    off = {
+        (e.id, label): why
+        for e in entries
+        if e.id not in skipped
+        for label, on in device.items()
+        if (why := off_platform(e, on))
+    }
+    for e in entries:
+        if e.id not in skipped and device and all((e.id, b) in off for b in device):
+            skipped[e.id] = off[(e.id, next(iter(device)))]
     runnable = [e for e in entries if e.id not in skipped]
     for e in runnable:
         if e.trigger.kind == "steps":
@@ -279,7 +315,8 @@ def plan_corpus(
 
             check_script(e)
     targets = plan_targets_for(runnable) if runnable else []
-    return CorpusRun(list(entries), SweepRun(list(builds), targets, dist), skipped)
+    off = {k: why for k, why in off.items() if k[0] not in skipped}
+    return CorpusRun(list(entries), SweepRun(list(builds), targets, dist), skipped, off)
 
 
 def read_cells(run_dir: Path) -> list[BugCell]:

@@ -246,7 +246,9 @@ def sweep_plan(console: Console, run: object) -> None:
     for t in run.targets:
         for c in t.checks:
             cells = [
-                sw.expected_for(t, c, b.label, b.label) if b.release else "(by its version)"
+                sw.expected_for(t, c, b.label, b.label, sw.build_device(b, run.dist))
+                if b.release
+                else "(by its version)"
                 for b in run.builds
             ]
             table.add_row(c, *cells)

@@ -323,7 +323,8 @@ def bugs_report(
             "",
             f"- {issue}{f' ({e.issue_title})' if e.issue_title else ''}; {fix}",
             f"- affected `{e.affected}`; fixed `{e.fixed or 'still open'}`; label {e.label}"
-            + (f"; needs {', '.join(e.requires)}" if e.requires else ""),
+            + (f"; needs {', '.join(e.requires)}" if e.requires else "")
+            + (f"; holds only on {e.platform.describe()}" if e.platform else ""),
             f"- rerun: `{reproduction(e, meta.get('release_order', []))}`",
             "",
         ]

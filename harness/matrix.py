@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from harness import engine_log, kv_layout
 from harness.checks import CheckResult
+from harness.engine.amx import cpu_flags
 from harness.environments import probe
 from harness.errors import BadInput, ExitCode, HarnessError
 from harness.roundtrip import (
@@ -34,7 +35,7 @@ from harness.roundtrip import (
     execute,
     plan_roundtrip,
 )
-from harness.rules import Match, first_match
+from harness.rules import Match, first_match, platform_gap
 from harness.scenario import (
     CellExpectation,
     MatrixEntry,
@@ -88,6 +89,9 @@ class Cell:
     seconds: float = 0.0
     cell_dir: str = ""
     rule_index: int | None = None  # rule's position in the scenario's expectations
+    # Why the cell is not launched here: its variant, or every rule that matches it,
+    # holds only on another platform ("no expectation on cuda: ..."); "" = launch it.
+    skip_reason: str = ""
 
     @property
     def key(self) -> str:
@@ -99,6 +103,8 @@ class Cell:
 
     def expected_text(self) -> str:
         r = self.rule
+        if self.skip_reason:
+            return f"skipped: {self.skip_reason}"
         if r.startup != "started":
             extra = f" {known_label(r.known)}" if r.known else ""
             return f"{r.startup}{extra}"
@@ -158,21 +164,63 @@ class Reporter(Protocol):
 
 
 # The CellExpectation fields compared with equality; ``vllm`` is matched as a specifier
-# against the variant's version (first_match's default).
+# against the variant's version (first_match's default), ``platform`` against the
+# variant's device and the host's CPU flags.
 CELL_RULE_FIELDS = ("family", "geometry", "variant")
 
 
+def _facts(
+    family: str, geometry: str, variant: str, version: str, device: str, flags: frozenset[str]
+) -> dict[str, object]:
+    return {
+        "family": family,
+        "geometry": geometry,
+        "variant": variant,
+        "vllm_version": version,
+        "device": device,
+        "cpu_flags": flags,
+    }
+
+
+def find_rule(
+    scn: MatrixScenario,
+    family: str,
+    geometry: str,
+    variant: str,
+    version: str,
+    device: str = "cpu",
+    flags: frozenset[str] | None = None,
+) -> Match[CellExpectation] | str:
+    """The cell's rule (first match wins) and its index in ``scn.expectations``; or, when
+    only rules for another platform match, the plan's "no expectation on ..." statement."""
+    facts = _facts(
+        family, geometry, variant, version, device, cpu_flags() if flags is None else flags
+    )
+    found = first_match(scn.expectations, facts, fields=CELL_RULE_FIELDS, platform_field="platform")
+    if found is not None:
+        return found
+    gap = platform_gap(scn.expectations, facts, fields=CELL_RULE_FIELDS)
+    if gap:
+        return gap
+    raise BadInput(
+        f"{scn.source}: no expectation matches {family} / {geometry} / {variant}; "
+        "add a catch-all [[expectations]] entry"
+    )
+
+
 def match_rule(
-    scn: MatrixScenario, family: str, geometry: str, variant: str, version: str
+    scn: MatrixScenario,
+    family: str,
+    geometry: str,
+    variant: str,
+    version: str,
+    device: str = "cpu",
+    flags: frozenset[str] | None = None,
 ) -> Match[CellExpectation]:
-    """The cell's rule (first match wins) and its index in ``scn.expectations``."""
-    facts = {"family": family, "geometry": geometry, "variant": variant, "vllm_version": version}
-    found = first_match(scn.expectations, facts, fields=CELL_RULE_FIELDS)
-    if found is None:
-        raise BadInput(
-            f"{scn.source}: no expectation matches {family} / {geometry} / {variant}; "
-            "add a catch-all [[expectations]] entry"
-        )
+    """The cell's rule; a cell whose rules all hold elsewhere is bad input here."""
+    found = find_rule(scn, family, geometry, variant, version, device, flags)
+    if isinstance(found, str):
+        raise BadInput(f"{family} / {geometry} / {variant}: {found}")
     return found
 
 
@@ -235,7 +283,9 @@ def plan_matrix(
     for g in geometries or []:
         if g not in stems:
             raise BadInput(f"unknown geometry {g!r}; in this matrix: {', '.join(stems)}")
-    versions = {n: probe(known_variants[n].python).vllm_version for n in names}
+    envs = {n: probe(known_variants[n].python) for n in names}
+    versions = {n: env.vllm_version for n, env in envs.items()}
+    flags = cpu_flags()
     plan = MatrixPlan(scn, base)
     for entry, stem in zip(entries, stems, strict=True):
         if families and entry.family not in families:
@@ -250,8 +300,16 @@ def plan_matrix(
                 f"listed as family {entry.family}"
             )
         for n in names:
-            found = match_rule(scn, entry.family, stem, n, versions[n])
-            cell = Cell(entry.family, stem, n, versions[n], found.rule, rule_index=found.index)
+            device = envs[n].device
+            found = find_rule(scn, entry.family, stem, n, versions[n], device, flags)
+            if isinstance(found, str):  # rules for other platforms only: said, not run
+                cell = Cell(entry.family, stem, n, versions[n], CellExpectation(why=found))
+                cell.skip_reason = found
+            else:
+                cell = Cell(entry.family, stem, n, versions[n], found.rule, rule_index=found.index)
+            platform = known_variants[n].platform
+            if platform and (off := platform.mismatch(device, flags)):
+                cell.skip_reason = f"variant {n} holds only on {platform.describe()}, not on {off}"
             try:
                 cell.plan = plan_roundtrip(
                     cell_scenario(base, entry, geometry, n),
@@ -393,7 +451,10 @@ def execute_matrix(
     total = len(plan.cells)
     for i, cell in enumerate(plan.cells, 1):
         reporter.cell_started(cell, i, total)
-        run_cell(cell, plan.scenario, out_dir, reporter)
+        if cell.skip_reason:
+            cell.startup, cell.matched, cell.why = "skipped", True, cell.skip_reason
+        else:
+            run_cell(cell, plan.scenario, out_dir, reporter)
         reporter.cell_finished(cell, i, total)
         on_cell(cell)
 

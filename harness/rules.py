@@ -8,15 +8,21 @@ last. Each table (crash repro rows, matrix cells, future release or bug-corpus
 expectations) says which of its rule's fields are compared with equality; the vLLM
 version is the one fact compared with a specifier rather than equality.
 
+A rule may also say where it holds (``platform``: the device vLLM runs on, CPU flags of
+the host). Tables that know their platform pass it as the facts ``device`` and
+``cpu_flags``; a rule for another platform is passed over, and when only such rules would
+have matched, :func:`platform_gap` says so ("no expectation on cuda: ...") instead of a
+plan silently expecting what holds elsewhere (a CPU kernel's crash on a CUDA build).
+
 This module is the single implementation of that matching, so every table treats
-``None``, versions and ordering the same way.
+``None``, versions, platforms and ordering the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -58,6 +64,16 @@ def version_matches(version: str, specifier: str) -> bool:
         return False
 
 
+def _holds_here(platform: Any, facts: Mapping[str, object]) -> bool:
+    """Whether a rule's platform (``harness.scenario.Platform``, or None: anywhere) holds
+    for the facts' ``device`` and ``cpu_flags``."""
+    if platform is None:
+        return True
+    flags = facts["cpu_flags"]
+    assert isinstance(flags, Collection)
+    return bool(platform.holds(str(facts["device"]), flags))
+
+
 def _matches(
     rule: object,
     facts: Mapping[str, object],
@@ -85,6 +101,7 @@ def first_match(
     fields: Sequence[str],
     version_field: str | None = "vllm",
     version_fact: str = "vllm_version",
+    platform_field: str | None = None,
 ) -> Match[R] | None:
     """The first rule whose set fields all agree with ``facts``, or None.
 
@@ -97,11 +114,44 @@ def first_match(
     first and a catch-all last. None means nothing matched, which callers treat as a
     scenario error (a missing catch-all), not as "no expectation".
 
+    With ``platform_field`` (``"platform"``), a rule whose platform does not hold for
+    ``facts["device"]`` and ``facts["cpu_flags"]`` is passed over.
+
     Rules are read by attribute (pydantic models, dataclasses alike); a name in
     ``fields`` that a rule lacks raises AttributeError, and a fact a rule needs but
     ``facts`` lacks raises KeyError, rather than matching by accident.
     """
     for index, rule in enumerate(rules):
-        if _matches(rule, facts, fields, version_field, version_fact):
+        if _matches(rule, facts, fields, version_field, version_fact) and (
+            platform_field is None or _holds_here(getattr(rule, platform_field), facts)
+        ):
             return Match(index, rule)
     return None
+
+
+def platform_gap(
+    rules: Sequence[R],
+    facts: Mapping[str, object],
+    *,
+    fields: Sequence[str],
+    version_field: str | None = "vllm",
+    version_fact: str = "vllm_version",
+    platform_field: str = "platform",
+) -> str:
+    """When :func:`first_match` found nothing: what a plan says instead, if rules for
+    another platform would have matched: "no expectation on cuda: the rule for it holds
+    only on cpu with amx_tile (<its why>)". "" when none would (a table without its
+    catch-all, the scenario's error)."""
+    for rule in rules:
+        platform = getattr(rule, platform_field)
+        if _matches(rule, facts, fields, version_field, version_fact) and not _holds_here(
+            platform, facts
+        ):
+            flags = facts["cpu_flags"]
+            assert isinstance(flags, Collection)
+            here = platform.mismatch(str(facts["device"]), flags)
+            why = str(getattr(rule, "why", "") or "")
+            return f"no expectation on {here}: the rule for it holds only on " + (
+                platform.describe() + (f" ({why})" if why else "")
+            )
+    return ""

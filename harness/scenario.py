@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -35,6 +36,56 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
 
+Device = Literal["cpu", "cuda"]
+_CPU_FLAG = re.compile(r"[a-z0-9_]+")
+
+
+class Platform(StrictModel):
+    """Where an expectation rule, a bug entry or a variant holds: the device vLLM runs on
+    (the variant's, as probed or forced by OFFLOAD_CHECK_DEVICE) and CPU flags the host
+    must have, as /proc/cpuinfo spells them. A key left out holds everywhere.
+
+    Written inline: ``platform = { device = ["cpu"], cpu_flags = ["amx_tile"] }``.
+    """
+
+    device: list[Device] = Field(
+        default_factory=list, description="devices it holds on (any one); empty: every device"
+    )
+    cpu_flags: list[str] = Field(
+        default_factory=list, description="CPU flags the host needs (all of them)"
+    )
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _one_or_more(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("cpu_flags")
+    @classmethod
+    def _flag_words(cls, value: list[str]) -> list[str]:
+        bad = [f for f in value if not _CPU_FLAG.fullmatch(f)]
+        if bad:
+            raise ValueError(f"not a CPU flag as /proc/cpuinfo spells them: {bad[0]!r}")
+        return value
+
+    def holds(self, device: str, flags: Collection[str]) -> bool:
+        return (not self.device or device in self.device) and all(
+            f in flags for f in self.cpu_flags
+        )
+
+    def describe(self) -> str:
+        """ "cpu with amx_tile", "cuda", "any device with avx512f"."""
+        where = " or ".join(self.device) or "any device"
+        return where + (f" with {', '.join(self.cpu_flags)}" if self.cpu_flags else "")
+
+    def mismatch(self, device: str, flags: Collection[str]) -> str:
+        """What of this host it does not hold on: "cuda", "cpu without amx_tile"."""
+        if self.device and device not in self.device:
+            return device
+        missing = [f for f in self.cpu_flags if f not in flags]
+        return f"{device} without {', '.join(missing)}" if missing else ""
+
+
 class Variant(StrictModel):
     """One vLLM build to launch: an interpreter plus an optional in-engine patch."""
 
@@ -49,6 +100,9 @@ class Variant(StrictModel):
     # CPU flags (as /proc/cpuinfo spells them) the variant needs; rows of a variant whose
     # flags this host lacks are skipped with that reason instead of launched.
     requires_cpu: list[str] = Field(default_factory=list)
+    # Where the variant means anything (e.g. the AMX fix off: CPU only); crash-repro rows
+    # and matrix cells elsewhere are skipped with the reason, not launched.
+    platform: Platform | None = None
 
     @field_validator("patch")
     @classmethod
@@ -138,6 +192,7 @@ class Expectation(StrictModel):
     known: int | str | None = Field(
         None, description="known crash the signature must match: upstream issue or label"
     )
+    platform: Platform | None = Field(None, description="where the rule holds; none: anywhere")
     why: str = ""
 
     _specifier = field_validator("vllm")(_spec_or_none)
@@ -229,6 +284,7 @@ class RoundTripRule(StrictModel):
     vllm: str | None = Field(None, description="PEP 440 specifier on the build's vLLM version")
     failing_checks: list[str] = Field(default_factory=list)
     issue: int | str | None = Field(None, description="upstream issue behind a known failure")
+    platform: Platform | None = Field(None, description="where the rule holds; none: anywhere")
     why: str = ""
 
     _specifier = field_validator("vllm")(_spec_or_none)
@@ -529,6 +585,9 @@ class BugEntry(FileScenario):
     fixed: str | None = Field(None, description="releases with the fix; none: still open")
     # What the host must have: "gpu", or CPU flags as /proc/cpuinfo spells them.
     requires: list[str] = Field(default_factory=list)
+    # Where the bug lives: a build on another device (or a host without the flags) is
+    # skipped with the reason, never judged (a CPU kernel's crash on a CUDA build).
+    platform: Platform | None = None
     summary: str = ""
     trigger: CheckTrigger | StepsTrigger = Field(discriminator="kind")
     symptom: Symptom

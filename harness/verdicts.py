@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from harness.rules import Match, first_match
+from harness.rules import Match, first_match, platform_gap
 from harness.rules import version_matches as version_matches  # re-exported for callers
 from harness.scenario import Expectation, KnownCrash
 
@@ -39,13 +39,19 @@ _EXC = re.compile(
     r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)?)"
     r"(?::\s?(?P<msg>.*))?$"
 )
-# Searched, not matched: the fault handler writes straight to fd 2, so its first line can
-# land after a progress bar that ended in "\r" without a newline.
-_FATAL = re.compile(r"Fatal Python error: (?P<what>.*\S)")
+# The fault handler's header. Modules/faulthandler.c writes "Fatal Python error: ", the
+# signal's name and "\n\n" as three separate writes to fd 2, so when two threads take a
+# signal at once (an OpenMP pool in one CPU kernel) their pieces interleave: "Fatal Python
+# error: Fatal Python error: Illegal instruction" with the second name on a line of its own
+# after a blank, or both names glued ("...Illegal instructionIllegal instruction").
+# Searched, not matched: a header can also land after a progress bar that ended in "\r".
+_FATAL = re.compile(r"Fatal Python error: ")
+# Searched too: another writer's text can precede a thread header or a frame on its line.
 _THREAD = re.compile(
-    r"^(?P<current>Current thread|Thread) (?P<id>0x[0-9a-fA-F]+) \(most recent call first\):"
+    r"(?P<current>Current thread|Thread) (?P<id>0x[0-9a-fA-F]+) \(most recent call first\):"
 )
 _STACK_ONLY = "Stack (most recent call first):"  # faulthandler with all_threads=False
+_DUMP_FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P<func>[^\s,]+)')
 _WORKER_DIED = re.compile(
     r"Worker proc (?P<name>\S+) died unexpectedly \(exit code: (?P<code>[^)]*)\)"
 )
@@ -58,6 +64,11 @@ FATAL_SIGNALS = {
     "Floating point exception": "SIGFPE",
     "Aborted": "SIGABRT",
 }
+# Longest first, so "Floating-point exception" is not read as a shorter name.
+_SIGNAL_NAME = re.compile("|".join(map(re.escape, sorted(FATAL_SIGNALS, key=len, reverse=True))))
+# A run of names, glued or spaced: "Illegal instructionIllegal instruction".
+_NAME_RUN = re.compile(rf"\s*(?:(?:{_SIGNAL_NAME.pattern})\s*)+")
+_NAMES_AT_END = re.compile(rf"(?:(?:{_SIGNAL_NAME.pattern})\s*)+$")
 
 
 @dataclass
@@ -160,32 +171,44 @@ class ThreadStack:
     current: bool  # marked "Current thread" by the fault handler
     frames: list[Frame] = field(default_factory=list)  # innermost FIRST, as printed
 
+    @property
+    def helper(self) -> bool:
+        """A thread started by ``threading`` (a monitor, a pipe reader): its outermost
+        frame is threading's bootstrap. The main thread's is a ``<module>`` or a spawn."""
+        last = self.frames[-1] if self.frames else None
+        return last is not None and last.path.endswith("threading.py") and "bootstrap" in last.func
+
 
 @dataclass
 class FatalSignal:
     """A fault handler dump: the only trace a process killed by a signal leaves."""
 
     signal: str  # "SIGILL", ...; a fatal error that is not a signal is kept verbatim
-    message: str  # "Fatal Python error: Illegal instruction"
-    line: int  # index in the log of the "Fatal Python error" line
+    message: str  # "Fatal Python error: Illegal instruction", however the writers interleaved
+    line: int  # index in the log of the (first) "Fatal Python error" line
     prefix: str = ""  # the process tag on that line, when vLLM's prefix says who it was
     threads: list[ThreadStack] = field(default_factory=list)
+    # Headers merged into this dump: threads of one process that took a signal at once,
+    # each writing the fault handler's output into the same stream.
+    writers: int = 1
 
     @property
     def stack(self) -> ThreadStack | None:
         """The thread that took the signal.
 
         The handler marks it "Current thread" only when that thread held the GIL; a C
-        kernel usually runs with the GIL released, so otherwise the last thread with vLLM
-        frames is taken (the main thread is printed last; helper threads such as tqdm's
-        monitor have no vLLM frames).
+        kernel usually runs with the GIL released, so otherwise the main thread with vLLM
+        frames is taken, by its own frames rather than by where it was printed (helper
+        threads such as tqdm's monitor or vLLM's death-pipe monitor start in threading's
+        bootstrap), else the last thread with vLLM frames.
         """
-        for thread in self.threads:
-            if thread.current:
-                return thread
-        with_vllm = [t for t in self.threads if any(f.vllm_relpath for f in t.frames)]
+        current = [t for t in self.threads if t.current]
+        if current:
+            return next((t for t in current if _has_vllm(t)), current[0])
+        with_vllm = [t for t in self.threads if _has_vllm(t)]
         if with_vllm:
-            return with_vllm[-1]
+            main = [t for t in with_vllm if not t.helper]
+            return (main or with_vllm)[-1]
         return self.threads[-1] if self.threads else None
 
     @property
@@ -199,7 +222,17 @@ class FatalSignal:
         return next((f for f in stack.frames if f.vllm_relpath), None) if stack else None
 
 
+def _has_vllm(thread: ThreadStack) -> bool:
+    return any(f.vllm_relpath for f in thread.frames)
+
+
 _WORKER_FILES = ("gpu_worker.py", "cpu_worker.py", "worker_base.py")
+# Code that runs where the model runs: a worker (or, with an in-process executor, the
+# one process that is both). Read so that a dump cut off right below its kernel frame
+# still names the worker.
+_MODEL_CODE = ("vllm/model_executor/", "vllm/v1/attention/", "vllm/attention/", "vllm/_custom_ops")
+# multiproc_executor's WorkerProc: its main loop and its parent-death monitor thread.
+_WORKER_FUNCS = ("worker_main", "worker_busy_loop", "death_pipe_monitor")
 
 
 def _role(threads: Sequence[ThreadStack]) -> str:
@@ -210,9 +243,9 @@ def _role(threads: Sequence[ThreadStack]) -> str:
     """
     frames = [(rel, f) for t in threads for f in t.frames if (rel := f.vllm_relpath)]
     if any(
-        rel.startswith("vllm/v1/worker/")
+        rel.startswith(("vllm/v1/worker/", *_MODEL_CODE))
         or rel.rsplit("/", 1)[-1] in _WORKER_FILES
-        or f.func in ("worker_main", "worker_busy_loop")  # multiproc_executor's WorkerProc
+        or f.func in _WORKER_FUNCS
         for rel, f in frames
     ):
         return "worker"
@@ -221,41 +254,174 @@ def _role(threads: Sequence[ThreadStack]) -> str:
     return "unknown"
 
 
+@dataclass
+class _Dump:
+    """A dump being read: its headers' signal names, and the thread ids it has."""
+
+    dump: FatalSignal
+    names: list[str] = field(default_factory=list)  # signal names read for its headers
+    verbatim: str = ""  # a fatal error that is not a signal ("_enter_buffered_busy: ...")
+
+    @property
+    def pending(self) -> bool:
+        """Some header's signal name is still to come (written after another's)."""
+        return not self.verbatim and len(self.names) < self.dump.writers
+
+    def has(self, thread: str) -> bool:
+        return any(t.thread == thread for t in self.dump.threads)
+
+    def finish(self) -> FatalSignal:
+        if self.names:
+            what, self.dump.signal = self.names[0], FATAL_SIGNALS[self.names[0]]
+        else:
+            what = self.dump.signal = self.verbatim or "(no name)"
+        self.dump.message = f"Fatal Python error: {what}"
+        return self.dump
+
+
+def _structure(text: str) -> int:
+    """Where a dump's own structure (a thread header, a frame) starts in a line; its
+    length when there is none."""
+    found = [m.start() for m in (_THREAD.search(text), _DUMP_FRAME.search(text)) if m]
+    return min(found, default=len(text))
+
+
+def _leading_names(text: str) -> list[str]:
+    """The signal names a text starts with (a name cut off by the log's end is lost)."""
+    m = _NAME_RUN.match(text)
+    return _SIGNAL_NAME.findall(m.group(0)) if m else []
+
+
+def _names(text: str) -> list[str] | None:
+    """The signal names a text is made of (glued or spaced), None if it holds more."""
+    return _SIGNAL_NAME.findall(text) if _NAME_RUN.fullmatch(text) else None
+
+
+class _DumpReader:
+    """Fault handler dumps of one log, line by line.
+
+    Shapes, not samples: a line may hold any number of headers (each writer's), the names
+    may come on the header line, on lines of their own after blank lines, or glued to the
+    end of another line; thread blocks attach by their own structure (a header naming a
+    thread id, then its frames), each to the earliest dump of its process still lacking
+    that thread, so a second writer's copy never displaces the first's; lines of other
+    processes are skipped by their vLLM prefix; a dump cut off anywhere keeps what it had.
+    """
+
+    def __init__(self) -> None:
+        self.found: list[_Dump] = []
+        self.open: dict[str, list[_Dump]] = {}  # process key -> its dumps still being read
+        self.stack: dict[str, ThreadStack | None] = {}  # process key -> frames go here
+        self.last_key = "main"
+
+    def feed(self, lineno: int, raw: str) -> None:
+        proc, text = _clean(raw)
+        header = _FATAL.search(text)
+        if header:
+            self._header(lineno, proc, text, header.start())
+            return
+        key = self._route(proc)
+        if key is None:
+            return  # not in a dump, or another process's line interleaved into one
+        if text.startswith("Traceback (most recent call last):"):
+            del self.open[key]  # the log goes on: a survivor's traceback
+            self.stack.pop(key, None)
+            return
+        self._body(key, text)
+
+    def _route(self, proc: str) -> str | None:
+        if proc in self.open:
+            return proc
+        if proc == "main" and self.open:
+            # Raw writes of a process whose header carried its prefix (fd 2 is shared).
+            return self.last_key if self.last_key in self.open else next(iter(self.open))
+        return None
+
+    def _header(self, lineno: int, proc: str, text: str, start: int) -> None:
+        lead, rest = text[:start], text[start:]
+        # Mid-line, a prefix belongs to whoever printed the progress bar before it, unless
+        # that process is dumping already (the text before is another writer's).
+        key = proc if proc != "main" and (not lead.strip() or proc in self.open) else "main"
+        if lead.strip() and (names := _names(lead)):
+            self._give_names(key, names)  # an earlier header's name, glued in front
+        # The same line can go on with this process's dump: a thread header or a frame
+        # written right after another writer's header.
+        cut = _structure(rest)
+        head, tail = rest[:cut], rest[cut:]
+        pieces = _FATAL.split(head)[1:]
+        names, verbatim = [], ""
+        for piece in pieces:
+            if found := _leading_names(piece):
+                names += found  # what follows a name on this line is another writer's
+            elif piece.strip() and not verbatim:
+                verbatim = piece.strip()
+        dumps = self.open.get(key, [])
+        newest = dumps[-1] if dumps else None
+        if newest is not None and not newest.dump.threads and not newest.verbatim:
+            # Still the headers of one burst: another writer of the same process.
+            newest.dump.writers += len(pieces)
+            newest.names += names
+            newest.verbatim = "" if newest.names else verbatim
+        else:
+            prefix = key if key != "main" else ""
+            dump = _Dump(FatalSignal("", "", lineno, prefix, writers=len(pieces)), names, verbatim)
+            self.found.append(dump)
+            self.open.setdefault(key, []).append(dump)
+            # The thread being printed stays open: only its writer's next thread header
+            # ends it, and frames of it may follow another writer's header on this line.
+        self.last_key = key
+        if tail:
+            self._body(key, tail)
+
+    def _give_names(self, key: str, names: list[str]) -> bool:
+        """Names written apart from their headers go to the first dump awaiting one."""
+        for dump in self.open.get(key, []):
+            if dump.pending:
+                dump.names += names
+                return True
+        return False
+
+    def _body(self, key: str, text: str) -> None:
+        body = text.strip()
+        if not body:
+            return  # blank lines separate threads, and interleaved writers add more
+        if (names := _names(body)) is not None:
+            self._give_names(key, names)
+            return
+        # A later writer's name glued to the end of this line ("... in _recvAborted").
+        end = _NAMES_AT_END.search(body) if any(d.pending for d in self.open[key]) else None
+        if end and end.start() > 0 and self._give_names(key, _SIGNAL_NAME.findall(end[0])):
+            body = body[: end.start()]
+        cut = _structure(body)
+        if 0 < cut < len(body) and (names := _names(body[:cut])):
+            self._give_names(key, names)  # a name written just before this line's text
+        thread = _THREAD.search(body)
+        if thread or body == _STACK_ONLY:
+            current = thread is None or thread["current"] == "Current thread"
+            stack = ThreadStack(thread["id"] if thread else "", current)
+            owner = next((d for d in self.open[key] if not d.has(stack.thread)), None)
+            if owner is not None:
+                owner.dump.threads.append(stack)
+            # else: a thread every dump has already: a later writer's copy, read and dropped
+            self.stack[key] = stack
+            return
+        frame = _DUMP_FRAME.search(body)
+        into = self.stack.get(key)
+        if frame and into is not None:
+            into.frames.append(Frame(frame["path"], int(frame["line"]), frame["func"]))
+        # Anything else ("Extension modules: ...", "<no Python frame>", another writer's
+        # fragments) leaves the thread open: its frames can go on after the interruption.
+
+    def dumps(self) -> list[FatalSignal]:
+        return [d.finish() for d in self.found]
+
+
 def parse_fatal_signals(lines: Iterable[str]) -> list[FatalSignal]:
     """Every fault handler dump in a (multi-process, interleaved) log, in order."""
-    found: list[FatalSignal] = []
-    dump: FatalSignal | None = None
-    stack: ThreadStack | None = None
+    reader = _DumpReader()
     for lineno, raw in enumerate(lines):
-        proc, text = _clean(raw)
-        fatal = _FATAL.search(text)
-        if fatal:
-            # Mid-line, a prefix belongs to whoever printed the progress bar before it.
-            prefix = proc if proc != "main" and not text[: fatal.start()].strip() else ""
-            what = fatal["what"]
-            dump = FatalSignal(FATAL_SIGNALS.get(what, what), fatal.group(0), lineno, prefix)
-            found.append(dump)
-            stack = None
-            continue
-        if dump is None or proc not in ("main", dump.prefix or "main"):
-            continue  # not in a dump, or another process's line interleaved into it
-        body = text.strip()
-        header = _THREAD.match(body)
-        if header or body == _STACK_ONLY:
-            current = header is None or header["current"] == "Current thread"
-            stack = ThreadStack(header["id"] if header else "", current)
-            dump.threads.append(stack)
-            continue
-        frame = _FRAME.match(text)
-        if frame and stack is not None:
-            stack.frames.append(Frame(frame["path"], int(frame["line"]), frame["func"]))
-        elif not body:
-            stack = None  # threads are separated by a blank line
-        elif body in ("...", "<no Python frame>") or body.startswith("Python runtime state:"):
-            continue
-        else:  # "Extension modules: ...", or the log going on
-            dump = stack = None
-    return found
+        reader.feed(lineno, raw)
+    return reader.dumps()
 
 
 @dataclass
@@ -411,16 +577,27 @@ class RowContext:
     connector: bool
     chunked_local: bool
     model: str = ""
+    # The platform, for rules that say where they hold: the variant's device and the
+    # host's CPU flags.
+    device: str = "cpu"
+    cpu_flags: frozenset[str] = frozenset()
 
 
 # The Expectation fields compared with equality against the RowContext field of the same
-# name; ``vllm`` is matched as a specifier against ``vllm_version`` (first_match's default).
+# name; ``vllm`` is matched as a specifier against ``vllm_version`` (first_match's default),
+# ``platform`` against ``device`` and ``cpu_flags``.
 EXPECTATION_FIELDS = ("variant", "patch", "connector", "chunked_local", "model")
 
 
 def match_expectation(ctx: RowContext, rules: Sequence[Expectation]) -> Match[Expectation] | None:
     """The first rule matching the row, with its index in ``rules``; None when none does."""
-    return first_match(rules, asdict(ctx), fields=EXPECTATION_FIELDS)
+    return first_match(rules, asdict(ctx), fields=EXPECTATION_FIELDS, platform_field="platform")
+
+
+def expectation_gap(ctx: RowContext, rules: Sequence[Expectation]) -> str:
+    """With no rule matching the row: "no expectation on <platform>: ..." when rules for
+    another platform would have; "" when none would (a missing catch-all)."""
+    return platform_gap(rules, asdict(ctx), fields=EXPECTATION_FIELDS)
 
 
 def expectation_for(ctx: RowContext, rules: Sequence[Expectation]) -> Expectation | None:
