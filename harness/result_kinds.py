@@ -72,6 +72,10 @@ class TableFile:
     columns: tuple[str, ...]  # every column, in file order (results/README.md)
     key: tuple[str, ...] = ()  # a row's identity across runs (``compare``); () = no rows to match
     compared: tuple[str, ...] = ()  # what ``compare`` diffs between two runs
+    # Of ``compared``: pass/fail columns (True -> False is a regression: ``compare`` exits 1)
+    passes: tuple[str, ...] = ()
+    # Of ``compared``: verdicts whose every change fails ``compare`` (an outcome, a state)
+    outcomes: tuple[str, ...] = ()
     shown: tuple[str, ...] = ()  # what ``report`` shows in the terminal
     # Headers of its markdown table in report.md and the CI summary (cells rendered there).
     display: tuple[str, ...] = ()
@@ -143,6 +147,8 @@ OUTCOMES = TableFile(
     ),
     key=("model", "variant", "connector"),
     compared=("vllm_version", "outcome", "signature", "matched"),
+    passes=("matched",),
+    outcomes=("outcome",),
     junit=JUnitMap(
         "crash-repro.{model}",
         "{variant} connector={connector}",
@@ -218,6 +224,7 @@ CHECKS = TableFile(
     columns=_fields_of("harness.checks", "CheckResult"),
     key=("name",),
     compared=("passed", "observed"),
+    passes=("passed",),
     display=("name", "passed", "expected", "observed", "detail"),
     junit=JUnitMap(
         "roundtrip.{scenario}",
@@ -269,6 +276,8 @@ MATRIX_CELLS = TableFile(
     ),
     key=("family", "geometry", "variant"),
     compared=("vllm_version", "spec_classes", "startup", "roundtrip", "failed_checks", "matched"),
+    passes=("matched",),
+    outcomes=("startup", "roundtrip"),
     junit=JUnitMap(
         "matrix.{family}",
         "{geometry} / {variant}",
@@ -338,6 +347,7 @@ FAULT_ROUNDS = TableFile(
     ),
     key=("fault",),
     compared=("status", "failing"),
+    outcomes=("status",),
     junit=JUnitMap(
         "faults",
         "{fault}",
@@ -371,6 +381,7 @@ BENCH_FIGURES = TableFile(
     columns=("figure", "value", "target", "ok"),
     key=("figure",),
     compared=("value", "ok"),
+    passes=("ok",),
     shown=("figure", "value", "target", "ok"),
 )
 BENCH = ResultsKind(
@@ -387,6 +398,8 @@ SWEEP_CELLS = TableFile(
     columns=_fields_of("harness.sweep", "SweepCell"),
     key=("release", "check"),
     compared=("vllm_version", "outcome", "known", "matched"),
+    passes=("matched",),
+    outcomes=("outcome",),
     shown=("release", "check", "outcome", "signature", "expected", "matched", "detail"),
     display=("release", "check", "outcome", "signature", "expected", "match", "detail"),
     junit=JUnitMap(
@@ -404,6 +417,7 @@ SWEEP_ENVS = TableFile(
     columns=("release", "state", "reason", "seconds", "disk_bytes", "vllm_version", "python"),
     key=("release",),
     compared=("state", "vllm_version"),
+    outcomes=("state",),
     shown=("release", "state", "vllm_version", "seconds", "reason"),
 )
 SWEEP = ResultsKind(
@@ -452,6 +466,8 @@ BUG_CELLS = TableFile(
     columns=_fields_of("harness.bugs", "BugCell"),
     key=("bug", "release"),
     compared=("vllm_version", "outcome", "matched"),
+    passes=("matched",),
+    outcomes=("outcome",),
     shown=("bug", "release", "outcome", "expected", "matched", "signature"),
     display=("bug", "release", "outcome", "expected", "match", "signature"),
     junit=JUnitMap(
@@ -471,6 +487,7 @@ BUG_STEPS = TableFile(
     columns=_fields_of("harness.bug_steps", "StepRecord"),
     key=("index",),
     compared=("http_status", "counters"),
+    outcomes=("http_status",),
     shown=("index", "do", "name", "detail", "counters"),
 )
 BUG_SCRIPT = ResultsKind(

@@ -8,6 +8,7 @@ in ``results/README.md``; bump ``SCHEMA_VERSION`` when it changes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -23,6 +24,35 @@ from typing import Any
 from harness.launcher import finished_launches
 
 SCHEMA_VERSION = 2
+
+# Every run directory of this process not yet finished, oldest first: the CLI's guard
+# finishes them (``failed``, ``interrupted``) when a command ends in an unexpected way, so
+# no ``run.json`` is left ``running`` by a process that is gone.
+_UNFINISHED: list[RunDirectory] = []
+_CREATED = [0]  # how many run directories this process has made (their serial numbers)
+
+
+def runs_created() -> int:
+    """A mark: runs made after it have a higher ``serial`` (see ``unfinished_runs``)."""
+    return _CREATED[0]
+
+
+def unfinished_runs(after: int = 0) -> list[RunDirectory]:
+    """The run directories created in this process after the mark ``after`` and not
+    finished, oldest first."""
+    return [r for r in _UNFINISHED if r.serial > after]
+
+
+def finish_unfinished(
+    status: str, exit_code: int, after: int = 0, **fields: Any
+) -> list[RunDirectory]:
+    """Finish every unfinished run made after ``after`` with ``status``; returns them."""
+    runs = unfinished_runs(after)
+    for run in runs:
+        # A directory gone or unwritable has nothing left to mark (finish unlists it first).
+        with contextlib.suppress(OSError):
+            run.finish(status, exit_code, **fields)
+    return runs
 
 
 def utc_now() -> str:
@@ -112,6 +142,9 @@ class RunDirectory:
         self._t0 = time.monotonic()
         # Launches made before this run (an earlier run in the same process) are not its.
         self._launch_mark = len(finished_launches())
+        _CREATED[0] += 1
+        self.serial = _CREATED[0]
+        _UNFINISHED.append(self)
 
     def launches(self) -> list[dict[str, Any]]:
         """The timeline of every server stopped since this run began, in order."""
@@ -124,6 +157,8 @@ class RunDirectory:
         self.write_json("run.json", self.meta)
 
     def finish(self, status: str, exit_code: int, **fields: Any) -> None:
+        if self in _UNFINISHED:
+            _UNFINISHED.remove(self)
         self.update_meta(
             status=status,
             exit_code=exit_code,

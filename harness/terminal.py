@@ -6,6 +6,7 @@ reports through plain callbacks so it can be driven from tests or other tools.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -315,14 +316,42 @@ def bench_table(figures: Sequence[dict[str, Any]]) -> Table:
     return table
 
 
+def launches_table(launches: Sequence[dict[str, Any]]) -> Table:
+    """Each launch of a run (run.json -> launches), phase by phase, in seconds."""
+    from harness.launch_timeline import PHASES as LAUNCH_PHASES
+
+    table = Table(title="launches (seconds)", header_style="bold")
+    table.add_column("#", justify="right")
+    table.add_column("log", overflow="fold")
+    for name, _ in LAUNCH_PHASES:
+        table.add_column(name.replace("_", " "), justify="right")
+    table.add_column("to /health", justify="right")
+    table.add_column("teardown", justify="right")
+    for i, t in enumerate(launches, 1):
+        phases = t.get("phases") or {}
+        table.add_row(
+            str(i),
+            Path(str(t.get("log", ""))).name,
+            *[_cell(phases.get(name)) for name, _ in LAUNCH_PHASES],
+            _cell(t.get("health_s")),
+            _cell(t.get("teardown_s")),
+        )
+    return table
+
+
 def run_tables(command: str, run_dir: Path) -> list[Table]:
-    """A results directory's tables, as its command's results kind defines them."""
+    """A results directory's tables, as its command's results kind defines them, then
+    its launches (every command records them in run.json)."""
     from harness.result_kinds import CHECKS, PHASES, STRESS_CHECKS, kind_of
 
     kind = kind_of(command)
     if kind is None:
         return []
     out: list[Table] = []
+    try:
+        launches = json.loads((run_dir / "run.json").read_text()).get("launches") or []
+    except (OSError, ValueError):
+        launches = []
     for spec in kind.tables:
         frame = spec.read(run_dir)
         if frame is None:
@@ -334,6 +363,8 @@ def run_tables(command: str, run_dir: Path) -> list[Table]:
             out.append(checks_table(records))
         else:
             out.append(frame_table(spec.title, records, spec.shown or spec.columns))
+    if launches:
+        out.append(launches_table(launches))
     return out
 
 

@@ -101,3 +101,43 @@ def test_workers_are_ordered_by_the_rank_they_log():
 def test_a_launch_across_new_year_reads_the_log_in_the_next_year():
     log = ["(APIServer pid=1) INFO 01-01 00:00:09 [api_utils.py:1] x"]
     assert lt.log_points(log, wall("2026-12-31 23:59:59")).api_server_s == 10.5
+
+
+def test_the_end_of_run_line_names_the_launches_and_where_their_time_went():
+    timeline = lt.build(
+        lines(LOG_0320),
+        log="a.log",
+        spawned_wall=wall("2026-12-01 13:45:48"),
+        ended="stopped",
+        health_s=56.04,
+        first_answer_s=56.61,
+        stopped_s=57.9,
+        teardown_s=1.2,
+    ).record()
+    line = lt.summary_line([timeline, timeline])
+    assert line.startswith("2 launches, median 56s to /health (api server start 19%, ")
+    assert "engine core start 48%" in line and "engine init 7%" in line
+    assert lt.summary_line([]) == ""
+
+
+def test_report_shows_a_runs_launches(tmp_path):
+    import json
+
+    from harness.terminal import run_tables
+
+    timeline = lt.build(
+        lines(LOG_0320),
+        log="x/a.log",
+        spawned_wall=wall("2026-12-01 13:45:48"),
+        ended="stopped",
+        health_s=56.04,
+        first_answer_s=None,
+        stopped_s=57.9,
+        teardown_s=1.2,
+    ).record()
+    (tmp_path / "run.json").write_text(
+        json.dumps({"command": "crash-repro", "launches": [timeline]})
+    )
+    (table,) = run_tables("crash-repro", tmp_path)  # no outcomes.csv: only the launches
+    assert table.title == "launches (seconds)" and table.row_count == 1
+    assert [c.header for c in table.columns][2:4] == ["api server start", "engine core start"]

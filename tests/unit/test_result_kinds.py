@@ -41,6 +41,9 @@ def test_readers_select_only_written_columns(table):
     for use in ("key", "compared", "shown"):
         extra = set(getattr(table, use)) - set(table.columns)
         assert not extra, f"{table.name}.{use} names unwritten columns {extra}"
+    for use in ("passes", "outcomes"):  # compare's gates are compared columns
+        extra = set(getattr(table, use)) - set(table.compared)
+        assert not extra, f"{table.name}.{use} names columns compare does not diff {extra}"
 
 
 def test_records_have_exactly_the_registered_columns():
