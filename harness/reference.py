@@ -65,6 +65,7 @@ class TokenVerdict:
     divergence: TokenDivergence | None
     near_ties: int  # tokens that differ from the reference's top within the tolerance
     scored: int  # generated tokens the reference scored
+    widest: float = 0.0  # the largest gap of those near-ties (how close noise came)
 
 
 def judge_tokens(
@@ -74,20 +75,22 @@ def judge_tokens(
     (``scores`` from scoring prompt + generated alone): equal to its top choice, or
     within ``tolerance`` of it. A position the reference did not score (the response
     shorter than the tokens) is a divergence: nothing vouches for that token."""
-    near = 0
+    near, widest = 0, 0.0
     for i, tok in enumerate(generated):
         pos = prompt_len + i
         dist = scores[pos] if pos < len(scores) else None
         if not dist:
-            return TokenVerdict(TokenDivergence(i, tok, -1, math.inf, tolerance), near, i)
+            div = TokenDivergence(i, tok, -1, math.inf, tolerance)
+            return TokenVerdict(div, near, i, widest)
         want = max(dist, key=lambda t: dist[t])
         if tok == want:
             continue
         gap = dist[want] - dist.get(tok, -math.inf)
         if gap > tolerance:
-            return TokenVerdict(TokenDivergence(i, tok, want, gap, tolerance), near, i)
+            return TokenVerdict(TokenDivergence(i, tok, want, gap, tolerance), near, i, widest)
         near += 1
-    return TokenVerdict(None, near, len(generated))
+        widest = max(widest, gap)
+    return TokenVerdict(None, near, len(generated), widest)
 
 
 def noise_floor(a: Scores, b: Scores) -> float:

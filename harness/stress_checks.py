@@ -23,15 +23,27 @@ BAD_LOG = (
 )
 
 
-def check_outputs(outcomes: Sequence[Outcome], verdicts: Mapping[str, TokenVerdict]) -> CheckResult:
+def check_outputs(
+    outcomes: Sequence[Outcome],
+    verdicts: Mapping[str, TokenVerdict],
+    tolerance: float | None = None,
+    kernels: str = "",
+) -> CheckResult:
     """Every compared request's tokens against the reference (teacher-forced, within the
-    noise floor); the first divergence named by request, turn and token."""
+    noise floor); the first divergence named by request, turn and token. The tolerance
+    and both servers' attention kernels, when given, are part of what was observed: the
+    floor they come from is measured on the kernel that ran."""
     compared = [o for o in outcomes if o.id in verdicts]
     bad = [(o, verdicts[o.id]) for o in compared if verdicts[o.id].divergence is not None]
     near = sum(verdicts[o.id].near_ties for o in compared)
     tokens = sum(verdicts[o.id].scored for o in compared)
     observed = f"{len(compared) - len(bad)}/{len(compared)} requests match ({tokens} tokens"
-    observed += f", {near} near-ties within the floor)" if near else ")"
+    widest = max((verdicts[o.id].widest for o in compared), default=0.0)
+    observed += f", {near} near-ties within the floor, the widest {widest:.4f})" if near else ")"
+    if tolerance is not None:
+        observed += f"; tolerance {tolerance:.4f}"
+    if kernels:
+        observed += f"; kernels: {kernels}"
     detail = ""
     if bad:
         o, v = bad[0]

@@ -36,6 +36,8 @@ class Outcome:
     output: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[float] = field(default_factory=list)  # each generated token's, as served
+    # per generated position, the served top choices (token id -> logprob), when asked
+    top: list[dict[int, float]] = field(default_factory=list)
     error: str = ""
     aborted: bool = False  # the client hung up on purpose (abort profile)
     started_s: float = 0.0  # since the run began
@@ -53,6 +55,7 @@ class Outcome:
             "prompt_ids": self.prompt,
             "output": self.output,
             "logprobs": [round(x, 6) for x in self.logprobs],
+            "top_logprobs": [{str(t): round(v, 6) for t, v in d.items()} for d in self.top],
             "text": self.text,
             "error": self.error,
             "aborted": self.aborted,
@@ -71,6 +74,7 @@ class Reply:
     text: str = ""
     logprobs: list[float] = field(default_factory=list)  # per generated token, if asked
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
+    top: list[dict[int, float]] = field(default_factory=list)  # per token: id -> logprob
 
 
 Send = Callable[[PlannedRequest, list[int]], Reply]
@@ -121,7 +125,7 @@ def drive(
         try:
             reply = send(r, prompt)
             out.output, out.text, out.logprobs = reply.ids, reply.text, reply.logprobs
-            out.cached_tokens = reply.cached_tokens
+            out.cached_tokens, out.top = reply.cached_tokens, reply.top
             out.aborted = r.abort_after is not None
         except Exception as err:  # a failed request is a result, not a crash
             out.error = f"{type(err).__name__}: {err}"
@@ -167,7 +171,9 @@ def http_sender(
     base_url: str, model: str, *, logprobs: int = 0, seed: int = 0, timeout_s: float = 600.0
 ) -> Send:
     """A ``Send`` for ``/v1/completions``: greedy, token ids in and out; an aborting
-    request streams and closes the connection after ``abort_after`` tokens."""
+    request streams and closes the connection after ``abort_after`` tokens. With
+    ``logprobs`` each generated token's logprob comes back, and from 2 on the top
+    choices at each position too, keyed by token id (``return_tokens_as_token_ids``)."""
 
     def send(req: PlannedRequest, prompt: list[int]) -> Reply:
         payload: dict[str, Any] = {
@@ -181,6 +187,7 @@ def http_sender(
         }
         if logprobs:
             payload["logprobs"] = logprobs
+            payload["return_tokens_as_token_ids"] = True
         if req.prompt_logprobs is not None:
             payload["prompt_logprobs"] = req.prompt_logprobs
         if req.abort_after is not None:
@@ -197,6 +204,7 @@ def http_sender(
             str(choice.get("text", "")),
             _token_logprobs(choice),
             int(cached) if cached is not None else None,
+            _top_logprobs(choice),
         )
 
     return send
@@ -205,6 +213,21 @@ def http_sender(
 def _token_logprobs(choice: dict[str, Any]) -> list[float]:
     lp = choice.get("logprobs") or {}
     return [float(x) for x in lp.get("token_logprobs") or [] if x is not None]
+
+
+def _top_logprobs(choice: dict[str, Any]) -> list[dict[int, float]]:
+    """``logprobs.top_logprobs`` as token id -> logprob per position (keys rendered
+    ``token_id:N`` by ``return_tokens_as_token_ids``; a key of another shape is left out)."""
+    lp = choice.get("logprobs") or {}
+    out: list[dict[int, float]] = []
+    for entry in lp.get("top_logprobs") or []:
+        row: dict[int, float] = {}
+        for key, value in (entry or {}).items():
+            head, _, tail = str(key).partition(":")
+            if head == "token_id" and tail.isdigit() and value is not None:
+                row[int(tail)] = float(value)
+        out.append(row)
+    return out
 
 
 def post_json(url: str, payload: dict[str, Any], timeout_s: float) -> Any:
@@ -244,6 +267,7 @@ def _stream_and_hang_up(url: str, payload: dict[str, Any], after: int, timeout_s
                 reply.ids += list(choice.get("token_ids") or [])
                 reply.text += str(choice.get("text", ""))
                 reply.logprobs += _token_logprobs(choice)
+                reply.top += _top_logprobs(choice)
             if len(reply.ids) >= after:
                 break
     finally:

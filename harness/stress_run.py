@@ -18,13 +18,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from harness import kv_layout, metrics
+from harness import engine_log, kv_layout, metrics
 from harness.errors import HarnessError, RuntimeFailure
 from harness.launcher import VllmServer
 from harness.stress import StressPlan, StressResult, http_scorer, run_reference_side
 from harness.stress_driver import Outcome, drive, http_sender
 
 SAMPLE_S = 0.5  # metrics sampling period for the timeline
+# Each generated token comes back with the served top two: the floor measures how far
+# a two-token gap moves between serving and scoring (``harness.stress.Floor.pair``).
+SERVED_TOP = 2
+
+
+def engine_kernels(lines: list[str]) -> dict[str, str]:
+    """The attention backend and ISA a server's engine reported, and its AMX permission
+    (as the round trip records them)."""
+    return {**engine_log.kernels(lines), "amx_permission": engine_log.amx_permission(lines)}
 
 
 class Reporter(Protocol):
@@ -99,6 +108,7 @@ def execute(
                 lines = server.log_path.read_text(errors="replace").splitlines()
                 result.log_lines = lines
                 result.engine_groups = kv_layout.parse_report(lines) or []
+                result.engine_kernels["server"] = engine_kernels(lines)
             server.stop()
     on_record(result)
     if server is not None and base.server is not None and result.compared_count():
@@ -111,11 +121,14 @@ def execute(
                 f"reference: round 0 at concurrency {plan.concurrency} (the noise floor), "
                 f"then {result.compared_count()} requests scored alone"
             )
-            send = http_sender(rserver.url, base.served_name, logprobs=1, seed=0)
+            send = http_sender(rserver.url, base.served_name, logprobs=SERVED_TOP, seed=0)
             run_reference_side(result, send, http_scorer(rserver.url, base.served_name))
         except HarnessError as err:
             result.reference_error = str(err)
         finally:
+            if rserver.log_path.is_file():
+                lines = rserver.log_path.read_text(errors="replace").splitlines()
+                result.engine_kernels["reference"] = engine_kernels(lines)
             rserver.stop()
     elif url is not None:
         result.attached = True
@@ -144,7 +157,7 @@ def _run_under_test(
         result.pool_tokens = int(cache.labels.get("kv_cache_size_tokens") or 0) or (
             cache.pool_tokens
         )
-    send = http_sender(ep.base, plan.base.served_name, logprobs=1, seed=0)
+    send = http_sender(ep.base, plan.base.served_name, logprobs=SERVED_TOP, seed=0)
     sampler = Sampler(ep.base)
     sampler.start()
     t0 = time.monotonic()

@@ -30,6 +30,7 @@ def test_equal_tokens_pass():
 def test_a_near_tie_within_the_floor_is_not_a_divergence():
     v = judge_tokens(2, [8, 9], parse_prompt_logprobs(RAW), 0.02)
     assert v.divergence is None and v.near_ties == 1
+    assert math.isclose(v.widest, 0.01)  # how close the noise came to the tolerance
 
 
 def test_a_clear_preference_is_a_divergence_at_its_first_position():

@@ -8,17 +8,16 @@ from harness.stress_checks import check_happened, check_log, check_no_errors, ch
 from harness.stress_driver import Outcome
 
 
-def ok(n: int = 4, near: int = 0) -> TokenVerdict:
-    return TokenVerdict(None, near, n)
+def ok(n: int = 4, near: int = 0, widest: float = 0.0) -> TokenVerdict:
+    return TokenVerdict(None, near, n, widest)
 
 
 def test_outputs_name_the_first_divergence_with_its_turn():
     outs = [Outcome("a", "x", [1]), Outcome("multi-turn/c0/t2", "multi-turn", [1], turn=2)]
     bad = TokenVerdict(TokenDivergence(3, 11, 12, 2.5, 0.01), 0, 3)
-    got = check_outputs(outs, {"a": ok(near=1), "multi-turn/c0/t2": bad})
-    assert (
-        not got.passed
-        and got.observed == "1/2 requests match (7 tokens, 1 near-ties within the floor)"
+    got = check_outputs(outs, {"a": ok(near=1, widest=0.0039), "multi-turn/c0/t2": bad})
+    assert not got.passed and got.observed == (
+        "1/2 requests match (7 tokens, 1 near-ties within the floor, the widest 0.0039)"
     )
     assert got.detail.startswith("first: multi-turn/c0/t2, turn 2, token 3: got 11")
     assert check_outputs(outs, {"a": ok(), "multi-turn/c0/t2": ok()}).passed

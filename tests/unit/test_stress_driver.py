@@ -82,3 +82,33 @@ def test_bad_plans_are_refused():
         drive([PlannedRequest("a", "x", 0, [1], parent="b")], Recorder(), 1)
     with pytest.raises(ValueError, match="at least 1"):
         drive([], Recorder(), 0)
+
+
+def test_served_top_choices_are_read_by_token_id():
+    """``return_tokens_as_token_ids`` renders each top choice ``token_id:N``; a position's
+    choices come back keyed by id (a key of another shape is left out, not guessed)."""
+    from harness.stress_driver import _top_logprobs
+
+    choice = {
+        "logprobs": {
+            "token_logprobs": [-0.5, -0.25],
+            "top_logprobs": [
+                {"token_id:5": -0.5, "token_id:8": -0.50390625},
+                {"token_id:7": -0.25, " t9": -0.3},
+                None,
+            ],
+        }
+    }
+    assert _top_logprobs(choice) == [{5: -0.5, 8: -0.50390625}, {7: -0.25}, {}]
+    assert _top_logprobs({}) == []
+
+
+def test_the_served_top_choices_reach_the_outcome():
+    plan = [PlannedRequest("a", "x", 0.0, [1, 2])]
+
+    def send(req: PlannedRequest, prompt: list[int]) -> Reply:
+        return Reply([5], "t5", [-0.5], 0, [{5: -0.5, 8: -0.51}])
+
+    (o,) = drive(plan, send, 1)
+    assert o.top == [{5: -0.5, 8: -0.51}]
+    assert o.record()["top_logprobs"] == [{"5": -0.5, "8": -0.51}]
