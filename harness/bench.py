@@ -37,7 +37,7 @@ from typing import Any
 from harness import crash_repro
 from harness.environments import probe
 from harness.errors import HarnessError
-from harness.launch_timeline import PHASES
+from harness.launch_timeline import phase_medians, shares
 from harness.launcher import ServerSpec, _signal_group, free_port, server_slot
 from harness.scenario import CrashReproScenario
 
@@ -229,20 +229,6 @@ def without_bytecode(spec: ServerSpec, empty_dir: Path) -> ServerSpec:
     """The same server with its environment's bytecode out of sight (module docstring)."""
     env = {**spec.env, "PYTHONPYCACHEPREFIX": str(empty_dir), "PYTHONDONTWRITEBYTECODE": "1"}
     return replace(spec, env=env)
-
-
-def phase_medians(timelines: list[dict[str, Any]]) -> dict[str, float | None]:
-    out: dict[str, float | None] = {}
-    for name, _ in PHASES:
-        values = [t["phases"][name] for t in timelines if t["phases"].get(name) is not None]
-        out[name] = round(statistics.median(values), 2) if values else None
-    return out
-
-
-def shares(medians: dict[str, float | None]) -> dict[str, float]:
-    """Each phase's share of the launch (phases that happened)."""
-    total = sum(v for v in medians.values() if v is not None)
-    return {k: round(v / total, 3) for k, v in medians.items() if v is not None and total}
 
 
 def run_launch_bench(

@@ -19,6 +19,7 @@ Standard library only: the launcher calls it for every server it stops.
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -199,22 +200,30 @@ def _r(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
 
+def phase_medians(timelines: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The median of each phase over launch records (``record()``); None where no launch
+    reached that phase."""
+    out: dict[str, float | None] = {}
+    for name, _ in PHASES:
+        values = [t["phases"][name] for t in timelines if t["phases"].get(name) is not None]
+        out[name] = round(statistics.median(values), 2) if values else None
+    return out
+
+
+def shares(medians: dict[str, float | None]) -> dict[str, float]:
+    """Each phase's share of the sum of the phases that happened."""
+    total = sum(v for v in medians.values() if v is not None)
+    return {k: round(v / total, 3) for k, v in medians.items() if v is not None and total}
+
+
 def summary_line(launches: list[dict[str, Any]]) -> str:
     """One line for the end of a run: how many launches, the median to ``/health``, and
     each phase's share of the median launch; "" when the run launched nothing."""
     if not launches:
         return ""
-    healthy = sorted(float(t["health_s"]) for t in launches if t.get("health_s") is not None)
-    medians: dict[str, float] = {}
-    for name, _ in PHASES[:-1]:  # the first answer is the workload's, not the launch's
-        values = sorted(
-            float(t["phases"][name]) for t in launches if t["phases"].get(name) is not None
-        )
-        if values:
-            medians[name] = values[len(values) // 2]
-    total = sum(medians.values())
-    shares = ", ".join(
-        f"{k.replace('_', ' ')} {v / total:.0%}" for k, v in medians.items() if total
-    )
-    to_health = f", median {healthy[len(healthy) // 2]:.0f}s to /health" if healthy else ""
-    return f"{len(launches)} launch{'es' if len(launches) != 1 else ''}{to_health} ({shares})"
+    medians = phase_medians(launches)
+    medians.pop("first_answer")  # the workload's, not the launch's
+    parts = ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in shares(medians).items())
+    healthy = [float(t["health_s"]) for t in launches if t.get("health_s") is not None]
+    to_health = f", median {statistics.median(healthy):.0f}s to /health" if healthy else ""
+    return f"{len(launches)} launch{'es' if len(launches) != 1 else ''}{to_health} ({parts})"
