@@ -194,15 +194,20 @@ _engine-side-on-stock: setup
 
 # The PR tier (what .ci/run calls): lint, then every unit test and the real-engine tests
 # not marked nightly (README, "Test tiers").
+# The unit tests run on every core (pytest-xdist; they launch no server), the engine
+# tests one at a time after them: never two vLLM servers at once.
+UNIT_WORKERS ?= -n auto --maxprocesses 4
 test: lint _engine-side-on-stock
-	$(VENV)/bin/python -m pytest tests -m "not nightly" --durations=25 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests/unit $(UNIT_WORKERS) --durations=10 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests/integration -m "not nightly" --durations=25 $(PYTEST_ARGS)
 
 # The nightly tier: everything, soak and slow cells included.
 test-nightly: lint _engine-side-on-stock
-	$(VENV)/bin/python -m pytest tests --durations=40 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests/unit $(UNIT_WORKERS) --durations=10 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests/integration --durations=40 $(PYTEST_ARGS)
 
 test-unit: setup
-	$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests/unit $(UNIT_WORKERS) $(PYTEST_ARGS)
 
 test-engine: setup
 	$(VENV)/bin/python -m pytest tests/integration $(PYTEST_ARGS)

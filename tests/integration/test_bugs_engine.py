@@ -4,10 +4,11 @@ one server at a time, judged both ways.
 The PR tier runs the cheapest live entry, #57727 (a prefix-cache reset that answers
 success while the CPU tier keeps serving), on the current build: its script must fail
 exactly the check the entry names, with the control (a reset with reset_external=true)
-passing on the same server; the AMX-only entry is skipped on hosts without AMX (and runs
-where there is AMX); a release that cannot be installed is a cell, never judged. The
-nightly tier runs #51150 on releases either side of its fix, with a seeded wrong entry
-sharing its launches, and #57596 on both.
+passing on the same server; a release that cannot be installed is a cell, never judged.
+The nightly tier runs the AMX-only entry (skipped on hosts without AMX, reproduced where
+there is AMX: the PR tier's crash-repro already launches that SIGILL there), #51150 on
+releases either side of its fix, with a seeded wrong entry sharing its launches, and
+#57596 on both.
 """
 
 from __future__ import annotations
@@ -51,40 +52,24 @@ def table(run: Path) -> pd.DataFrame:
     return pd.read_csv(run / "bugs.csv", keep_default_na=False, dtype=str)
 
 
-@pytest.mark.launches(1)  # +1 on AMX hosts: amx-sigill runs there
+CURRENT = str(ROOT / ".venv" / "bin" / "python")
+
+
+@pytest.mark.launches(1)
 def test_a_live_bug_reproduces_and_its_control_passes(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
-    current = str(ROOT / ".venv" / "bin" / "python")
-    code, run, out = bugs_cli(
-        results,
-        "--bug", "57727",
-        "--bug", "amx-sigill",
-        "--releases", "0.26.0",
-        "--build", current,
-    )  # fmt: skip
+    code, run, out = bugs_cli(results, "--bug", "57727", "--releases", "0.26.0", "--build", CURRENT)
     assert code == 0, out
     df = table(run)
-    # 0.26.0 pins a torch no index here offers: cells, with the reason, never judged. The
-    # AMX-only entry runs only where there is AMX, so on this release it is unavailable
-    # there too, and skipped (the host lacks AMX) elsewhere: the host decides, not the test.
+    # 0.26.0 pins a torch no index here offers: a cell, with the reason, never judged.
     old = df[df.release == "0.26.0"].set_index("bug")
     assert set(old.matched) == {""}
     assert old.loc["57727"].outcome == "unavailable" and "torch" in old.loc["57727"].why
-    old_amx = old.loc["amx-sigill"]
-    if HAS_AMX:
-        assert old_amx.outcome == "unavailable" and "torch" in old_amx.why
-    else:
-        assert old_amx.outcome == "skipped" and "amx_tile" in old_amx.why
     df = df[df.release == ".venv"]
     live = df[df.bug == "57727"].iloc[0]
     assert (live.outcome, live.expected, live.matched) == ("reproduced", "reproduced", "True")
     assert live.observed == "fail" and live.signature == "fails reset-clears-offloaded"
-    amx = df[df.bug == "amx-sigill"].iloc[0]
-    if HAS_AMX:
-        assert (amx.outcome, amx.matched) == ("reproduced", "True"), out
-    else:
-        assert amx.outcome == "skipped" and amx.matched == "" and "amx_tile" in amx.why
     # The script's own run: the reset answered success, yet the replay was served from
     # the CPU tier; the control reset emptied it.
     checks = pd.read_csv(Path(live.run_dir) / "checks.csv", keep_default_na=False)
@@ -108,6 +93,29 @@ def test_a_live_bug_reproduces_and_its_control_passes(tmp_path):
     assert "## Bug x release" in report and "reset_external=true" in report
     assert 'failures="0"' in (run / "junit.xml").read_text()
     assert "offload-check bugs --bug 57727" in out
+
+
+@pytest.mark.nightly
+@pytest.mark.launches(0)  # +1 on AMX hosts, where the entry's SIGILL is reproduced
+def test_the_amx_entry_follows_the_host(tmp_path):
+    """The AMX-only entry runs only where there is AMX: reproduced there, unavailable on a
+    release that cannot be installed; skipped (the host lacks AMX) elsewhere. The host
+    decides, not the test."""
+    results = tmp_path / "results"
+    results.mkdir()
+    code, run, out = bugs_cli(
+        results, "--bug", "amx-sigill", "--releases", "0.26.0", "--build", CURRENT
+    )
+    assert code == 0, out
+    df = table(run).set_index("release")
+    old, amx = df.loc["0.26.0"], df.loc[".venv"]
+    assert old.matched == ""
+    if HAS_AMX:
+        assert old.outcome == "unavailable" and "torch" in old.why
+        assert (amx.outcome, amx.matched) == ("reproduced", "True"), out
+    else:
+        assert old.outcome == "skipped" and "amx_tile" in old.why
+        assert amx.outcome == "skipped" and amx.matched == "" and "amx_tile" in amx.why
 
 
 @pytest.mark.nightly

@@ -158,3 +158,37 @@ def test_one_argv_builder_and_a_baseline_without_the_connector():
     assert spec.kv_transfer is not None and base.env == spec.env
     server = spec.server(Path("log"), 8000)
     assert server.command() == argv
+
+
+def test_teardown_does_not_wait_for_a_zombie_nobody_reaps():
+    """An orphaned worker re-parented to a subreaper that never reaps it (a test session,
+    a systemd user manager, a container's PID 1) is a zombie: gone for teardown. Waiting
+    for it to vanish cost every launch the whole 15 s grace under pytest."""
+    from harness.launcher import _wait_gone
+
+    # A parent that starts a child, lets it exit, and never waits for it.
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "c = subprocess.Popen(['true'])\n"
+            "print(c.pid, flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        child = psutil.Process(int(parent.stdout.readline()))
+        deadline = time.monotonic() + 10
+        while child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child.status() == psutil.STATUS_ZOMBIE
+        started = time.monotonic()
+        _wait_gone([child], timeout_s=30)
+        assert time.monotonic() - started < 10
+    finally:
+        parent.kill()
+        parent.wait()
