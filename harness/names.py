@@ -1,7 +1,7 @@
 """Names the harness and the code it loads into vLLM processes must spell alike.
 
 The launcher sets environment variables that ``harness.engine`` reads inside vLLM, the
-engine side prints log lines that ``harness.engine_log`` and the verdicts grep, and
+engine side prints log lines that ``harness.server.engine_log`` and the verdicts grep, and
 scenario files name faults and patches that the engine side implements. Each such name
 is defined here once. Standard library only: this module is imported inside every vLLM
 process (API server, EngineCore, workers).
@@ -9,6 +9,7 @@ process (API server, EngineCore, workers).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal, get_args
 
 # --- seeded faults of the host offload backend (harness.engine.host_offload) ----------
@@ -59,3 +60,7 @@ LOG_KERNEL = "offload-check kernel:"
 LOG_HOST_WORKER = "offload-check host offload worker:"
 LOG_FAULT_SWITCH = "offload-check host offload: fault is now"
 LOG_TRANSFER = "offload-check transfer:"
+
+# The checkout (or the installed tree) the harness runs from: scenarios/, the
+# environments' stamps and the Makefile's variables are found from here.
+REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -12,11 +12,11 @@ checks, the metrics parser or the expected-figure rules.
 
 Each case runs the real CLI (``offload-check roundtrip --results-dir <tmp> <args>``,
 which queues on the harness's machine-wide server lock like every launch) and keeps, in
-``tests/fixtures/replay/<case>/``, only what ``harness.replay`` needs to rebuild the
+``tests/fixtures/replay/<case>/``, only what ``harness.tools.replay`` needs to rebuild the
 result exactly as the run built it, plus the run's own verdict to compare with:
 
 - ``metrics/{start,cold,warm,filler,replay}.prom``: the snapshots the phase deltas and
-  the live pool come from, filtered to the metric families ``harness.metrics.parse``
+  the live pool come from, filtered to the metric families ``harness.server.metrics.parse``
   reads (every family named in ``metrics.COUNTERS``, deprecated twins included, and
   ``vllm:cache_config_info``): their ``# HELP``/``# TYPE`` lines and their samples,
   ``_created`` timestamps dropped. The filter is checked, not trusted: the script
@@ -54,8 +54,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness import metrics
-from harness.kv_layout import REPORT_PREFIX
+from harness.server import metrics
+from harness.server.kv_layout import REPORT_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / ".venv" / "bin" / "offload-check"
@@ -77,7 +77,7 @@ CASES: dict[str, list[str]] = {
     "window-edge-clean": ["--scenario", EDGE],
 }
 
-# The metric families harness.metrics.parse reads; everything else is dropped.
+# The metric families harness.server.metrics.parse reads; everything else is dropped.
 KEEP_FAMILIES = frozenset(
     {family for cands in metrics.COUNTERS.values() for family, _ in cands}
     | {"vllm:cache_config_info"}
@@ -220,7 +220,7 @@ def keep(
 
 def replay_agrees(case_dir: Path, observed: list[str]) -> bool:
     """The recorded case, re-evaluated offline, must reach the run's own verdict."""
-    from harness.replay import failing, replay
+    from harness.tools.replay import failing, replay
 
     got = sorted(failing(replay(case_dir)))
     if got != observed:

@@ -396,7 +396,7 @@ class HostOffloadingWorker(OffloadingWorker):
 
         if _TRACE:
             # One line per job: per group, blocks moved @ first host slot = bytes. The
-            # stress run's byte ledger reads it (harness.stress_checks.parse_transfers),
+            # stress run's byte ledger reads it (harness.commands.stress.checks.parse_transfers),
             # and people reading server.log diagnose a byte check with it.
             groups = " ".join(
                 f"g{g.group_idx}:{len(g.engine_block_ids)}@"

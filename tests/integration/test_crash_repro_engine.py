@@ -250,7 +250,8 @@ def test_no_chunked_layers_starts_on_stock(tmp_path):
 
 
 # Nightly: the PR tier proves a wrong crash-repro rule is caught through the same judge
-# (harness.verdicts via crash_repro.execute) in tests/integration/test_sweep_engine.py.
+# (harness.server.crash_signatures via crash_repro.execute) in
+# tests/integration/test_sweep_engine.py.
 @nightly
 @pytest.mark.launches(1)
 def test_wrong_expectation_is_reported_as_a_mismatch(tmp_path):

@@ -88,7 +88,7 @@ def test_clean_run_results_files(clean_run):
 
 
 # What each seeded fault must fail, exactly: stated here independently of the harness's
-# own table (harness.fault_sweep.CAUGHT_BY), so a wrong table cannot pass its own test.
+# own table (harness.commands.faults.CAUGHT_BY), so a wrong table cannot pass its own test.
 CAUGHT_BY = {
     "none": set(),
     "corrupt-load": {"replay-output-identical"},
@@ -257,7 +257,7 @@ def test_clean_scenario_is_not_flaky(tmp_path):
 
 @pytest.mark.launches(0)
 def test_unreachable_url_is_one_line(tmp_path):
-    from harness.launcher import free_port
+    from harness.server.launcher import free_port
 
     proc = subprocess.run(
         [

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import bug_steps as bs
-from harness import bugs
+from harness.commands.bugs import corpus as bugs
+from harness.commands.bugs import steps as bs
+from harness.commands.sweep import Build, SweepCell
 from harness.errors import BadInput
-from harness.metrics import Snapshot
-from harness.scenario import Step, load_bug
-from harness.sweep import Build, SweepCell
+from harness.scenario.schema import Step, load_bug
+from harness.server.metrics import Snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "scenarios" / "bugs"
@@ -207,7 +207,7 @@ def test_a_reset_answer_is_read_as_it_came(status, body, success):
 
 
 def test_same_output_compares_token_ids():
-    from harness.workload import Completion
+    from harness.server.workload import Completion
 
     s = script_with()
     s.sent = {
@@ -292,7 +292,7 @@ def test_counts():
 
 
 def test_uninstallable_builds_leave_the_grid():
-    from harness.markdown import sweep_grid, unavailable_builds
+    from harness.results.markdown import sweep_grid, unavailable_builds
 
     cells = [
         bugs.BugCell("a", "0.8.5", "unavailable"),

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import bytecode, doctor
+from harness.commands import doctor
+from harness.server import bytecode
 
 
 @pytest.fixture
@@ -47,7 +48,7 @@ def test_doctor_warns_with_the_fix_then_ensure_compiles_it(bare_env):
     warn = doctor.check_bytecode("current", python)
     assert warn.status == "warn"
     assert "no bytecode for vllm" in warn.detail and "twice the launch time" in warn.detail
-    assert f"{python} -m harness.bytecode ensure" in warn.fix
+    assert f"{python} -m harness.server.bytecode ensure" in warn.fix
     # The repair works although PYTHONDONTWRITEBYTECODE is set (compileall always writes).
     state = bytecode.ensure(python)
     assert state.packages == {"vllm": (3, 3)} and not state.missing
@@ -64,7 +65,7 @@ def test_the_command_line_exits_1_while_missing_and_0_once_compiled(bare_env):
 
 
 def test_this_checkouts_environment_was_compiled_at_setup():
-    """make setup compiles (uv --compile-bytecode, then harness.bytecode ensure)."""
+    """make setup compiles (uv --compile-bytecode, then harness.server.bytecode ensure)."""
     if not Path(sysconfig.get_paths()["purelib"], "vllm").is_dir():
         pytest.skip("not run from a vLLM environment")
     assert bytecode.check(sys.executable).missing == []

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from harness import checks as ck
-from harness.kv_layout import KindLayout
-from harness.workload import Completion, first_divergence
+from harness.commands.roundtrip import checks as ck
+from harness.server.kv_layout import KindLayout
+from harness.server.workload import Completion, first_divergence
 
 
 def exp_for(lengths, kinds, *, g=16, c=256, b=128, state=0):

@@ -9,7 +9,7 @@
 - every ``offload-check ...`` the CI files run is parsed out of them, its ``$VAR``s
   resolved to the inputs' defaults, and run through the real CLI (``--dry-run`` plans
   without launching; the GPU plan is forced with ``OFFLOAD_CHECK_DEVICE=cuda``);
-- ``harness.summary`` renders real-shaped results directories (tests/fixtures/results,
+- ``harness.ui.summary`` renders real-shaped results directories (tests/fixtures/results,
   trimmed copies of real runs), and their JUnit files parse with one case per check.
 """
 
@@ -32,7 +32,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from harness import summary
+from harness.ui import summary
 
 ROOT = Path(__file__).resolve().parents[2]
 NIGHTLY = ROOT / ".github" / "workflows" / "nightly-gpu.yml"
@@ -226,7 +226,7 @@ def workflow_problems(doc: dict[str, Any], text: str) -> list[str]:
         reports = (
             "upload-artifact" in uses
             or "junit" in uses
-            or "harness.summary" in str(step.get("run", ""))
+            or "harness.ui.summary" in str(step.get("run", ""))
         )
         if reports and step.get("if") != "always()":
             problems.append(f"{jid}: {step.get('name')} must run if: always()")
@@ -572,7 +572,7 @@ def test_ci_command_is_accepted_by_the_cli(args: tuple[str, ...]) -> None:
         assert "Traceback" not in proc.stderr
 
 
-# --- harness.summary on real-shaped results ------------------------------------------
+# --- harness.ui.summary on real-shaped results ------------------------------------------
 
 CRASH = "20261130-065547-crash-repro-1904"
 RT_PASS = "20261130-070140-roundtrip-c9dc"
@@ -670,13 +670,13 @@ def test_summary_command_from_the_ci_files(tmp_path: Path) -> None:
         for path in GH_FILES
         for _, _, step in gh_steps(load(path))
         for line in logical_lines(step.get("run", ""))
-        if "harness.summary" in line
+        if "harness.ui.summary" in line
     ]
     lines += [
         line.replace("$$", "$")
         for step in load(BUILDKITE)["steps"]
         for line in logical_lines(step["command"])
-        if "harness.summary" in line
+        if "harness.ui.summary" in line
     ]
     assert len(lines) == 5
     for line in lines:
@@ -698,7 +698,7 @@ def test_summary_main_exit_code(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "harness.summary",
+            "harness.ui.summary",
             str(FIXTURES / CRASH),
             str(tmp_path / "nothing-here"),
         ],

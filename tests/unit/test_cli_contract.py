@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import typer
 
-from harness import cli
+from harness.cli import app as cli
 from tests.conftest import ROOT
 
 DOCUMENTED = {0, 1, 2, 3, 130}
@@ -187,7 +187,9 @@ def breaches(case: Input, outcome: Outcome) -> list[str]:
 @pytest.fixture
 def sandbox(tmp_path, monkeypatch) -> Iterator[dict[str, Path]]:
     """A cache, lock and results of its own; what would launch or install stops."""
-    from harness import bench, doctor, launcher, release_envs
+    from harness.commands import doctor
+    from harness.commands.bench import measure as bench
+    from harness.server import launcher, release_envs
 
     def stop(*_args: Any, **_kwargs: Any) -> Any:
         raise ContractStop("the contract test launches nothing")

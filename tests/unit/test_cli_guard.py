@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli
+from harness.cli import app as cli
 from tests.conftest import CLI, ROOT
 
 
@@ -121,7 +121,7 @@ def test_help_short_option():
 
 
 def test_unexpected_exception_before_a_run_dir(monkeypatch, tmp_path):
-    from harness import crash_repro
+    from harness.commands import crash_repro
 
     def boom(*_a, **_k):
         raise ValueError("planner broke\nsecond line")
@@ -143,7 +143,7 @@ def test_unexpected_exception_before_a_run_dir(monkeypatch, tmp_path):
 
 
 def test_unexpected_exception_in_a_run_marks_it_failed(monkeypatch, tmp_path):
-    from harness import crash_repro
+    from harness.commands import crash_repro
 
     def boom(*_a, **_k):
         raise RuntimeError("model builder broke")
@@ -168,12 +168,12 @@ def test_unexpected_exception_in_a_run_marks_it_failed(monkeypatch, tmp_path):
 
 
 def test_interrupt_outside_the_run_guard_marks_it_interrupted(monkeypatch, tmp_path):
-    from harness.doctor import host_record  # noqa: F401  (loaded before it is patched)
+    from harness.commands.doctor import host_record  # noqa: F401  (loaded before it is patched)
 
     def interrupted(*_a, **_k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("harness.environments.git_revision", interrupted)
+    monkeypatch.setattr("harness.server.interpreters.git_revision", interrupted)
     code, _, _ = invoke("crash-repro", "--variant", "current", "--results-dir", str(tmp_path))
     assert code == 130
     assert statuses(tmp_path) == ["interrupted"]

@@ -11,8 +11,8 @@ import shutil
 import pandas as pd
 import pytest
 
-from harness import cli
-from harness.compare import compare
+from harness.cli import app as cli
+from harness.ui.compare import compare
 from tests.conftest import ROOT
 
 REPLAY = ROOT / "tests" / "fixtures" / "replay"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import crash_repro
-from harness.scenario import load_crash_repro
+from harness.commands import crash_repro
+from harness.scenario.schema import load_crash_repro
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_AMX = {"avx2", "avx512f"}

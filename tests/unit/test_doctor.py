@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from harness import doctor
-from harness.doctor import Check
+from harness.commands import doctor
+from harness.commands.doctor import Check
 from harness.engine import amx
-from harness.environments import Environment
 from harness.errors import BadInput
-from harness.scenario import Variant
+from harness.scenario.schema import Variant
+from harness.server.interpreters import Environment
 from tests.conftest import CLI, ROOT, VENV_PY
 
 GIB = 1024**3
@@ -495,7 +495,7 @@ def test_run_json_records_host(tmp_path):
     """Every run's ``run.json`` carries ``host`` (written by ``_open_run``, no server needed)."""
     script = textwrap.dedent(f"""
         from pathlib import Path
-        from harness.cli import _open_run
+        from harness.cli.app import _open_run
 
         class Scenario:
             source = Path("s.toml")

@@ -26,8 +26,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.scenario import load_bug, load_crash_repro
-from harness.verdicts import CrashSignature, crash_signature, known_label, parse_fatal_signals
+from harness.scenario.schema import load_bug, load_crash_repro
+from harness.server.crash_signatures import (
+    CrashSignature,
+    crash_signature,
+    known_label,
+    parse_fatal_signals,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 AMX2 = ROOT / "tests" / "fixtures" / "amx-host-2"

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import fault_sweep as fs
-from harness.checks import CheckResult
+from harness.commands import faults as fs
+from harness.commands.roundtrip import RoundtripResult
+from harness.commands.roundtrip.checks import CheckResult
 from harness.errors import BadInput
-from harness.roundtrip import RoundtripResult
-from harness.scenario import load_roundtrip
+from harness.scenario.schema import load_roundtrip
 
 ROOT = Path(__file__).resolve().parents[2]
 

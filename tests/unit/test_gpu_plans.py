@@ -4,7 +4,7 @@ nothing expects a crash only vLLM's CPU backend has.
 The GPU runners install CUDA vLLM. Nothing here has a GPU, but each command the nightly
 runs (read from ``nightly-gpu.yml`` and ``.buildkite/nightly.yml``), and the matrix, is
 planned here as there: through the CLI's own options, with ``OFFLOAD_CHECK_DEVICE=cuda``
-(how a plan is made for another device, see ``harness.environments.probe``) and
+(how a plan is made for another device, see ``harness.server.interpreters.probe``) and
 ``--dry-run``, the plan taken where the dry run would print it. No server starts. Both
 kinds of host CPU are simulated (a GPU runner's CPU may have AMX or not).
 
@@ -25,12 +25,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from harness import bugs, cli, crash_repro, matrix, roundtrip, stress
+from harness.cli import app as cli
+from harness.commands import crash_repro, matrix, roundtrip
+from harness.commands.bugs import corpus as bugs
+from harness.commands.stress import judge as stress
 from harness.engine import amx
-from harness.environments import probe
-from harness.rules import first_match
-from harness.scenario import BugEntry, KnownCrash
-from harness.validate import load_any
+from harness.scenario.kinds import load_any
+from harness.scenario.rules import first_match
+from harness.scenario.schema import BugEntry, KnownCrash
+from harness.server.interpreters import probe
 from tests.unit.test_ci_files import BUILDKITE, NIGHTLY, _offload_check_invocations
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +71,7 @@ def gpu_plan(request, monkeypatch) -> Iterator[Any]:
     shown: list[Any] = []
 
     class Shown:
-        """Stands for harness.dry_run: keeps the plan a renderer was given."""
+        """Stands for harness.ui.dry_run: keeps the plan a renderer was given."""
 
         def __getattr__(self, renderer: str) -> Any:
             return lambda console, plan: shown.append(plan)

@@ -1,4 +1,4 @@
-"""The GPU runners' servers, rehearsed here by vLLM builds (harness.gpu_rehearsal).
+"""The GPU runners' servers, rehearsed here by vLLM builds (harness.tools.gpu_rehearsal).
 
 The nightly GPU jobs are the only place their launches run; these tests make ``make test``
 reject, on CPU, any server option the CUDA build would reject. Each launch is planned by
@@ -10,7 +10,7 @@ the GPU nightly installs (CUDA ``vllm``, pinned in the Makefile) in its own envi
 tests of the latter skip where it is not installed, except in the nightly tier, which
 makes it. The checked-in record (tests/fixtures/gpu-rehearsal-record.json) says which
 release was last rehearsed: a pin change without a new record fails here, never skipped.
-Where a CPU host stops is written down in ``harness/gpu_rehearsal.py`` and docs/runners.md.
+Where a CPU host stops is written down in ``harness/tools/gpu_rehearsal.py`` and docs/runners.md.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from harness import gpu_rehearsal as gr
-from harness import release_envs
 from harness.errors import BadInput, HarnessError
+from harness.server import release_envs
+from harness.tools import gpu_rehearsal as gr
 from tests.unit.test_ci_files import BUILDKITE, CLI, NIGHTLY, buildkite_commands, gh_commands
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -433,7 +433,7 @@ def test_the_record_is_of_the_release_the_nightly_installs() -> None:
         f"the GPU nightly installs {dist}=={version} (Makefile, make setup GPU=1), but the "
         f"rehearsal was last run on {record['dist']}=={record['release']} "
         f"({gr.RECORD.relative_to(ROOT)}): run "
-        "`.venv/bin/python -m harness.gpu_rehearsal --nightly-release --record` and commit "
+        "`.venv/bin/python -m harness.tools.gpu_rehearsal --nightly-release --record` and commit "
         "the record (and update docs/runners.md from it)"
     )
     assert record["build"]["vllm_version"] == version

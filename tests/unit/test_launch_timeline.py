@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from harness import launch_timeline as lt
+from harness.server import launch_timeline as lt
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LOG_0271 = FIXTURES / "stock-0.27.1-51150-crash.log"  # dies in EngineCore after init
@@ -123,7 +123,7 @@ def test_the_end_of_run_line_names_the_launches_and_where_their_time_went():
 def test_report_shows_a_runs_launches(tmp_path):
     import json
 
-    from harness.terminal import run_tables
+    from harness.ui.terminal import run_tables
 
     timeline = lt.build(
         lines(LOG_0320),

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.launcher import ServerSpec
+from harness.server.launcher import ServerSpec
 
 
 def fake_python(tmp_path: Path, body: str) -> str:
@@ -84,7 +84,7 @@ def test_sigkilled_harness_takes_its_server_along(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from harness.launcher import ServerSpec
+        from harness.server.launcher import ServerSpec
         s = ServerSpec({py!r}, "m").server(Path({str(tmp_path / "log")!r}))
         s.start()
         print(s.proc.pid, s._rpc_dir, flush=True)
@@ -118,8 +118,8 @@ def test_missing_interpreter_is_bad_input(tmp_path):
 
 def test_a_dropped_connection_is_blamed_on_a_server_that_exits_just_after(tmp_path):
     """A killed server closes its sockets before it is reapable: the blame must wait."""
+    from harness.commands.roundtrip import Endpoint
     from harness.errors import RuntimeFailure
-    from harness.roundtrip import Endpoint
 
     py = fake_python(tmp_path, "sleep 0.7\nexit 9\n")
     server = ServerSpec(py, "m").server(tmp_path / "log")
@@ -164,7 +164,7 @@ def test_teardown_does_not_wait_for_a_zombie_nobody_reaps():
     """An orphaned worker re-parented to a subreaper that never reaps it (a test session,
     a systemd user manager, a container's PID 1) is a zombie: gone for teardown. Waiting
     for it to vanish cost every launch the whole 15 s grace under pytest."""
-    from harness.launcher import _wait_gone
+    from harness.server.launcher import _wait_gone
 
     # A parent that starts a child, lets it exit, and never waits for it.
     parent = subprocess.Popen(

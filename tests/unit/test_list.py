@@ -6,9 +6,10 @@ import contextlib
 import io
 import json
 
-from harness import cli, release_envs
-from harness.listing import SECTIONS
+from harness.cli import app as cli
 from harness.names import FAULTS, PATCHES
+from harness.server import release_envs
+from harness.ui.listing import SECTIONS
 from tests.conftest import ROOT
 
 

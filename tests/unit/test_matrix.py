@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import kv_layout
-from harness.checks import CheckResult, check_layout
+from harness.commands.matrix import Cell, cell_scenario, judge_cell, ordered, rule_for
+from harness.commands.roundtrip.checks import CheckResult, check_layout
 from harness.engine import specs
 from harness.errors import BadInput
-from harness.matrix import Cell, cell_scenario, judge_cell, ordered, rule_for
-from harness.scenario import CellExpectation, load_matrix, load_roundtrip
+from harness.scenario.schema import CellExpectation, load_matrix, load_roundtrip
+from harness.server import kv_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "scenarios" / "models"
@@ -281,7 +281,7 @@ def test_report_and_compare_read_a_real_matrix_run(tmp_path):
 
 
 def test_step_summary_renders_a_matrix_run():
-    from harness import summary
+    from harness.ui import summary
 
     text = summary.render([FIXTURE])
     assert "## matrix `20261130-102144-matrix-e4a2`: **FAIL (exit 1)**" in text
@@ -303,7 +303,7 @@ def test_engine_pages_are_one_rank_and_the_plan_is_all_ranks():
 def test_a_family_is_named_by_the_geometrys_layers():
     """The matrix's families and the layer kinds meet in one mapping: an entry whose
     geometry has other layers than its family says is refused before any launch."""
-    from harness.matrix import plan_matrix
+    from harness.commands.matrix import plan_matrix
 
     models = ROOT / "scenarios" / "models"
     seen = {

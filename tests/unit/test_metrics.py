@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness import metrics
+from harness.server import metrics
 
 NEW = """# HELP vllm:kv_offload_store_bytes_total Bytes stored
 # TYPE vllm:kv_offload_store_bytes_total counter

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import kv_layout
-from harness import model_builder as models
 from harness.errors import BadInput
+from harness.server import kv_layout
+from harness.server import model_builder as models
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from harness import bugs, crash_repro, matrix
-from harness import sweep as sw
+from harness.commands import crash_repro, matrix
+from harness.commands import sweep as sw
+from harness.commands.bugs import corpus as bugs
 from harness.engine import amx
-from harness.environments import probe
 from harness.errors import BadInput
-from harness.rules import first_match, platform_gap
-from harness.scenario import (
+from harness.scenario.rules import first_match, platform_gap
+from harness.scenario.schema import (
     BugEntry,
     CellExpectation,
     Expectation,
@@ -33,7 +33,8 @@ from harness.scenario import (
     load_matrix,
     load_variants,
 )
-from harness.verdicts import RowContext, expectation_gap, match_expectation
+from harness.server.crash_signatures import RowContext, expectation_gap, match_expectation
+from harness.server.interpreters import probe
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"

@@ -15,14 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from harness import crash_repro, engine_log, roundtrip
+from harness.commands import crash_repro, roundtrip
+from harness.commands.matrix import plan_matrix
+from harness.commands.roundtrip.plan import CPU_CAPACITY_SAFETY
 from harness.engine import amx
 from harness.errors import BadInput
-from harness.matrix import plan_matrix
-from harness.metrics import CacheConfig
-from harness.roundtrip.plan import CPU_CAPACITY_SAFETY
-from harness.scenario import load_crash_repro, load_matrix, load_roundtrip
-from harness.workload import Completion, within_tolerance
+from harness.scenario.schema import load_crash_repro, load_matrix, load_roundtrip
+from harness.server import engine_log
+from harness.server.metrics import CacheConfig
+from harness.server.workload import Completion, within_tolerance
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"

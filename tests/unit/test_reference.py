@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from harness.reference import judge_tokens, noise_floor, parse_prompt_logprobs
+from harness.commands.stress.reference import judge_tokens, noise_floor, parse_prompt_logprobs
 
 RAW = [
     None,

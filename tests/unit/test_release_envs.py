@@ -1,4 +1,4 @@
-"""Release environments (harness/release_envs.py) without installing anything: release
+"""Release environments (harness/server/release_envs.py) without installing anything: release
 specs, pip's config as uv flags, naming, stamps, list/prune on a fake cache, and uv's
 error output turned into one-line reasons. uv itself is a stub script here."""
 
@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import environments, release_envs
 from harness.errors import BadInput
 from harness.names import ENV_CACHE
+from harness.server import interpreters as environments
+from harness.server import release_envs
 from tests.conftest import CLI, ROOT
 
 KNOWN = ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0"]
@@ -147,7 +148,7 @@ def test_uv_flags_command_prints_shell_words(monkeypatch, capsys, tmp_path):
 
 def test_the_makefile_asks_this_module_for_uv_flags():
     text = (ROOT / "Makefile").read_text()
-    assert "-m harness.release_envs uv-flags" in text
+    assert "-m harness.server.release_envs uv-flags" in text
     assert "PIP_TO_UV_PY" not in text  # one translation, not two
 
 
@@ -155,7 +156,7 @@ def test_module_needs_only_the_standard_library_to_print_flags():
     """The Makefile runs it with the bootstrap interpreter (no packaging, no pydantic)."""
     code = (
         "import sys; sys.modules['packaging'] = None; sys.modules['pydantic'] = None\n"
-        "from harness import release_envs\n"
+        "from harness.server import release_envs\n"
         "print(release_envs.uv_flags_from_pip_config(\"global.no-index='1'\"))"
     )
     out = subprocess.run(

@@ -6,7 +6,7 @@ exactly the verdict written below: no check missing (a fault slipping through) a
 extra (a check firing for the wrong reason). The fixtures come from
 ``scripts/record-roundtrip-fixtures.py`` (see ``tests/fixtures/replay/README.md``); the
 replay goes through the harness's own planning, parsing and checking code
-(``harness.replay``), so a change to any of them is judged against real runs.
+(``harness.tools.replay``), so a change to any of them is judged against real runs.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from harness import checks as ck
-from harness import kv_layout
-from harness.replay import failing, replay
-from harness.roundtrip import RoundtripResult
+from harness.commands.roundtrip import RoundtripResult
+from harness.commands.roundtrip import checks as ck
+from harness.server import kv_layout
+from harness.tools.replay import failing, replay
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "replay"
 

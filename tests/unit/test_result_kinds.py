@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import result_kinds as rk
+from harness.results import tables as rk
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "results" / "README.md").read_text()
@@ -47,9 +47,9 @@ def test_readers_select_only_written_columns(table):
 
 
 def test_records_have_exactly_the_registered_columns():
-    from harness.fault_sweep import CAUGHT_BY, Round
-    from harness.matrix import Cell
-    from harness.scenario import CellExpectation
+    from harness.commands.faults import CAUGHT_BY, Round
+    from harness.commands.matrix import Cell
+    from harness.scenario.schema import CellExpectation
 
     rnd = Round(0, "none", CAUGHT_BY["none"])
     assert tuple(rnd.record()) == rk.FAULT_ROUNDS.columns
@@ -64,8 +64,8 @@ def test_records_have_exactly_the_registered_columns():
 
 
 def test_crash_repro_rows_carry_every_column():
-    from harness.crash_repro import Row
-    from harness.launcher import ServerSpec
+    from harness.commands.crash_repro import Row
+    from harness.server.launcher import ServerSpec
 
     row = Row("m", "current", True, None, "0.32.0", True, ServerSpec("py", "m"))
     assert set(rk.OUTCOMES.columns) <= set(row.record())

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import roundtrip as rt
-from harness.environments import probe
+from harness.commands import roundtrip as rt
 from harness.errors import BadInput
-from harness.metrics import CacheConfig
-from harness.scenario import load_roundtrip
-from harness.workload import make_fillers, make_prompts
+from harness.scenario.schema import load_roundtrip
+from harness.server.interpreters import probe
+from harness.server.metrics import CacheConfig
+from harness.server.workload import make_fillers, make_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,8 +90,8 @@ def test_plans_are_frozen_and_observations_go_to_the_result():
     """What only the server can tell lives in the result; the plan stays as planned."""
     import dataclasses
 
-    from harness.metrics import Snapshot
-    from harness.roundtrip.evaluate import derive_expected
+    from harness.commands.roundtrip.evaluate import derive_expected
+    from harness.server.metrics import Snapshot
 
     plan = rt.plan_roundtrip(scenario())
     before = plan.describe()

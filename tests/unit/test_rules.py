@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.commands.matrix import match_rule, rule_for
 from harness.errors import BadInput
-from harness.matrix import match_rule, rule_for
-from harness.rules import Match, first_match, version_matches
-from harness.scenario import CellExpectation, Expectation, load_matrix
-from harness.verdicts import RowContext, match_expectation
-from harness.verdicts import version_matches as reexported
+from harness.scenario.rules import Match, first_match, version_matches
+from harness.scenario.schema import CellExpectation, Expectation, load_matrix
+from harness.server.crash_signatures import RowContext, match_expectation
+from harness.server.crash_signatures import version_matches as reexported
 
 ROOT = Path(__file__).resolve().parents[2]
 

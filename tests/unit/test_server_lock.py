@@ -16,13 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, doctor, launcher
+from harness.cli import app as cli
+from harness.commands import doctor
 from harness.errors import ExitCode, HarnessError
+from harness.server import launcher
 from tests.conftest import ROOT
 
 HOLD = """
 import sys, time
-from harness.launcher import server_slot
+from harness.server.launcher import server_slot
 with server_slot():
     print("held", flush=True)
     time.sleep(float(sys.argv[1]))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.scenario import Expectation, KnownCrash
-from harness.verdicts import (
+from harness.scenario.schema import Expectation, KnownCrash
+from harness.server.crash_signatures import (
     crash_signature,
     judge,
     known_label,

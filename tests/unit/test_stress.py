@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from harness.stress import (
+from harness.commands.stress.driver import Outcome
+from harness.commands.stress.judge import (
     FLOOR_FACTOR,
     MIN_TOLERANCE,
     PAIR_FACTOR,
@@ -22,8 +23,8 @@ from harness.stress import (
     timeline,
     tolerance_for,
 )
-from harness.stress_driver import Outcome
-from harness.stress_workload import PlannedRequest, ProfileSettings, plan_profile
+from harness.commands.stress.workload import PlannedRequest, plan_profile
+from harness.scenario.stress_profiles import ProfileSettings
 
 
 def test_capping_keeps_turns_only_with_their_parents():
@@ -103,12 +104,12 @@ def test_planned_requests_describe_themselves_without_tokens():
 def test_a_stress_run_directory_is_read_back_by_report_and_the_ci_summary(tmp_path):
     """The writer and every reader agree: checks.csv, requests.jsonl with whole prompts,
     divergence.md naming the request and token, the timeline, the CI summary."""
-    from harness.checks import CheckResult
-    from harness.reference import TokenDivergence, TokenVerdict
-    from harness.result_kinds import write_stress
-    from harness.results import RunDirectory
-    from harness.summary import render
-    from harness.terminal import run_tables
+    from harness.commands.roundtrip.checks import CheckResult
+    from harness.commands.stress.files import write_stress
+    from harness.commands.stress.reference import TokenDivergence, TokenVerdict
+    from harness.results.run_directory import RunDirectory
+    from harness.ui.summary import render
+    from harness.ui.terminal import run_tables
 
     req = PlannedRequest("multi-turn/c0/t1", "multi-turn", 0.0, [9, 9], parent=None)
     plan = StressPlan(None, "multi-turn", ProfileSettings(), [req], 2, 7)
@@ -136,9 +137,9 @@ def test_a_stress_run_directory_is_read_back_by_report_and_the_ci_summary(tmp_pa
 
 
 def test_a_divergence_is_explained_by_the_references_own_continuation():
-    from harness.reference import TokenDivergence, TokenVerdict
-    from harness.stress import explain_divergences
-    from harness.stress_driver import Reply
+    from harness.commands.stress.driver import Reply
+    from harness.commands.stress.judge import explain_divergences
+    from harness.commands.stress.reference import TokenDivergence, TokenVerdict
 
     plan = StressPlan(None, "x", ProfileSettings(), [], 2, 0)
     res = StressResult(plan)
@@ -158,7 +159,7 @@ def test_a_divergence_is_explained_by_the_references_own_continuation():
 def test_reuse_and_preemption_are_judged_only_where_the_profile_makes_them():
     """The preemption profile shares no prefix (nothing to reuse: judging reuse there
     would fail on nothing judged); multi-turn need not preempt."""
-    from harness.stress import evaluate
+    from harness.commands.stress.judge import evaluate
 
     def names(profile):
         base = type("B", (), {"tokens_per_chunk": 4, "server": None})()
@@ -220,7 +221,7 @@ def test_on_a_kernel_where_they_differ_the_floor_is_what_they_differ_by():
 
 
 def test_the_pair_change_is_the_largest_move_of_a_two_token_gap():
-    from harness.stress import pair_change
+    from harness.commands.stress.judge import pair_change
 
     assert pair_change({1: -1.0, 2: -1.5}, {1: -1.0, 2: -1.5, 3: -9.0}) == 0.0
     assert math.isclose(pair_change({1: -1.0, 2: -1.5}, {1: -1.1, 2: -1.3}), 0.3)
@@ -272,9 +273,9 @@ def test_the_vec_tolerance_would_fail_the_amx_noise():
 
 
 def test_both_servers_kernels_are_recorded_in_the_figures_the_check_and_divergence_md():
+    from harness.commands.stress.judge import divergence_md, evaluate
+    from harness.commands.stress.run import engine_kernels
     from harness.names import LOG_AMX, LOG_KERNEL
-    from harness.stress import divergence_md, evaluate
-    from harness.stress_run import engine_kernels
 
     log = [
         f"(Worker pid=1) {LOG_KERNEL} attention_backend=CPUAttentionBackend",

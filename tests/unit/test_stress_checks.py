@@ -3,9 +3,9 @@ and names the first request that shows it."""
 
 from __future__ import annotations
 
-from harness.reference import TokenDivergence, TokenVerdict
-from harness.stress_checks import check_happened, check_log, check_no_errors, check_outputs
-from harness.stress_driver import Outcome
+from harness.commands.stress.checks import check_happened, check_log, check_no_errors, check_outputs
+from harness.commands.stress.driver import Outcome
+from harness.commands.stress.reference import TokenDivergence, TokenVerdict
 
 
 def ok(n: int = 4, near: int = 0, widest: float = 0.0) -> TokenVerdict:
@@ -54,7 +54,7 @@ def test_happened():
 
 
 # --- the byte ledger and prefix reuse --------------------------------------------------------
-from harness.stress_checks import (  # noqa: E402
+from harness.commands.stress.checks import (  # noqa: E402
     Ledger,
     check_ledger,
     check_prefix_reuse,

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from harness.stress_driver import Reply, drive
-from harness.stress_workload import PlannedRequest, ProfileSettings, plan_profile
+from harness.commands.stress.driver import Reply, drive
+from harness.commands.stress.workload import PlannedRequest, plan_profile
+from harness.scenario.stress_profiles import ProfileSettings
 
 
 class Recorder:
@@ -87,7 +88,7 @@ def test_bad_plans_are_refused():
 def test_served_top_choices_are_read_by_token_id():
     """``return_tokens_as_token_ids`` renders each top choice ``token_id:N``; a position's
     choices come back keyed by id (a key of another shape is left out, not guessed)."""
-    from harness.stress_driver import _top_logprobs
+    from harness.commands.stress.driver import _top_logprobs
 
     choice = {
         "logprobs": {

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.commands.stress.judge import plan_stress, prompt_bounds, settings_for
+from harness.commands.stress.workload import PlannedRequest
 from harness.errors import BadInput
-from harness.scenario import load_stress
-from harness.stress import plan_stress, prompt_bounds, settings_for
-from harness.stress_workload import PlannedRequest
+from harness.scenario.schema import load_stress
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "stress.toml"
 
@@ -81,7 +81,7 @@ def test_duration_rounds_reseed_and_keep_parents_inside_their_round():
 
 
 def test_the_reference_has_no_connector_and_a_pool_that_evicts_nothing():
-    from harness.stress import REFERENCE_POOL_FACTOR, reference_spec
+    from harness.commands.stress.judge import REFERENCE_POOL_FACTOR, reference_spec
 
     plan = plan_stress(load_stress(SCENARIO))
     ref = reference_spec(plan).argv()
@@ -96,7 +96,7 @@ def test_the_reference_has_no_connector_and_a_pool_that_evicts_nothing():
 def test_prefix_reuse_is_judged_only_where_the_harness_can_state_it():
     """Sliding-window layers keep only what a hit at a prompt boundary reaches (vLLM's
     retention rule), so the reuse a later request must get is not stated there."""
-    from harness.stress import reuse_is_modelled
+    from harness.commands.stress.judge import reuse_is_modelled
 
     models = SCENARIO.parent / "models"
     assert reuse_is_modelled(plan_stress(load_stress(SCENARIO)))

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.stress_workload import PROFILES, ProfileSettings, plan_profile, plan_summary
+from harness.commands.stress.workload import plan_profile, plan_summary
+from harness.scenario.stress_profiles import PROFILES, ProfileSettings
 
 S = ProfileSettings()
 VOCAB = 1000

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import sweep as sw
+from harness.commands import sweep as sw
 from harness.errors import BadInput
-from harness.scenario import (
+from harness.scenario.schema import (
     RoundtripExpectation,
     load_crash_repro,
     load_matrix,
@@ -258,7 +258,7 @@ def test_bisect_needs_one_check(tmp_path):
 
 # --- results and merging --------------------------------------------------------------------
 def test_cells_have_exactly_the_registered_columns():
-    from harness.result_kinds import SWEEP_CELLS
+    from harness.results.tables import SWEEP_CELLS
 
     cell = sw.SweepCell("0.28.0", "c", "crash-repro", "s", "started")
     assert tuple(cell.record()) == SWEEP_CELLS.columns
@@ -266,8 +266,8 @@ def test_cells_have_exactly_the_registered_columns():
 
 
 def shard(path: Path, release: str, outcome: str, matched: bool) -> Path:
-    from harness.result_kinds import write_sweep
-    from harness.results import RunDirectory
+    from harness.results.run_directory import RunDirectory
+    from harness.results.writers import write_sweep
 
     path.mkdir()
     run_dir = RunDirectory(path, "sweep")

@@ -1,0 +1,1 @@
+"""One package or module per command: plan, execute, judge, its files."""

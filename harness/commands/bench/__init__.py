@@ -1,0 +1,1 @@
+"""Offload-check bench: the harness's own costs, measured side by side."""

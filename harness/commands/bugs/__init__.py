@@ -1,0 +1,1 @@
+"""Offload-check bugs: the bug corpus, each entry's trigger on every release."""

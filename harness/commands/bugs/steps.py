@@ -1,0 +1,417 @@
+"""Scripted bug triggers: a few requests and admin calls on one server, each fact named.
+
+Some upstream bugs show in no crash-repro row, matrix cell or round trip: a counter that
+moves when it must not, an admin call that answers success and does nothing, a second
+request that finds the engine in a state the first one left. A bug entry with a
+``steps`` trigger spells that sequence as data (``harness.scenario.schema.Step``; the kinds are
+documented in ``docs/bugs.md``), on a server whose model, engine and offload settings
+come from a round-trip scenario. Each ``expect`` step is one named check, healthy
+behaviour stated positively, so an affected build fails exactly the checks the entry's
+symptom names and a fixed one passes them all.
+
+Metrics are snapshotted before every step, so an ``expect`` can take a counter's change
+since any named step began; asynchronous stores are let settle first.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import random
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.commands import sweep
+from harness.commands.sweep import ERROR, Job
+from harness.errors import BadInput, HarnessError
+from harness.results.records import CheckResult, StepRecord, SweepCell
+from harness.scenario.schema import BugEntry, RoundtripScenario, Step, StepsTrigger, load_roundtrip
+from harness.server import metrics
+from harness.server.workload import FIRST_ORDINARY_ID, Completion, Prompt, complete, make_fillers
+
+if TYPE_CHECKING:
+    from harness.commands.roundtrip.plan import RoundtripPlan
+    from harness.commands.roundtrip.run import Endpoint
+
+OPS = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+}
+# expect quantities read from the metrics, by their name in metrics.Snapshot
+COUNTER_OF = {
+    "external_hits": "ext_hits",
+    "external_queries": "ext_queries",
+    "gpu_hits": "gpu_hits",
+    "gpu_queries": "gpu_queries",
+    "stored_bytes": "stored_bytes",
+    "loaded_bytes": "loaded_bytes",
+}
+
+
+# --- checking a script before any launch ----------------------------------------------------
+# The fields each step kind reads (docs/bugs.md); another one set is a mistake to refuse.
+STEP_FIELDS = {
+    "send": {"prompt", "tokens", "prefix", "prefix_tokens", "max_tokens", "prompt_logprobs"}
+    | {"concurrent", "background"},
+    "evict": {"pools"},
+    "settle": set(),
+    "reset-prefix-cache": {"query"},
+    "expect": {"what", "since", "of", "op", "value", "why"},
+}
+
+
+def check_script(entry: BugEntry) -> None:
+    """Refuse a script that could not run as written, with one line naming the step:
+    a prompt used before it is defined, a ``since`` naming no earlier step, an expect
+    without a quantity, a symptom naming no expect."""
+    trig = _steps(entry)
+    lengths: dict[str, int] = {}
+    names: list[str] = []
+    expects: list[str] = []
+    sends: list[str] = []
+    for i, s in enumerate(trig.steps, 1):
+        where = f"{entry.source}: step {i} ({s.do})"
+        stray = sorted(s.model_fields_set - STEP_FIELDS[s.do] - {"do", "name"})
+        if stray:
+            raise BadInput(f"{where}: {stray[0]} is not a field of {s.do} steps")
+        if s.name and s.name in names:
+            raise BadInput(f"{where}: name {s.name!r} is used twice")
+        if s.do == "send":
+            if s.prompt is None:
+                raise BadInput(f"{where}: a send needs a prompt name")
+            if s.prompt not in lengths and s.tokens is None:
+                raise BadInput(f"{where}: prompt {s.prompt!r} is new, so it needs tokens")
+            if s.prompt in lengths and s.tokens not in (None, lengths[s.prompt]):
+                raise BadInput(f"{where}: prompt {s.prompt!r} already has {lengths[s.prompt]}")
+            if s.prefix is not None:
+                if s.prefix not in lengths:
+                    raise BadInput(f"{where}: prefix {s.prefix!r} is no earlier prompt")
+                n = s.prefix_tokens or lengths[s.prefix]
+                if n > lengths[s.prefix] or n > (s.tokens or 0):
+                    raise BadInput(f"{where}: prefix_tokens {n} is longer than a prompt")
+            lengths.setdefault(s.prompt, s.tokens or 0)
+            sends.append(s.name or "")
+        if s.do == "expect":
+            if s.name is None:
+                raise BadInput(f"{where}: an expect needs a name (the check it is)")
+            if s.what is None:
+                raise BadInput(f"{where}: an expect needs what (the quantity)")
+            if s.what == "same_output":
+                if len(s.of) != 2 or any(o not in sends for o in s.of):
+                    raise BadInput(f"{where}: same_output needs of = two named earlier sends")
+            elif s.value is None:
+                raise BadInput(f"{where}: an expect needs a value")
+            if s.since is not None and s.since not in names:
+                raise BadInput(f"{where}: since {s.since!r} names no earlier step")
+            expects.append(s.name)
+        if s.name:
+            names.append(s.name)
+    missing = [c for c in entry.symptom.failing_checks if c not in expects]
+    if missing:
+        raise BadInput(f"{entry.source}: symptom names {missing[0]!r}, which no expect step is")
+
+
+def _steps(entry: BugEntry) -> StepsTrigger:
+    trig = entry.trigger
+    if not isinstance(trig, StepsTrigger):
+        raise BadInput(f"{entry.source}: not a steps trigger")
+    return trig
+
+
+def scenario_for(entry: BugEntry) -> RoundtripScenario:
+    """The round-trip scenario the script's server comes from, with the entry's changes."""
+    trig = _steps(entry)
+    scn = load_roundtrip(entry.resolve(trig.scenario))
+    server = scn.server.model_copy(update={"env": {**scn.server.env, **trig.env}})
+    update: dict[str, Any] = {"server": server}
+    if trig.geometry is not None:
+        update["geometry"] = str(entry.resolve(trig.geometry))
+    if trig.offload_block_size is not None:
+        update["offload"] = scn.offload.model_copy(update={"block_size": trig.offload_block_size})
+    return scn.model_copy(update=update)
+
+
+# --- prompts ------------------------------------------------------------------------------------
+def prompt_tokens(name: str, n: int, vocab_size: int, seed: int) -> list[int]:
+    """A named prompt's tokens: the same for the same name on every build and run, from the
+    lower half of the vocabulary (the evictions' filler takes the upper half)."""
+    mid = (FIRST_ORDINARY_ID + vocab_size) // 2
+    rng = random.Random(zlib.crc32(name.encode()) + seed)
+    return [rng.randrange(FIRST_ORDINARY_ID, mid) for _ in range(n)]
+
+
+def build_prompts(steps: list[Step], vocab_size: int, seed: int) -> dict[str, Prompt]:
+    """Every prompt the script sends; one with a ``prefix`` starts with that prompt's
+    first ``prefix_tokens`` tokens and goes on with its own."""
+    out: dict[str, Prompt] = {}
+    for s in steps:
+        if s.do != "send" or s.prompt is None or s.prompt in out:
+            continue
+        n = s.tokens or 0
+        own = prompt_tokens(s.prompt, n, vocab_size, seed)
+        if s.prefix is not None:
+            head = out[s.prefix].token_ids[: s.prefix_tokens or len(out[s.prefix].token_ids)]
+            own = head + own[len(head) :]
+        out[s.prompt] = Prompt(s.prompt, "target", own)
+    return out
+
+
+# --- running --------------------------------------------------------------------------------
+@dataclass
+class Script:
+    """A script's run on one server: its steps so far, the requests, the checks."""
+
+    plan: RoundtripPlan
+    prompts: dict[str, Prompt]
+    records: list[StepRecord] = field(default_factory=list)
+    completions: list[Completion] = field(default_factory=list)
+    sent: dict[str, list[Completion]] = field(default_factory=dict)  # by send name
+    before: dict[str, metrics.Snapshot] = field(default_factory=dict)  # by step name
+    checks: list[CheckResult] = field(default_factory=list)
+    pending: list[tuple[str, list[Future[Completion]]]] = field(default_factory=list)
+    last_reset: StepRecord | None = None
+
+
+def post(url: str, timeout_s: float = 60.0) -> tuple[int, str]:
+    """POST with no body: the status and body as they came, errors included (an admin
+    call's refusal is a fact to judge, not an exception)."""
+    req = urllib.request.Request(url, data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return int(resp.status), resp.read()[:2000].decode(errors="replace")
+    except urllib.error.HTTPError as err:
+        return int(err.code), err.read()[:2000].decode(errors="replace")
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
+        raise HarnessError(f"{url}: no answer ({getattr(err, 'reason', err)})") from None
+
+
+def run_script(script: Script, ep: Endpoint, steps: list[Step], out: Path) -> None:
+    """The steps in order on a live server; raises the endpoint's failure (an engine that
+    died is the script's verdict, judged by the caller)."""
+    (out / "metrics").mkdir(parents=True, exist_ok=True)
+    start, _ = ep.snapshot("start")
+    script.before["start"] = start
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        for i, s in enumerate(steps, 1):
+            label = s.name or f"step-{i}"
+            snap, cache = ep.snapshot(label)
+            script.before[label] = snap
+            rec = StepRecord(i, s.do, label)
+            t0 = time.perf_counter()
+            if s.do == "send":
+                _send(script, ep, s, label, pool, rec)
+            elif s.do == "evict":
+                _evict(script, ep, s, i, cache, rec)
+            elif s.do == "settle":
+                _join(script, ep)
+                ep.settle(label, script.plan.scenario.workload.settle_timeout_s)
+            elif s.do == "reset-prefix-cache":
+                query = f"?{urllib.parse.urlencode(s.query)}" if s.query else ""
+                try:
+                    rec.http_status, rec.body = post(f"{ep.base}/reset_prefix_cache{query}")
+                except HarnessError as err:
+                    raise ep.failure(label, err) from None
+                rec.detail = f"HTTP {rec.http_status} {rec.body[:200]}".strip()
+                script.last_reset = rec
+            elif s.do == "expect":
+                _join(script, ep)
+                now = ep.settle(label, script.plan.scenario.workload.settle_timeout_s)
+                script.checks.append(_expect(script, s, now))
+                rec.detail = "pass" if script.checks[-1].passed else script.checks[-1].observed
+            rec.seconds = time.perf_counter() - t0
+            after, _ = ep.snapshot(label)
+            (out / "metrics" / f"{i:02d}-{label}.prom").write_text(ep.last_text)
+            rec.counters = (after - snap).as_dict()
+            script.records.append(rec)
+        _join(script, ep)
+
+
+def _send(script: Script, ep: Endpoint, s: Step, label: str, pool: Any, rec: StepRecord) -> None:
+    assert s.prompt is not None
+    prompt = script.prompts[s.prompt]
+    w = script.plan.scenario.workload
+
+    def one() -> Completion:
+        try:
+            return complete(
+                ep.base,
+                script.plan.served_name,
+                prompt,
+                label,
+                max_tokens=s.max_tokens,
+                logprobs=w.logprobs,
+                seed=w.seed,
+                prompt_logprobs=s.prompt_logprobs,
+            )
+        except HarnessError as err:
+            raise ep.failure(label, err) from None
+
+    futures = [pool.submit(one) for _ in range(s.concurrent)]
+    rec.detail = f"{s.concurrent} x {len(prompt.token_ids)} tokens of {s.prompt}"
+    script.pending.append((label, futures))
+    if not s.background:
+        _join(script, ep)
+
+
+def _join(script: Script, ep: Endpoint) -> None:
+    """Wait for every request in flight; the first failure is raised."""
+    while script.pending:
+        label, futures = script.pending.pop(0)
+        done = [f.result() for f in futures]
+        script.sent[label] = done
+        script.completions += done
+
+
+def _evict(script: Script, ep: Endpoint, s: Step, index: int, cache: Any, rec: StepRecord) -> None:
+    """Unrelated prompts worth ``pools`` times the live pool, one at a time, so the GPU
+    prefix cache drops everything earlier steps left there."""
+    if cache is None:
+        raise HarnessError("evict: the server publishes no vllm:cache_config_info")
+    w = script.plan.scenario.workload
+    count = max(1, math.ceil(cache.pool_tokens * s.pools / w.filler_tokens))
+    fillers = make_fillers([w.filler_tokens] * count, script.plan.vocab_size, w.seed + index)
+    for f in fillers:
+        try:
+            comp = complete(
+                ep.base, script.plan.served_name, f, rec.name, max_tokens=1, logprobs=0, seed=0
+            )
+        except HarnessError as err:
+            raise ep.failure(rec.name, err) from None
+        script.completions.append(comp)
+    rec.detail = (
+        f"{count} x {w.filler_tokens} tokens ({s.pools:g}x the {cache.pool_tokens}-token pool)"
+    )
+
+
+def observe(script: Script, s: Step, now: metrics.Snapshot) -> float:
+    """The quantity an expect step reads (same_output: 1 when equal, 0 when not)."""
+    what = s.what
+    if what in COUNTER_OF:
+        base = script.before[s.since or "start"]
+        return float(getattr(now - base, COUNTER_OF[what]))
+    if what in ("http_status", "reset_success"):
+        reset = script.last_reset
+        if reset is None:
+            raise HarnessError(f"expect {s.name}: no reset-prefix-cache step came before")
+        if what == "http_status":
+            return float(reset.http_status or 0)
+        try:
+            body = json.loads(reset.body) if reset.body.strip() else {}
+        except json.JSONDecodeError:
+            body = {}
+        ok = body.get("success") if isinstance(body, dict) else None
+        # An answer without a verdict (older servers: a bare 200) counts by its status.
+        return 1.0 if ok is True or (ok is None and reset.http_status == 200) else 0.0
+    a, b = (script.sent[o][0] for o in s.of)
+    return 1.0 if a.token_ids == b.token_ids else 0.0
+
+
+def _expect(script: Script, s: Step, now: metrics.Snapshot) -> CheckResult:
+    assert s.name is not None and s.what is not None
+    got = observe(script, s, now)
+    since = f" since {s.since}" if s.since else ""
+    if s.what == "same_output":
+        expected, ok = f"{s.of[0]} and {s.of[1]} give the same tokens", got == 1.0
+        observed = "same tokens" if ok else "different tokens"
+    else:
+        assert s.value is not None
+        expected = f"{s.what}{since} {s.op} {s.value:g}"
+        ok = OPS[s.op](got, s.value)
+        observed = f"{s.what}{since} = {got:g}"
+    return CheckResult(s.name, bool(ok), expected, observed, s.why)
+
+
+def run_steps(job: Job) -> list[SweepCell]:
+    """A sweep runner (``harness.commands.sweep.run_target``) for a bug entry's script: launch,
+    the steps, the checks; the cell is ``pass``, ``fail`` (the failing checks named),
+    ``crashed`` (at start or during a step, with the crash's signature) or ``error``."""
+    from harness.commands.roundtrip import StartupFailure, build_local_model, plan_roundtrip
+    from harness.commands.roundtrip.run import Endpoint, EngineFailure, start_server
+    from harness.results.run_directory import RunDirectory
+    from harness.server.crash_signatures import crash_signature, known_label
+
+    entry: BugEntry = job.target.scenario
+    trig = _steps(entry)
+    check_script(entry)
+    scn = scenario_for(entry)
+    plan = plan_roundtrip(
+        scn, variant=job.build.label, extra_variants=job.variants, extra_args=trig.server_args
+    )
+    assert plan.env is not None and plan.server is not None
+    build_local_model(plan)
+    run_dir = RunDirectory(job.out_dir, "bug-steps")
+    run_dir.update_meta(bug=entry.id, scenario_file=str(entry.source), sweep_build=job.build.label)
+    cell = SweepCell(
+        job.build.label,
+        job.target.checks[0],
+        job.target.kind,
+        entry.id,
+        "",
+        vllm_version=plan.env.vllm_version,
+        run_dir=str(run_dir.path),
+    )
+    script = Script(plan, build_prompts(trig.steps, plan.vocab_size, scn.workload.seed))
+    server = plan.server.server(run_dir.path / "logs" / "server.log", job.port)
+    t0 = time.perf_counter()
+    try:
+        job.reporter.status(f"bug {entry.id}: starting the server")
+        start_server(server, plan, job.reporter, "server")
+        ep = Endpoint(server.url, server)
+        job.reporter.status(f"bug {entry.id}: {len(trig.steps)} steps")
+        run_script(script, ep, trig.steps, run_dir.path)
+        failing = [c.name for c in script.checks if not c.passed]
+        cell.outcome = "fail" if failing else "pass"
+        cell.failing = ",".join(sorted(failing))
+        cell.signature = f"fails {', '.join(failing)}" if failing else ""
+        cell.detail = "; ".join(c.observed for c in script.checks)
+    except StartupFailure as err:
+        lines = err.log_path.read_text(errors="replace").splitlines()
+        sig = crash_signature(lines, err.returncode, scn.known_crashes)
+        cell.outcome = "timeout" if err.state == "timeout" else "crashed"
+        cell.signature, cell.known = sig.summary(), known_label(sig.known) or ""
+    except EngineFailure as err:
+        cell.outcome, cell.signature = "crashed", err.signature
+        cell.detail = f"during step {err.phase}: {err.message[:200]}"
+    except HarnessError as err:
+        if server.proc is not None and not server.alive():
+            # Died without a Python frame to blame (a fatal signal): still the engine's.
+            lines = server.log_path.read_text(errors="replace").splitlines()
+            sig = crash_signature(lines, server.proc.returncode, scn.known_crashes)
+            cell.outcome, cell.signature = "crashed", sig.summary()
+            cell.known, cell.detail = known_label(sig.known) or "", str(err)[:200]
+        else:
+            cell.outcome, cell.why = ERROR, str(err)
+    finally:
+        server.stop()
+        cell.seconds = time.perf_counter() - t0
+        _write(run_dir, script)
+        run_dir.finish(
+            "finished", 0 if cell.outcome == "pass" else 1, passed=cell.outcome == "pass"
+        )
+    job.on_cell(cell)
+    return [cell]
+
+
+def _write(run_dir: Any, script: Script) -> None:
+    from harness.results.tables import BUG_STEPS, CHECKS
+
+    BUG_STEPS.write(run_dir, [r.record() for r in script.records])
+    CHECKS.write(run_dir, [c.record() for c in script.checks])
+    with (run_dir.path / "requests.jsonl").open("w") as fh:
+        for comp in script.completions:
+            fh.write(json.dumps(comp.record(), sort_keys=True) + "\n")
+
+
+sweep.RUNNERS[sweep.KIND_STEPS] = run_steps

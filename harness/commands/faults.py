@@ -1,0 +1,245 @@
+"""faults: every seeded fault on one server, each judged by the checks it is for.
+
+The round trip's checks are only worth something if each one fails when its fault is
+present. This proves it on a live engine, in one launch: the server runs the harness's
+host offload backend with its fault taken from a control file
+(``offload_check_fault_control``), and the sweep runs one round trip per fault, writing
+the fault into the file while the server is idle between rounds. Each round uses its
+own prompts (its own seed), so nothing a previous round stored, corrupted or left in
+the GPU prefix cache can be hit by the next one. A round passes when the set of failing
+checks is exactly the fault's (``CAUGHT_BY``): a missing check is a blind harness, an
+extra one a harness that blames the wrong thing.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Unpack
+
+from harness import names
+from harness.commands import roundtrip as rt
+from harness.errors import BadInput, ExitCode
+from harness.scenario.schema import RoundtripScenario
+from harness.server.workload import make_prompts
+
+CAUGHT_BY: dict[str, frozenset[str]] = {
+    names.FAULT_NONE: frozenset(),
+    # Success and the full byte count reported, wrong (or no) bytes moved: only the
+    # output comparison can see these.
+    names.FAULT_CORRUPT_LOAD: frozenset({"replay-output-identical"}),
+    names.FAULT_DROP_STORE: frozenset({"replay-output-identical"}),
+    names.FAULT_NO_LOAD: frozenset({"replay-output-identical"}),
+    # Only the first KV-cache group moved (and honestly counted).
+    names.FAULT_PARTIAL_STORE: frozenset({"cold-stored-bytes", "replay-output-identical"}),
+    names.FAULT_PARTIAL_LOAD: frozenset({"replay-loaded-bytes", "replay-output-identical"}),
+    # The right bytes moved, twice as many reported: only the load counter check sees it.
+    names.FAULT_OVERCOUNT_LOAD: frozenset({"replay-loaded-bytes"}),
+    # The worker dies on its next step: the round trip fails as a whole.
+    names.FAULT_SEGV: frozenset({"engine-survived"}),
+}
+"""The checks each fault must fail, exactly, on a model with at least two KV-cache groups
+(Llama 4: chunked-local and full). One group leaves a partial fault nothing to leave out."""
+
+DEFAULT_FAULTS: tuple[str, ...] = names.FAULTS
+"""The clean round first (a server that fails clean proves nothing), the killing fault last."""
+
+PARTIAL = (names.FAULT_PARTIAL_STORE, names.FAULT_PARTIAL_LOAD)
+# Rounds use seeds base, base + SEED_STRIDE, ...: targets take seed s and fillers s + 1.
+SEED_STRIDE = 2
+
+
+@dataclass
+class Round:
+    """One fault's round trip and its verdict."""
+
+    index: int
+    fault: str
+    expected: frozenset[str]
+    seed: int | None = None  # the round's prompts (targets seed, fillers seed + 1)
+    result: rt.RoundtripResult | None = None
+    status: str = "pending"  # pending | passed | caught | missed | not-applicable | not-run
+    reason: str = ""
+
+    @property
+    def failing(self) -> frozenset[str] | None:
+        if self.result is None or not self.result.checks:
+            return None
+        return frozenset(c.name for c in self.result.checks if not c.passed)
+
+    @property
+    def matched(self) -> bool:
+        return self.status in ("passed", "caught", "not-applicable")
+
+    def record(self) -> dict[str, Any]:
+        failing = self.failing
+        return {
+            "round": self.index,
+            "fault": self.fault,
+            "status": self.status,
+            "expected_failing": " ".join(sorted(self.expected)),
+            "failing": "" if failing is None else " ".join(sorted(failing)),
+            "missed": " ".join(sorted(self.expected - (failing or frozenset()))),
+            "unexpected": " ".join(sorted((failing or frozenset()) - self.expected)),
+            "seed": self.seed,
+            "reason": self.reason,
+        }
+
+
+def judge(rnd: Round) -> None:
+    """Caught when the failing checks are exactly the fault's, missed otherwise (the
+    clean round: passed when nothing fails)."""
+    failing = rnd.failing
+    if failing is None:
+        rnd.status, rnd.reason = "not-run", rnd.reason or "the round produced no checks"
+        return
+    if failing == rnd.expected:
+        # The clean round has nothing to catch: it passes.
+        rnd.status = "caught" if rnd.expected else "passed"
+        return
+    rnd.status = "missed"
+    parts = []
+    if rnd.expected - failing:
+        parts.append("did not fail: " + ", ".join(sorted(rnd.expected - failing)))
+    if failing - rnd.expected:
+        parts.append("failed too: " + ", ".join(sorted(failing - rnd.expected)))
+    rnd.reason = "; ".join(parts)
+
+
+@dataclass
+class SweepPlan:
+    """The server (planned once, with the control file) and one round per fault."""
+
+    base: rt.RoundtripPlan
+    faults: list[str]
+    control_path: Path
+    plans: list[rt.RoundtripPlan] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "faults": self.faults,
+            "fault_control": str(self.control_path),
+            "seeds": [p.scenario.workload.seed for p in self.plans],
+            "server": self.base.describe(),
+        }
+
+
+def parse_faults(chosen: Sequence[str] | None) -> list[str]:
+    """The faults to run, in order; unknown or repeated names are refused."""
+    faults = list(chosen) if chosen else list(DEFAULT_FAULTS)
+    unknown = [f for f in faults if f not in CAUGHT_BY]
+    if unknown:
+        raise BadInput(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(CAUGHT_BY)}")
+    if len(set(faults)) != len(faults):
+        raise BadInput("each fault may be listed once")
+    if names.FAULT_SEGV in faults[:-1]:
+        raise BadInput(f"{names.FAULT_SEGV} kills the server: list it last")
+    return faults
+
+
+def plan_sweep(
+    scn: RoundtripScenario,
+    faults: list[str],
+    control_path: Path,
+    **options: Unpack[rt.RoundtripOptions],
+) -> SweepPlan:
+    """One server plan with a fault control file, and a round-trip plan per fault."""
+    if scn.fault != "none":
+        raise BadInput(
+            f"scenario {scn.name} fixes fault = {scn.fault!r}; the sweep sets faults itself"
+        )
+    if options.get("fault") not in (None, "none"):
+        raise BadInput("the faults sweep sets each round's fault itself")
+    base = rt.plan_roundtrip(scn, fault_control=str(control_path), **options)
+    sweep = SweepPlan(base, faults, control_path)
+    for i, fault in enumerate(faults):
+        s = copy.deepcopy(base.scenario)
+        s.workload.seed = base.scenario.workload.seed + SEED_STRIDE * i
+        targets, _ = make_prompts(s.workload.target_tokens, 1, 0, base.vocab_size, s.workload.seed)
+        # Same lengths, so the same expected figures; only the prompts and the fault differ.
+        sweep.plans.append(dataclasses.replace(base, scenario=s, targets=targets, fault=fault))
+    return sweep
+
+
+def control_path() -> Path:
+    """A fresh path for the control file, outside the results (it is scratch, not evidence;
+    every round's fault is in faults.csv). Created at launch, removed after."""
+    return Path(tempfile.gettempdir()) / f"offload-check-faults-{uuid.uuid4().hex[:12]}" / "fault"
+
+
+def write_control(path: Path, fault: str) -> None:
+    """Switch the server's fault: written whole, then renamed, so no rank reads half."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(fault + "\n")
+    tmp.replace(path)
+
+
+def execute(
+    sweep: SweepPlan,
+    out_dir: Path,
+    reporter: rt.Reporter,
+    on_round: Callable[[list[Round]], None],
+    *,
+    port: int | None = None,
+) -> list[Round]:
+    """Launch once, then one round trip per fault; every round judged as it ends, its
+    files in ``rounds/NN-fault/`` (a roundtrip run's files, ending with its verdict)."""
+    from harness.commands.roundtrip.files import part_writer
+
+    rounds = [
+        Round(i, f, CAUGHT_BY[f], seed=p.scenario.workload.seed)
+        for i, (f, p) in enumerate(zip(sweep.faults, sweep.plans, strict=True))
+    ]
+    base = sweep.base
+    assert base.server is not None
+    sweep.control_path.parent.mkdir(parents=True, exist_ok=True)
+    write_control(sweep.control_path, names.FAULT_NONE)
+    server = base.server.server(out_dir / "logs" / "server.log", port)
+    try:
+        rt.start_server(server, base, reporter, "server")
+        ep = rt.Endpoint(server.url, server)
+        alive = True
+        for rnd, plan in zip(rounds, sweep.plans, strict=True):
+            result = rt.RoundtripResult(plan)
+            rt.read_engine_layout(plan, result, server.log_path)
+            groups = len(result.engine_groups or [])
+            if rnd.fault in PARTIAL and groups and groups < 2:
+                rnd.status = "not-applicable"
+                rnd.reason = f"the engine built {groups} KV-cache group: nothing to leave out"
+            elif not alive:
+                rnd.status, rnd.reason = "not-run", "the server died in an earlier round"
+            else:
+                reporter.status(f"round {rnd.index}: fault {rnd.fault}")
+                write_control(sweep.control_path, rnd.fault)
+                rnd.result = result
+                writer = part_writer(round_dir(out_dir, rnd), plan, fault=rnd.fault)
+                metrics_dir = round_dir(out_dir, rnd) / "metrics"
+                alive = rt.run_round(plan, ep, result, reporter, writer, metrics_dir)
+                judge(rnd)
+                writer.run_dir.finish(
+                    "finished",
+                    int(ExitCode.OK if rnd.matched else ExitCode.MISMATCH),
+                    passed=result.passed,
+                    fault_verdict=rnd.record(),
+                )
+                reporter.status(f"round {rnd.index}: {rnd.fault} {rnd.status} {rnd.reason}")
+            on_round(rounds)
+    finally:
+        server.stop()
+        shutil.rmtree(sweep.control_path.parent, ignore_errors=True)
+    return rounds
+
+
+def _slug(rnd: Round) -> str:
+    return f"{rnd.index:02d}-{rnd.fault}"
+
+
+def round_dir(out_dir: Path, rnd: Round) -> Path:
+    """Where a round's round-trip files go (the same files a ``roundtrip`` run writes)."""
+    return out_dir / "rounds" / _slug(rnd)

@@ -1,0 +1,74 @@
+"""What a round trip observed: per-phase counter deltas, every completion, the checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from harness.commands.roundtrip import checks as ck
+from harness.results.records import CheckResult
+from harness.server import metrics
+from harness.server.workload import Completion
+
+if TYPE_CHECKING:
+    from harness.commands.roundtrip.plan import Filler, RoundtripPlan
+
+
+@dataclass
+class PhaseResult:
+    phase: str
+    requests: int
+    delta: metrics.Snapshot
+    total: metrics.Snapshot
+    seconds: float
+
+    def record(self) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "phase": self.phase,
+            "requests": self.requests,
+            "seconds": round(self.seconds, 3),
+        }
+        for k, v in self.delta.as_dict().items():
+            row[f"d_{k}"] = v
+        for k, v in self.total.as_dict().items():
+            row[f"cum_{k}"] = v
+        return row
+
+
+@dataclass
+class RoundtripResult:
+    plan: RoundtripPlan
+    phases: list[PhaseResult] = field(default_factory=list)
+    completions: list[Completion] = field(default_factory=list)
+    checks: list[CheckResult] = field(default_factory=list)
+    # Reported, never failing: cold vs warm may differ numerically on GPUs.
+    info_checks: list[CheckResult] = field(default_factory=list)
+    startup_seconds: float | None = None
+    generation_seconds: float = 0.0
+    engine_groups: list[dict[str, Any]] | None = None  # as harness.engine.specs reported
+    # Per server ("server", "baseline"): the kernels it chose and its AMX permission.
+    engine_kernels: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Observations the plan could not know: the filler sized from the live pool, the
+    # Mamba state size the engine keeps, and remarks on what was seen.
+    filler: Filler | None = None
+    engine_mamba_state_bytes: int | None = None
+    notes: list[str] = field(default_factory=list)
+    # The figures the run was judged by: the plan's, refined by the observations
+    # (``roundtrip.evaluate.derive_expected``); None until evaluated.
+    expected: ck.Expected | None = None
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    def note(self, text: str) -> None:
+        if text and text not in self.notes and text not in self.plan.notes:
+            self.notes.append(text)
+
+    def describe_plan(self) -> dict[str, Any]:
+        """``run.json``'s ``plan``: the plan with what the run has observed so far."""
+        out = self.plan.describe(self.filler)
+        if self.expected is not None:
+            out["expected"] = self.expected.as_dict()
+        out["notes"] = [*self.plan.notes, *self.notes]
+        return out

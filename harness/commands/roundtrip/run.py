@@ -1,0 +1,343 @@
+"""Running a round trip: launch (or attach), the four phases with a metrics snapshot
+after each, the optional connector-off baseline, and the verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from harness.commands.roundtrip import checks as ck
+from harness.commands.roundtrip.evaluate import evaluate
+from harness.commands.roundtrip.plan import RoundtripPlan, size_filler
+from harness.commands.roundtrip.result import PhaseResult, RoundtripResult
+from harness.errors import HarnessError, RuntimeFailure
+from harness.results.records import CheckResult
+from harness.server import engine_log, kv_layout, metrics
+from harness.server.launcher import VllmServer, http_json
+from harness.server.workload import (
+    Completion,
+    Prompt,
+    complete,
+    make_fillers,
+    within_tolerance,
+)
+
+PHASES = ("cold", "warm", "filler", "replay")
+
+
+class EngineFailure(HarnessError):
+    """vLLM itself raised during a phase: a failed round trip, not a broken harness."""
+
+    def __init__(self, phase: str, signature: str, message: str) -> None:
+        super().__init__(f"the engine failed during the {phase} phase: {signature}")
+        self.phase, self.signature, self.message = phase, signature, message
+
+
+class StartupFailure(RuntimeFailure):
+    """The server under test never became ready: the matrix judges this as a verdict."""
+
+    def __init__(
+        self, message: str, state: str, returncode: int | None, log_path: Path, seconds: float
+    ) -> None:
+        super().__init__(message)
+        self.state, self.returncode, self.log_path = state, returncode, log_path
+        self.seconds = seconds
+
+
+class Status(Protocol):
+    def status(self, message: str) -> None: ...
+
+
+class Reporter(Status, Protocol):
+    def phase_done(self, phase: PhaseResult) -> None: ...
+    def request_done(self, completion: Completion) -> None: ...
+
+
+class Endpoint:
+    """Requests and metrics against a base URL, attributing failures to a dead server."""
+
+    def __init__(self, base: str, server: VllmServer | None) -> None:
+        self.base = base
+        self.server = server
+        self.last_text = ""  # the raw exposition, kept per phase for diagnosis
+
+    def failure(self, phase: str, err: Exception) -> HarnessError:
+        """Blame a failed request: the engine under test, or the run's environment."""
+        if self.server is not None:
+            from harness.server.crash_signatures import crash_signature
+
+            # Give a dying server a moment: its exit and its traceback land after the
+            # dropped connection that brought us here.
+            alive = self.server.alive(grace_s=3.0)
+            lines = self.server.log_path.read_text(errors="replace").splitlines()
+            sig = crash_signature(lines, None)
+            if sig.frame:
+                # vLLM raised inside its own code: the system under test failed.
+                return EngineFailure(phase, sig.summary(), sig.message)
+            if not alive:
+                code = self.server.proc.returncode if self.server.proc else None
+                return RuntimeFailure(
+                    f"the server died during the {phase} phase (exit "
+                    f"code {code}); log: {self.server.log_path}"
+                )
+        return RuntimeFailure(f"{phase} phase: {err}")
+
+    def snapshot(self, phase: str) -> tuple[metrics.Snapshot, metrics.CacheConfig | None]:
+        try:
+            text = http_json(f"{self.base}/metrics", None, 30)
+        except HarnessError as err:
+            raise self.failure(phase, err) from None
+        self.last_text = str(text)
+        snap, cache, _ = metrics.parse(self.last_text)
+        return snap, cache
+
+    def settle(self, phase: str, timeout_s: float) -> metrics.Snapshot:
+        """Wait for asynchronous stores/loads to land in the counters."""
+        deadline = time.monotonic() + timeout_s
+        last, _ = self.snapshot(phase)
+        stable = 0
+        while time.monotonic() < deadline:
+            time.sleep(0.25)
+            snap, _ = self.snapshot(phase)
+            if snap == last:
+                stable += 1
+                if stable >= 3:
+                    break
+            else:
+                stable = 0
+            last = snap
+        return last
+
+    def complete(
+        self, plan: RoundtripPlan, prompt: Prompt, phase: str, max_tokens: int
+    ) -> Completion:
+        w = plan.scenario.workload
+        try:
+            return complete(
+                self.base,
+                plan.served_name,
+                prompt,
+                phase,
+                max_tokens=max_tokens,
+                logprobs=w.logprobs,
+                seed=w.seed,
+            )
+        except HarnessError as err:
+            raise self.failure(phase, err) from None
+
+
+def start_server(server: VllmServer, plan: RoundtripPlan, reporter: Status, what: str) -> float:
+    reporter.status(f"starting {what} ...")
+    server.start()
+    ready = server.wait_ready(
+        plan.scenario.server.startup_timeout_s, plan.scenario.server.health_poll_s
+    )
+    if ready.state != "started":
+        from harness.server.crash_signatures import crash_signature
+
+        lines = server.log_path.read_text(errors="replace").splitlines()
+        sig = crash_signature(lines, ready.returncode)
+        how = (
+            "did not start in time"
+            if ready.state == "timeout"
+            else (f"crashed at start: {sig.summary()}")
+        )
+        raise StartupFailure(
+            f"the {what} {how}; log: {server.log_path}",
+            ready.state,
+            ready.returncode,
+            server.log_path,
+            ready.seconds,
+        )
+    reporter.status(f"{what} ready in {ready.seconds:.1f}s")
+    return ready.seconds
+
+
+def execute(
+    plan: RoundtripPlan,
+    out_dir: Path,
+    reporter: Reporter,
+    on_record: Callable[[RoundtripResult], None],
+    *,
+    url: str | None = None,
+    port: int | None = None,
+    baseline: bool = False,
+) -> RoundtripResult:
+    """Run the four phases; ``on_record`` is called after each step to persist results."""
+    result = RoundtripResult(plan)
+    server: VllmServer | None = None
+    if url is None:
+        assert plan.server is not None
+        server = plan.server.server(out_dir / "logs" / "server.log", port)
+    try:
+        if server is not None:
+            result.startup_seconds = start_server(server, plan, reporter, "server")
+            base = server.url
+        else:
+            assert url is not None  # server is None only in attach mode, which gives url
+            base = url.rstrip("/")
+        ep = Endpoint(base, server)
+        if server is not None:
+            read_engine_layout(plan, result, server.log_path)
+        if not run_round(plan, ep, result, reporter, on_record, out_dir / "metrics"):
+            return result
+    finally:
+        if server is not None:
+            server.stop()
+    if baseline and plan.server is not None and result.checks:
+        _run_baseline(plan, out_dir, result, reporter)
+        on_record(result)
+    return result
+
+
+def run_round(
+    plan: RoundtripPlan,
+    ep: Endpoint,
+    result: RoundtripResult,
+    reporter: Reporter,
+    on_record: Callable[[RoundtripResult], None],
+    metrics_dir: Path,
+) -> bool:
+    """The four phases and their checks on a running server; False if the engine died.
+
+    An engine error during a phase is the round trip's verdict (``engine-survived``
+    fails), not an error of the harness; ``harness.commands.faults`` runs several rounds
+    on one server through this.
+    """
+    try:
+        w = plan.scenario.workload
+        metrics_dir.mkdir(parents=True, exist_ok=True)
+        start, cache = ep.snapshot("start")
+        (metrics_dir / "start.prom").write_text(ep.last_text)
+        filler = result.filler = size_filler(plan, cache)
+        result.note(filler.note)
+        fillers = make_fillers(list(filler.lengths), plan.vocab_size, w.seed)
+        reporter.status(
+            f"pool {filler.pool_tokens} tokens; filler {filler.count} x "
+            f"{w.filler_tokens} = {filler.tokens} tokens "
+            f"({filler.tokens / max(filler.pool_tokens, 1):.2f}x pool)"
+        )
+        on_record(result)
+        prev = start
+        traffic: dict[str, list[Prompt]] = {
+            "cold": plan.targets,
+            "warm": plan.targets,
+            "filler": fillers,
+            "replay": plan.targets,
+        }
+        for phase in PHASES:
+            t0 = time.perf_counter()
+            max_tokens = 1 if phase == "filler" else w.max_tokens
+            for prompt in traffic[phase]:
+                comp = ep.complete(plan, prompt, phase, max_tokens)
+                result.completions.append(comp)
+                result.generation_seconds += comp.seconds
+                reporter.request_done(comp)
+            snap = ep.settle(phase, w.settle_timeout_s)
+            (metrics_dir / f"{phase}.prom").write_text(ep.last_text)
+            pr = PhaseResult(
+                phase, len(traffic[phase]), snap - prev, snap - start, time.perf_counter() - t0
+            )
+            result.phases.append(pr)
+            prev = snap
+            reporter.phase_done(pr)
+            on_record(result)
+        result.checks = evaluate(plan, result)
+        on_record(result)
+    except EngineFailure as err:
+        reporter.status(str(err))
+        result.checks = [
+            CheckResult(
+                "engine-survived",
+                False,
+                "every phase served without an engine error",
+                f"{err.signature}",
+                "offloading must never crash the engine; a crash during "
+                "a phase is the round trip failing",
+                f"{err.phase} phase: {err.message}",
+            )
+        ]
+        on_record(result)
+        return False
+    return True
+
+
+def read_engine_layout(plan: RoundtripPlan, result: RoundtripResult, log: Path) -> None:
+    """Take the KV-cache groups the engine reported; its Mamba state size wins."""
+    lines = log.read_text(errors="replace").splitlines()
+    groups = kv_layout.parse_report(lines)
+    result.engine_groups = groups
+    _record_kernels(result, "server", lines)
+    if not groups:
+        return
+    states = [
+        g["state_bytes"] * int(g.get("layers") or 0) * plan.tensor_parallel
+        for g in groups
+        if kv_layout.spec_kind(g) == "mamba" and g.get("state_bytes")
+    ]
+    if states and sum(states) != plan.expected.mamba_state_bytes:
+        result.engine_mamba_state_bytes = sum(states)
+        result.note(
+            f"Mamba state: the engine keeps {sum(states):,} B over all layers "
+            f"(the config at its dtype gives {plan.expected.mamba_state_bytes:,})"
+        )
+
+
+def _record_kernels(result: RoundtripResult, server: str, lines: list[str]) -> None:
+    result.engine_kernels[server] = {
+        **engine_log.kernels(lines),
+        "amx_permission": engine_log.amx_permission(lines),
+    }
+
+
+def _run_baseline(
+    plan: RoundtripPlan, out_dir: Path, result: RoundtripResult, reporter: Reporter
+) -> None:
+    """The same prompts on a second server without the connector (after the first stopped).
+
+    A cold pass must not depend on whether offloading is configured: compared with the
+    connector run's cold pass, byte for byte.
+    """
+    assert plan.server is not None
+    sp = plan.server
+    server = sp.without_offload().server(out_dir / "logs" / "baseline-server.log")
+    try:
+        start_server(server, plan, reporter, "baseline server (connector off)")
+        ep = Endpoint(server.url, server)
+        for prompt in plan.targets:
+            comp = ep.complete(plan, prompt, "baseline", plan.scenario.workload.max_tokens)
+            result.completions.append(comp)
+            reporter.request_done(comp)
+    finally:
+        server.stop()
+        if server.log_path.is_file():
+            _record_kernels(
+                result, "baseline", server.log_path.read_text(errors="replace").splitlines()
+            )
+    outs = {(c.phase, c.prompt): c for c in result.completions}
+    tol = plan.scenario.workload.baseline_logprob_tolerance
+    close = [
+        (p.name, within_tolerance(outs[("cold", p.name)], outs[("baseline", p.name)], tol))
+        for p in plan.targets
+    ]
+    result.checks.append(
+        ck.check_outputs_within(
+            close,
+            "baseline-output-equivalent",
+            "a cold pass with the connector must equal the same pass on a server without it; "
+            "two processes may round differently (bf16, kernels chosen per CPU), so logprobs "
+            "get the measured cross-process tolerance, while replay vs warm in one server "
+            "stays byte-exact",
+            tol,
+        )
+    )
+
+
+def save_requests(result: RoundtripResult, path: Path) -> None:
+    with path.open("w") as fh:
+        for comp in result.completions:
+            fh.write(json.dumps(comp.record(), sort_keys=True) + "\n")

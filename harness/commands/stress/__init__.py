@@ -1,0 +1,1 @@
+"""Offload-check stress: seeded concurrent traffic judged against a connector-off reference."""

@@ -1,0 +1,881 @@
+"""Stress runs: concurrent, multi-turn, preempting traffic through the connector, every
+request judged against a connector-off reference.
+
+A run has two servers, one after the other (never two at once):
+
+1. the server under test (the connector on) serves the plan (``harness.commands.stress.workload``)
+   at the chosen concurrency, through ``harness.commands.stress.driver``;
+2. the reference server (the same engine, the connector off, prefix caching on) first
+   serves the same plan at the same concurrency, which measures the noise floor the way
+   the run under test is judged: how far a clean concurrent run's decoded tokens and
+   their top-two gaps stray from the same tokens scored alone; then it scores every
+   request of the run under test alone (teacher forcing, ``prompt_logprobs`` over the
+   prompt and what was generated), and each generated token must be the reference's
+   choice or within the tolerance the floor gives (``harness.commands.stress.reference``).
+
+Why teacher forcing rather than a second generation: two generations part at the first
+near-tie that two computations round apart, and everything after differs; scoring the
+run's own tokens alone makes the comparison exact wherever the reference is not at a tie.
+How far decode and teacher-forced prefill round apart depends on vLLM's CPU attention
+kernel: not at all in one process on ``vec``, one bf16 step at most positions and now
+and then ten on ``amx`` (docs/stress.md), so the floor is measured, on the kernel that
+ran, never assumed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Unpack
+
+from harness.commands.stress.driver import Outcome, Reply, drive
+from harness.commands.stress.reference import (
+    Scores,
+    judge_tokens,
+    noise_floor,
+    parse_prompt_logprobs,
+)
+from harness.commands.stress.workload import PlannedRequest, plan_profile
+from harness.errors import BadInput
+from harness.scenario.stress_profiles import PROFILES, ProfileSettings
+
+if TYPE_CHECKING:
+    from harness.commands.roundtrip.plan import RoundtripOptions
+
+# The tolerance comes from measured numbers (``Floor``), and is never below the minimum
+# (a floor measured as 0 on a short run must not make every near-tie a divergence):
+#
+# - FLOOR_FACTOR x the larger of the stray (one token's logprob, served vs scored) and
+#   the logprobs' resolution (one bf16 step). Where decode and prefill compute alike
+#   (vLLM's `vec` attention kernel: the reference's replay and its scores agreed to the
+#   bit), two server processes still differ by one step (0.0039; the round trip's
+#   --baseline saw the same) and a step compounds along a long answer: clean runs parted
+#   from the reference by up to 3 steps (0.0117), so 4 steps.
+# - PAIR_FACTOR x the largest move of a two-token gap between the reference replay's
+#   decode and its own teacher-forced scores (``Floor.gap_move``): the very difference
+#   the run under test is judged by. Where they differ (`amx`: decode and prefill round
+#   the attention probabilities to bf16 in different tiles), one mixed-profile replay
+#   moved 1,498 positions by one step, 63 by two and one each by 3, 4, 5 and 10 steps;
+#   the run under test against the same scores: 1,452, 71, 2, and one each by 5 and 8.
+#   The largest move is a sample maximum of that tail (3 to 10 steps between samples;
+#   a clean run on another AMX host parted by 10, 0.0391), so 3x the replay's.
+# The tolerance is the larger of the two, so never narrower than the stray rule that
+# held on hosts without AMX. It came out 0.059 to 0.117 on the AMX host's clean mixed
+# runs; the seeded faults' diverging requests parted by 0.105 and more there (27 steps
+# and up; 0.08 and more without AMX), and every fault run had requests at 0.14 and more
+# (docs/stress.md).
+FLOOR_FACTOR = 4.0
+PAIR_FACTOR = 3.0
+MIN_TOLERANCE = 1e-3
+
+
+@dataclass
+class StressPlan:
+    """Everything known before launch: the base round-trip plan (model, servers), the
+    profile's requests, and how they are sent."""
+
+    base: Any  # harness.commands.roundtrip.RoundtripPlan
+    profile: str
+    settings: ProfileSettings
+    requests: list[PlannedRequest]
+    concurrency: int
+    seed: int
+    scenario: Any = None  # harness.scenario.schema.StressScenario
+    duration_s: float | None = None  # repeat the plan with new seeds until this elapses
+    request_limit: int | None = None
+    storable_tokens: int = 0  # what one round can store at most (sizes the CPU tier)
+
+    @property
+    def connector_config(self) -> dict[str, Any]:
+        """The launched connector's ``kv_connector_extra_config`` ({} when attached)."""
+        server = self.base.server
+        kv = (server.kv_transfer or {}) if server is not None else {}
+        return dict(kv.get("kv_connector_extra_config") or {})
+
+    @property
+    def offloads_decode(self) -> bool:
+        """Whether the connector stores generated tokens' blocks (vLLM's
+        ``offload_prompt_only``, true unless the connector's config says false)."""
+        return self.connector_config.get("offload_prompt_only", True) is False
+
+    def round(self, k: int) -> list[PlannedRequest]:
+        """Round ``k`` of a ``--duration`` run: the plan with seed + k, ids prefixed."""
+        if k == 0:
+            return self.requests
+        reqs = plan_requests(
+            self.profile,
+            self.settings,
+            self.base.vocab_size,
+            self.seed + k,
+            self.request_limit,
+        )
+        for r in reqs:
+            r.id = f"round{k}/{r.id}"
+            if r.parent is not None:
+                r.parent = f"round{k}/{r.parent}"
+        return reqs
+
+    def describe(self) -> dict[str, Any]:
+        from harness.commands.stress.workload import plan_summary
+
+        return {
+            "scenario": self.scenario.name if self.scenario is not None else None,
+            "profile": self.profile,
+            "settings": dict(vars(self.settings)),
+            "concurrency": self.concurrency,
+            "seed": self.seed,
+            "duration_s": self.duration_s,
+            "request_limit": self.request_limit,
+            "requests": plan_summary(self.requests),
+            "requests_total": len(self.requests),
+            "storable_tokens": self.storable_tokens,
+            "offloads_decode": self.offloads_decode,
+            "variant": self.base.variant,
+            "patch": self.base.patch or "none",
+            "fault": self.base.fault,
+            "tensor_parallel": self.base.tensor_parallel,
+            "model": self.base.model_ref,
+            "kv_block_size": self.base.kv_block_size,
+            "offload_tokens_per_chunk": self.base.tokens_per_chunk,
+            "kv_bytes_per_token": self.base.expected.kv_bytes_per_token,
+            "cpu_bytes_to_use": self.connector_config.get("cpu_bytes_to_use"),
+            "server_argv": self.base.server.argv() if self.base.server else None,
+            "reference_argv": reference_spec(self).argv() if self.base.server else None,
+        }
+
+
+def cap_requests(reqs: Sequence[PlannedRequest], limit: int | None) -> list[PlannedRequest]:
+    """The first ``limit`` requests in arrival order, keeping a turn only with its parent
+    (a turn without its history would be another request)."""
+    if limit is None:
+        return list(reqs)
+    kept: list[PlannedRequest] = []
+    ids: set[str] = set()
+    for r in reqs:
+        if len(kept) >= limit:
+            break
+        if r.parent is not None and r.parent not in ids:
+            continue
+        kept.append(r)
+        ids.add(r.id)
+    return kept
+
+
+def plan_requests(
+    profile: str,
+    settings: ProfileSettings,
+    vocab_size: int,
+    seed: int,
+    limit: int | None = None,
+) -> list[PlannedRequest]:
+    return cap_requests(plan_profile(profile, settings, vocab_size, seed), limit)
+
+
+def settings_for(scenario: Any, profile: str) -> tuple[ProfileSettings, list[str]]:
+    """A profile's numbers and engine arguments: the defaults, then what the scenario's
+    ``[profiles.<name>]`` table sets. ``mixed`` takes every sub-profile's table first,
+    then its own, so one file tunes each profile once."""
+    names = [*PROFILES[:-1], "mixed"] if profile == "mixed" else [profile]
+    values: dict[str, Any] = {}
+    args = list(scenario.engine_args)
+    for name in names:
+        table = scenario.profiles.get(name)
+        if table is None:
+            continue
+        values.update(table.model_dump(exclude_none=True, exclude={"engine_args"}))
+        args += list(table.engine_args)
+    if "prefix_tokens" in values:
+        values["prefix_tokens"] = tuple(values["prefix_tokens"])
+    return ProfileSettings(**values), args
+
+
+def prompt_bounds(reqs: Sequence[PlannedRequest]) -> dict[str, int]:
+    """Each request's longest possible prompt (a turn holds its parent's prompt and
+    whole answer), known before launch so an impossible plan is refused then."""
+    out: dict[str, int] = {}
+    by = {r.id: r for r in reqs}
+    for r in reqs:
+        n = len(r.prompt)
+        if r.parent is not None:
+            n += out[r.parent] + by[r.parent].max_tokens
+        out[r.id] = n
+    return out
+
+
+# Engine arguments every stress server gets: per-request cached tokens in the usage, the
+# evidence the prefix-reuse check reads.
+STRESS_ENGINE_ARGS = ("--enable-prompt-tokens-details",)
+
+
+def plan_stress(
+    scenario: Any,
+    *,
+    profile: str | None = None,
+    requests: int | None = None,
+    duration_s: float | None = None,
+    concurrency: int | None = None,
+    seed: int | None = None,
+    **launch: Unpack[RoundtripOptions],
+) -> StressPlan:
+    """Everything known before launch; refuses what cannot run with one clear line.
+    ``launch`` goes to ``plan_roundtrip``, the stress engine arguments before its own."""
+    from dataclasses import replace
+
+    from harness.commands.roundtrip import plan_roundtrip
+    from harness.names import ENV_TRACE
+    from harness.scenario.schema import load_roundtrip
+
+    name = profile or scenario.profile
+    if name not in PROFILES:
+        raise BadInput(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
+    settings, engine_args = settings_for(scenario, name)
+    base_scn = load_roundtrip(scenario.resolve(scenario.roundtrip))
+    launch["extra_args"] = [*engine_args, *STRESS_ENGINE_ARGS, *(launch.get("extra_args") or [])]
+    base = plan_roundtrip(base_scn, **launch)
+    seed_ = scenario.seed if seed is None else seed
+    limit = requests if requests is not None else scenario.requests
+    try:
+        reqs = plan_requests(name, settings, base.vocab_size, seed_, limit)
+    except ValueError as err:
+        raise BadInput(f"profile {name}: {err}") from None
+    if not reqs:
+        raise BadInput(f"profile {name} plans no requests with these settings")
+    bounds = prompt_bounds(reqs)
+    max_len = base_scn.server.max_model_len
+    for r in reqs:
+        if bounds[r.id] + r.max_tokens > max_len:
+            raise BadInput(
+                f"{r.id}: up to {bounds[r.id]} prompt + {r.max_tokens} generated tokens "
+                f"exceed max_model_len {max_len}; fewer turns or shorter texts"
+            )
+    storable = sum(bounds[r.id] + r.max_tokens for r in reqs)
+    # Size the CPU tier to hold every byte the plan can store (twice for --duration,
+    # whose rounds never share prefixes): a prefix evicted from the tier would make a
+    # missed hit the tier's choice, not a bug.
+    duration = duration_s if duration_s is not None else scenario.duration_s
+    rounds = 2 if duration else 1
+    tier = math.ceil(
+        storable * rounds * base.expected.kv_bytes_per_token * (1 + scenario.cpu_tier_margin)
+    )
+    server = base.server
+    if server is not None:
+        kv = dict(server.kv_transfer or {})
+        if kv:
+            extra_cfg = dict(kv.get("kv_connector_extra_config") or {})
+            given = extra_cfg.get("cpu_bytes_to_use")
+            extra_cfg["cpu_bytes_to_use"] = max(int(given or 0), tier)
+            extra_cfg.setdefault("offload_prompt_only", not scenario.offload_decode)
+            kv["kv_connector_extra_config"] = extra_cfg
+        server = replace(server, kv_transfer=kv or None, env={**server.env, ENV_TRACE: "1"})
+        base = replace(base, server=server)
+    return StressPlan(
+        base,
+        name,
+        settings,
+        reqs,
+        concurrency or scenario.concurrency,
+        seed_,
+        scenario=scenario,
+        duration_s=duration,
+        request_limit=limit,
+        storable_tokens=storable,
+    )
+
+
+# The reference's GPU pool, in tokens, per token the plan can store: enough that its
+# replay evicts nothing, so its later turns reuse their parents' KV as the run under
+# test's do from the CPU tier (KV computed during decode, which teacher-forced scoring
+# recomputes by prefill: the floor must measure that difference too).
+REFERENCE_POOL_FACTOR = 3
+
+
+def reference_spec(plan: StressPlan) -> Any:
+    """The reference server: the run under test's engine and arguments, the connector
+    off, and a GPU pool (``--num-gpu-blocks-override``, where the scenario sets one)
+    large enough to hold everything the plan stores."""
+    from dataclasses import replace
+
+    server = plan.base.server
+    assert server is not None
+    blocks = math.ceil(plan.storable_tokens * REFERENCE_POOL_FACTOR / plan.base.kv_block_size)
+
+    def raised(args: list[str]) -> list[str]:
+        out = list(args)
+        for i, a in enumerate(out):
+            if a == "--num-gpu-blocks-override" and i + 1 < len(out):
+                out[i + 1] = str(max(int(out[i + 1]), blocks))
+            elif a.startswith("--num-gpu-blocks-override="):
+                out[i] = f"--num-gpu-blocks-override={max(int(a.split('=', 1)[1]), blocks)}"
+        return out
+
+    ref = server.without_offload()
+    return replace(ref, args=raised(ref.args), tail=raised(ref.tail))
+
+
+# --- the reference --------------------------------------------------------------------------
+def compared(outcomes: Sequence[Outcome]) -> list[Outcome]:
+    """The requests judged against the reference: answered, not cut off, not filler."""
+    return [o for o in outcomes if o.output and not o.error and not o.aborted and not o.filler]
+
+
+def score_request(prompt: list[int], output: list[int]) -> PlannedRequest:
+    """The reference's scoring request: the prompt and what was generated, one token asked
+    for, ``prompt_logprobs`` over all of it (the actual token and the top choice)."""
+    return PlannedRequest(
+        "score", "score", 0.0, prompt + output, max_tokens=1, prompt_logprobs=SCORE_TOP
+    )
+
+
+# The reference scores each position's actual token and its top two: the gap between the
+# two is what the logprobs' resolution is measured from.
+SCORE_TOP = 2
+
+Scorer = Callable[[list[int], list[int]], Scores]
+"""Score prompt + output alone on the reference server: per position, token -> logprob."""
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The noise floor of a clean concurrent run, measured on the reference server the
+    way the run under test is judged: each token as served (decode, in the replay's
+    batches) against the same tokens scored alone (teacher-forced prefill)."""
+
+    stray: float  # largest |logprob as served - as scored alone| of a generated token
+    tokens: int  # generated tokens measured
+    resolution: float  # smallest positive gap between two scored logprobs at a position
+    # Largest change, between served and scored, of the gap between two tokens at one
+    # position (both sides' top choices): the very quantity a verdict turns on, since a
+    # run's token is judged by its gap to the reference's top choice there.
+    pair: float = 0.0
+    lost: float = 0.0  # largest gap of a near-tie the replay broke the other way
+    paired: int = 0  # positions where both sides gave two tokens to compare
+
+    @property
+    def gap_move(self) -> float:
+        """How far the replay's serving and its scores disagreed about a gap: the
+        largest pair move and lost near-tie; without served top choices (``paired`` 0)
+        twice the stray stands in for the pair (two tokens moving apart)."""
+        pair = self.pair if self.paired else 2 * self.stray
+        return max(pair, self.lost)
+
+    @property
+    def value(self) -> float:
+        """The floor, per token (``noise_floor``; the tolerance is ``FLOOR_FACTOR`` x
+        it): the stray; the gap move, weighted ``PAIR_FACTOR / FLOOR_FACTOR`` (it is
+        already a gap, the quantity a verdict compares, so 3 x it rather than 4); and
+        never less than the logprobs' resolution. Logits are rounded to the model's
+        dtype (bf16 here), so two computations of one position that differ by less than
+        a step can round to neighbouring steps: a tie broken the other way costs one
+        step, whether or not the floor run happened to break one. Where decode and
+        prefill compute alike (vLLM's ``vec`` attention kernel: stray and pair 0) this
+        is the resolution; where they do not (``amx``), it is what they were measured to
+        differ by."""
+        return max(self.stray, self.gap_move * PAIR_FACTOR / FLOOR_FACTOR, self.resolution)
+
+
+def pair_change(served: dict[int, float], scored: dict[int, float]) -> float:
+    """The largest change, from ``served`` to ``scored``, of the gap between two tokens
+    both report at one position (0 when fewer than two are common)."""
+    common = sorted(served.keys() & scored.keys())
+    worst = 0.0
+    for a, b in itertools.combinations(common, 2):
+        worst = max(worst, abs((served[a] - served[b]) - (scored[a] - scored[b])))
+    return worst
+
+
+def floor_of(outcomes: Sequence[Outcome], score: Scorer) -> Floor:
+    """How far a clean concurrent run strays from the same tokens scored alone: the
+    largest difference between a generated token's logprob as served and as scored; the
+    largest gap by which scoring preferred another token (a near-tie the concurrent run
+    resolved the other way); the largest change of a two-token gap between the served
+    top choices and the scored ones; and the scored logprobs' resolution."""
+    stray, lost, n, pair, paired = 0.0, 0.0, 0, 0.0, 0
+    step = math.inf
+    for o in compared(outcomes):
+        scores = score(o.prompt, o.output)
+        served: Scores = [None] * len(o.prompt) + [
+            {tok: lp} for tok, lp in zip(o.output, o.logprobs, strict=False)
+        ]
+        stray = max(stray, noise_floor(served, scores))
+        for i, tok in enumerate(o.output):
+            pos = len(o.prompt) + i
+            dist = scores[pos] if pos < len(scores) else None
+            if dist and tok in dist:
+                n += 1
+                lost = max(lost, max(dist.values()) - dist[tok])
+            if dist and i < len(o.top) and o.top[i]:
+                mine = dict(o.top[i])
+                if i < len(o.logprobs):
+                    mine.setdefault(tok, o.logprobs[i])
+                if len(mine.keys() & dist.keys()) > 1:
+                    paired += 1
+                    pair = max(pair, pair_change(mine, dist))
+            if dist and len(dist) > 1:
+                vals = sorted(dist.values())
+                gaps = [b - a for a, b in itertools.pairwise(vals) if b - a > 1e-9]
+                step = min(step, *gaps) if gaps else step
+    return Floor(stray, n, 0.0 if math.isinf(step) else step, pair, lost, paired)
+
+
+def tolerance_for(floor: Floor) -> float:
+    """``FLOOR_FACTOR`` x the floor (never below ``MIN_TOLERANCE``): the larger of 4 x
+    the stray or resolution and 3 x the gap move; plus a hair so a gap of exactly that,
+    computed in floating point, is not a divergence."""
+    return max(FLOOR_FACTOR * floor.value, MIN_TOLERANCE) + 1e-6
+
+
+@dataclass
+class StressResult:
+    """What a stress run observed (written as it goes; ``checks`` last)."""
+
+    plan: StressPlan
+    outcomes: list[Outcome] = field(default_factory=list)  # the run under test
+    reference: list[Outcome] = field(default_factory=list)  # the reference's own run
+    floor: float | None = None
+    floor_tokens: int = 0
+    floor_stray: float | None = None  # the floor's parts (``Floor``)
+    floor_resolution: float | None = None
+    floor_pair: float | None = None
+    floor_lost: float | None = None
+    tolerance: float | None = None
+    # each server's attention backend and kernel ISA, and the AMX permission, from its
+    # log ("server", "reference"): decode and prefill round alike on some kernels only
+    engine_kernels: dict[str, dict[str, str]] = field(default_factory=dict)
+    verdicts: dict[str, Any] = field(default_factory=dict)  # request id -> TokenVerdict
+    counters: dict[str, float] = field(default_factory=dict)  # the run under test's deltas
+    log_lines: list[str] = field(default_factory=list)
+    checks: list[Any] = field(default_factory=list)
+    sent: list[PlannedRequest] = field(default_factory=list)  # every round's requests
+    rounds: int = 0
+    traffic_seconds: float = 0.0
+    server_alive: bool = True
+    death: str = ""
+    pool_tokens: int | None = None  # the live GPU pool
+    engine_groups: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    reference_error: str = ""
+    attached: bool = False  # --url: a server someone else launched, no reference
+    # request id -> the reference's own continuation from the first divergence
+    explanations: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def compared_count(self) -> int:
+        return len(compared(self.outcomes))
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    def figures(self) -> dict[str, Any]:
+        """``run.json``'s ``stress``: what the run did, in numbers."""
+        outs = self.outcomes
+        diffs = served_differences(self) if self.reference else []
+        return {
+            "requests_sent": len(outs),
+            "requests_compared": self.compared_count(),
+            "requests_aborted": sum(o.aborted for o in outs),
+            "requests_failed": sum(bool(o.error) for o in outs),
+            "fillers": sum(o.filler for o in outs),
+            "rounds": self.rounds,
+            "traffic_seconds": round(self.traffic_seconds, 2),
+            "generated_tokens": sum(len(o.output) for o in outs),
+            "pool_tokens": self.pool_tokens,
+            "noise_floor": self.floor,
+            "floor_tokens": self.floor_tokens,
+            "floor_stray": self.floor_stray,
+            "floor_resolution": self.floor_resolution,
+            "floor_pair": self.floor_pair,
+            "floor_lost": self.floor_lost,
+            "tolerance": self.tolerance,
+            "engine_kernels": self.engine_kernels,
+            "near_ties": sum(v.near_ties for v in self.verdicts.values()),
+            "near_tie_widest": max((v.widest for v in self.verdicts.values()), default=0.0),
+            "served_differ_requests": len(diffs) if self.reference else None,
+            "served_max_diff": max((d.max_diff for d in diffs), default=0.0)
+            if self.reference
+            else None,
+            "counters": self.counters,
+            "reference_error": self.reference_error or None,
+            "death": self.death or None,
+        }
+
+
+def http_scorer(base_url: str, model: str) -> Scorer:
+    """A ``Scorer`` through ``/v1/completions`` with ``prompt_logprobs``."""
+    from harness.commands.stress.driver import post_json
+
+    def score(prompt: list[int], output: list[int]) -> Scores:
+        req = score_request(prompt, output)
+        body = post_json(
+            f"{base_url}/v1/completions",
+            {
+                "model": model,
+                "prompt": req.prompt,
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "prompt_logprobs": SCORE_TOP,
+                "return_token_ids": True,
+            },
+            600.0,
+        )
+        return parse_prompt_logprobs(body["choices"][0].get("prompt_logprobs"))
+
+    return score
+
+
+def judge_run(result: StressResult, score: Scorer) -> None:
+    """Every compared request of the run under test, scored alone, judged within the
+    tolerance."""
+    assert result.tolerance is not None
+    for o in compared(result.outcomes):
+        result.verdicts[o.id] = judge_tokens(
+            len(o.prompt), o.output, score(o.prompt, o.output), result.tolerance
+        )
+
+
+def run_reference_side(result: StressResult, send: Callable[..., Reply], score: Scorer) -> None:
+    """On the reference server: the plan at the same concurrency (the floor), then the
+    run under test's requests scored alone."""
+    plan = result.plan
+    result.reference = drive(plan.requests, send, plan.concurrency)
+    fl = floor_of(result.reference, score)
+    result.floor, result.floor_tokens = fl.value, fl.tokens
+    result.floor_stray, result.floor_resolution = fl.stray, fl.resolution
+    result.floor_pair, result.floor_lost = fl.pair, fl.lost
+    result.tolerance = tolerance_for(fl)
+    judge_run(result, score)
+    explain_divergences(result, send)
+
+
+# Tokens of each side shown from the first divergence on (divergence.md).
+SHOWN_TOKENS = 12
+
+
+def explain_divergences(result: StressResult, send: Callable[..., Reply]) -> None:
+    """For each diverging request, what the reference says from the divergence on: its
+    greedy continuation of the prompt and the run's tokens before the divergence, beside
+    the run's own (both texts in ``divergence.md``)."""
+    by = {o.id: o for o in result.outcomes}
+    for rid, verdict in result.verdicts.items():
+        d = verdict.divergence
+        if d is None or rid not in by:
+            continue
+        o = by[rid]
+        prompt = o.prompt + o.output[: d.index]
+        ask = PlannedRequest(f"explain/{rid}", "explain", 0.0, prompt, max_tokens=SHOWN_TOKENS)
+        try:
+            reply = send(ask, prompt)
+        except Exception as err:  # an explanation is a courtesy, never the verdict
+            result.explanations[rid] = {"error": f"{type(err).__name__}: {err}"}
+            continue
+        result.explanations[rid] = {"reference_ids": reply.ids, "reference_text": reply.text}
+
+
+def timeline(outcomes: Sequence[Outcome], step_s: float = 0.25) -> list[tuple[float, int]]:
+    """Requests in flight over time (the timeline chart's first series)."""
+    if not outcomes:
+        return []
+    end = max(o.ended_s for o in outcomes)
+    points = []
+    t = 0.0
+    while t <= end + step_s:
+        points.append((round(t, 3), sum(1 for o in outcomes if o.started_s <= t < o.ended_s)))
+        t += step_s
+    return points
+
+
+def save_requests(outcomes: Sequence[Outcome], path: Path, plan: Sequence[PlannedRequest]) -> None:
+    """``requests.jsonl``: every request as planned and as it went."""
+    import json
+
+    by = {r.id: r for r in plan}
+    with path.open("w") as fh:
+        for o in outcomes:
+            rec = {**by[o.id].record(), **o.record()} if o.id in by else o.record()
+            fh.write(json.dumps(rec, sort_keys=True) + "\n")
+
+
+def group_kinds(groups: Sequence[dict[str, Any]]) -> list[str]:
+    from harness.server.kv_layout import spec_kind
+
+    return [spec_kind(g) for g in groups]
+
+
+def ledger_of(result: StressResult) -> Any:
+    """The byte ledger: vLLM's counters, the host backend's per-kind trace, and what the
+    requests as sent and answered say should have moved."""
+    from harness.commands.stress.checks import Ledger, parse_transfers, per_kind, stored_chunks
+
+    plan = result.plan
+    exp = plan.base.expected
+    c = plan.base.tokens_per_chunk
+    by = {r.id: r for r in result.sent}
+    low: list[list[int]] = []
+    high: list[list[int]] = []
+    decode = plan.offloads_decode
+    for o in result.outcomes:
+        if not o.prompt or (o.error and not o.aborted):
+            continue
+        if not decode:
+            low.append(o.prompt)
+            high.append(o.prompt)
+            continue
+        # The last generated token's KV is never computed (it is sampled, not fed back).
+        seen = o.prompt + o.output[:-1]
+        low.append(seen)
+        if o.aborted:
+            # Generated past what the client read before hanging up: up to max_tokens.
+            want = by[o.id].max_tokens if o.id in by else len(o.output)
+            high.append(o.prompt + (o.output + [-1] * want)[: want - 1])
+        else:
+            high.append(seen)
+    kinds = per_kind(parse_transfers(result.log_lines), group_kinds(result.engine_groups))
+    kind_bpt = {k.kind: k.bytes_per_token for k in exp.layout if k.bytes_per_token}
+    return Ledger(
+        stored=result.counters.get("stored_bytes", 0.0),
+        loaded=result.counters.get("loaded_bytes", 0.0),
+        ext_hits=result.counters.get("ext_hits", 0.0),
+        kinds=kinds,
+        full_bpt=exp.full_bytes_per_token,
+        kind_bpt=kind_bpt,
+        chunks_low=stored_chunks(low, c),
+        chunks_high=stored_chunks(high, c),
+        chunk=c,
+        preemptions=result.counters.get("preemptions", 0.0),
+        longest=max((len(o.prompt) + len(o.output) for o in result.outcomes), default=0),
+    )
+
+
+# The profiles whose traffic must make the scheduler preempt, and those whose later
+# requests reuse earlier ones' prefixes (served from the CPU tier once the GPU evicted
+# them): only those are judged on reuse and external hits.
+PREEMPTING = ("preemption", "mixed")
+REUSING = ("multi-turn", "shared-prefix", "mixed")
+# What each kind of profile exists to make happen: (profiles, check, what, counter, why).
+HAPPENED = (
+    (
+        PREEMPTING,
+        "preemptions-happened",
+        "vllm:num_preemptions",
+        "preemptions",
+        "the profile exists to make the scheduler preempt and resume requests; "
+        "without a preemption it proved nothing about them",
+    ),
+    (
+        REUSING,
+        "external-hits-happened",
+        "external prefix-cache hits",
+        "ext_hits",
+        "later turns and family members must find their prefix evicted from "
+        "the GPU and served from the CPU tier, or the tier was never read",
+    ),
+)
+
+
+def evaluate(result: StressResult) -> None:
+    """Every check of a stress run, each expected / observed / why."""
+    from harness.commands.stress.checks import (
+        check_happened,
+        check_log,
+        check_no_errors,
+        check_outputs,
+        check_prefix_reuse,
+    )
+    from harness.results.records import CheckResult
+
+    plan = result.plan
+    checks: list[Any] = [
+        CheckResult(
+            "engine-survived",
+            result.server_alive and not result.death,
+            "the server answered to the end",
+            result.death or "alive",
+            "offloading must never bring the engine down",
+        ),
+        check_no_errors(result.outcomes),
+    ]
+    if result.attached:
+        pass  # no reference to compare with; the figures say so (reference_error)
+    elif result.reference_error and not result.verdicts:
+        checks.append(
+            CheckResult(
+                "outputs-match-reference",
+                False,
+                "every request's tokens are the reference's choice",
+                "not judged",
+                "the reference server could not score the run",
+                result.reference_error,
+            )
+        )
+    elif result.verdicts or result.compared_count():
+        checks.append(
+            check_outputs(
+                result.outcomes,
+                result.verdicts,
+                result.tolerance,
+                kernels_text(result.engine_kernels) if result.engine_kernels else "",
+            )
+        )
+    if result.log_lines:
+        checks.append(check_log(result.log_lines))
+    logprob_ids = [r.id for r in result.sent if r.prompt_logprobs is not None]
+    if result.counters:
+        if plan.profile in REUSING and reuse_is_modelled(plan):
+            checks.append(
+                check_prefix_reuse(
+                    result.outcomes,
+                    plan.base.tokens_per_chunk,
+                    logprob_ids,
+                    decode=plan.offloads_decode,
+                )
+            )
+        checks += check_ledger_for(result)
+        checks += [
+            check_happened(name, what, result.counters.get(counter, 0.0), why)
+            for profiles, name, what, counter, why in HAPPENED
+            if plan.profile in profiles
+        ]
+    result.checks = checks
+
+
+def reuse_is_modelled(plan: StressPlan) -> bool:
+    """Whether ``prefix-reused`` can state what must be reused. Sliding-window layers
+    keep in the CPU tier only the tail a hit at a request's prompt boundary reaches
+    (vLLM's retention rule, PR #51886), so which later prefixes can hit depends on where
+    each donor's prompt ended; the check is left out there rather than guessed (on
+    Gemma 3: a 700-token shared prefix found no hit, by that rule)."""
+    return not any(k.kind == "sliding-window" for k in plan.base.expected.layout)
+
+
+def check_ledger_for(result: StressResult) -> list[Any]:
+    from harness.commands.stress.checks import check_ledger
+
+    return check_ledger(ledger_of(result))
+
+
+@dataclass(frozen=True)
+class ServedDiff:
+    """One request as served by the run under test and by the reference's replay, when
+    both got the same prompt: where their logprobs or tokens first part. A diagnostic,
+    not a verdict (the replay's batches differ), that shows which requests moved."""
+
+    id: str
+    cached_tokens: int | None
+    reference_cached_tokens: int | None
+    differing: int  # generated positions whose logprob differs (before any token does)
+    max_diff: float
+    first: int | None  # first differing position
+    token_at: int | None  # first position where the tokens themselves differ
+
+
+def served_differences(result: StressResult) -> list[ServedDiff]:
+    ref = {o.id: o for o in result.reference}
+    out = []
+    for o in compared(result.outcomes):
+        r = ref.get(o.id)
+        if r is None or r.prompt != o.prompt or not o.logprobs or not r.logprobs:
+            continue
+        n, worst, first, token_at = 0, 0.0, None, None
+        for i, (a, b) in enumerate(zip(o.output, r.output, strict=False)):
+            if a != b:
+                token_at = i
+                first = i if first is None else first
+                break
+            if i < len(o.logprobs) and i < len(r.logprobs) and o.logprobs[i] != r.logprobs[i]:
+                n += 1
+                worst = max(worst, abs(o.logprobs[i] - r.logprobs[i]))
+                first = i if first is None else first
+        if first is not None:
+            out.append(
+                ServedDiff(o.id, o.cached_tokens, r.cached_tokens, n, worst, first, token_at)
+            )
+    return out
+
+
+def divergence_md(result: StressResult) -> str:
+    """``divergence.md``: each request the reference would not have generated, with the
+    first token where they part and both texts around it."""
+    plan = result.plan
+    lines = [
+        f"# Divergences: stress {plan.profile}, seed {plan.seed}",
+        "",
+        f"Noise floor {result.floor if result.floor is not None else 'not measured'} "
+        f"(largest stray {result.floor_stray}, largest two-token gap move "
+        f"{result.floor_pair}, largest near-tie lost {result.floor_lost}, logprob "
+        f"resolution {result.floor_resolution}) "
+        f"over {result.floor_tokens} tokens; tolerance {result.tolerance}.",
+        "",
+        f"Attention kernels: {kernels_text(result.engine_kernels)}.",
+        "",
+    ]
+    bad = [
+        (o, result.verdicts[o.id])
+        for o in result.outcomes
+        if o.id in result.verdicts and result.verdicts[o.id].divergence is not None
+    ]
+    if not bad:
+        lines.append("No request diverged from the reference.")
+    lines += _served_section(result)
+    if not bad:
+        return "\n".join(lines) + "\n"
+    for o, v in bad:
+        d = v.divergence
+        turn = f", turn {o.turn}" if o.turn is not None else ""
+        lines += [
+            f"## {o.id}{turn}",
+            "",
+            f"- {d.text()}",
+            f"- prompt {len(o.prompt)} tokens, cached {o.cached_tokens}, "
+            f"started {o.started_s:.2f}s, ended {o.ended_s:.2f}s",
+            f"- run's tokens from there: {o.output[d.index : d.index + SHOWN_TOKENS]}",
+        ]
+        ex = result.explanations.get(o.id, {})
+        if "reference_ids" in ex:
+            lines.append(f"- reference's tokens from there: {ex['reference_ids']}")
+            lines.append(f"- reference's text from there: {ex['reference_text']!r}")
+        elif "error" in ex:
+            lines.append(f"- reference's continuation: not available ({ex['error']})")
+        lines += [f"- run's whole answer: {o.text[:400]!r}", ""]
+    return "\n".join(lines) + "\n"
+
+
+def kernels_text(kernels: dict[str, dict[str, str]]) -> str:
+    """``server CPUAttentionBackend/amx, reference CPUAttentionBackend/amx``."""
+    parts = []
+    for who in ("server", "reference"):
+        k = kernels.get(who)
+        if k is None:
+            continue
+        cell = "/".join(v for v in (k.get("attention_backend"), k.get("attention_isa")) if v)
+        parts.append(f"{who} {cell or 'not reported'}")
+    return ", ".join(parts) or "not reported"
+
+
+def _served_section(result: StressResult) -> list[str]:
+    """Requests whose served logprobs differ from the reference replay's (same prompt)."""
+    diffs = served_differences(result)
+    if not result.reference:
+        return []
+    head = [
+        "",
+        "## Served logprobs, run under test vs the reference's replay",
+        "",
+        "Same prompt, both served at the same concurrency; a diagnostic, not a verdict. "
+        f"{len(diffs)} request(s) differ.",
+        "",
+    ]
+    if not diffs:
+        return head
+    rows = [
+        "| request | cached (run / reference) | positions differing | max difference | "
+        "first position | first token differing |",
+        "|---|---|---|---|---|---|",
+    ]
+    for d in diffs:
+        rows.append(
+            f"| {d.id} | {d.cached_tokens} / {d.reference_cached_tokens} | {d.differing} | "
+            f"{d.max_diff:.6f} | {d.first} | {d.token_at if d.token_at is not None else ''} |"
+        )
+    return [*head, *rows, ""]

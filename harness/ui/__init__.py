@@ -1,0 +1,1 @@
+"""What a person reads: terminal tables, dry-run plans, the CI summary, compare, list."""
