@@ -194,20 +194,19 @@ _engine-side-on-stock: setup
 
 # The PR tier (what .ci/run calls): lint, then every unit test and the real-engine tests
 # not marked nightly (README, "Test tiers").
-# The unit tests run on every core (pytest-xdist; they launch no server), the engine
-# tests one at a time after them: never two vLLM servers at once.
-UNIT_WORKERS ?= -n auto --maxprocesses 4
+# pytest-xdist: the engine tests run on one worker, one server at a time, in order
+# (tests/conftest.py puts them in one xdist group); the unit tests, which launch no
+# server, run on the other workers meanwhile, on the core a launch's imports leave idle.
+WORKERS ?= -n auto --maxprocesses 4 --dist loadgroup
 test: lint _engine-side-on-stock
-	$(VENV)/bin/python -m pytest tests/unit $(UNIT_WORKERS) --durations=10 $(PYTEST_ARGS)
-	$(VENV)/bin/python -m pytest tests/integration -m "not nightly" --durations=25 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests -m "not nightly" $(WORKERS) --durations=25 $(PYTEST_ARGS)
 
 # The nightly tier: everything, soak and slow cells included.
 test-nightly: lint _engine-side-on-stock
-	$(VENV)/bin/python -m pytest tests/unit $(UNIT_WORKERS) --durations=10 $(PYTEST_ARGS)
-	$(VENV)/bin/python -m pytest tests/integration --durations=40 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests $(WORKERS) --durations=40 $(PYTEST_ARGS)
 
 test-unit: setup
-	$(VENV)/bin/python -m pytest tests/unit $(UNIT_WORKERS) $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests/unit $(WORKERS) $(PYTEST_ARGS)
 
 test-engine: setup
 	$(VENV)/bin/python -m pytest tests/integration $(PYTEST_ARGS)

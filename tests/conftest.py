@@ -143,7 +143,8 @@ def _is_engine(proc: psutil.Process) -> bool:
 # Server launches are what a tier costs (30-90 s each on 2 cores), so each engine test
 # declares its own with @pytest.mark.launches(n), and module fixtures that several tests
 # share declare theirs here (counted once however many tests use them). The totals are
-# printed after collection and kept equal to the README's table by tests/unit/test_tiers.py.
+# printed after collection and kept equal to docs/development.md's table by
+# tests/unit/test_tiers.py.
 FIXTURE_LAUNCHES: dict[str, int] = {
     "small_chunk_matrix": 3,  # crash-repro on llama4-small-chunk, connector on (+1 on AMX)
     # the whole `make crash-repro` (+2 on AMX hosts): 12 rows, each model's stock+fix
@@ -191,6 +192,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if bad:
         raise pytest.UsageError(f"engine tests without @pytest.mark.launches(n): {bad}")
+    # With pytest-xdist (`make test`: --dist loadgroup) every engine test runs on one
+    # worker, in order, so module fixtures are shared and two servers never overlap (the
+    # machine-wide server lock would serialise them anyway, but a test waiting for the
+    # lock would be timed as if its server were slow); the unit tests fill the other
+    # workers. Without xdist the mark does nothing.
+    for item in items:
+        if item.get_closest_marker("engine"):
+            item.add_marker(pytest.mark.xdist_group("engine"))
 
 
 TIERS_SUMMARY = "offload-check tiers: pr={pr} nightly={nightly}"
