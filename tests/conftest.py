@@ -6,6 +6,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -192,14 +193,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if bad:
         raise pytest.UsageError(f"engine tests without @pytest.mark.launches(n): {bad}")
-    # With pytest-xdist (`make test`: --dist loadgroup) every engine test runs on one
-    # worker, in order, so module fixtures are shared and two servers never overlap (the
-    # machine-wide server lock would serialise them anyway, but a test waiting for the
-    # lock would be timed as if its server were slow); the unit tests fill the other
-    # workers. Without xdist the mark does nothing.
-    for item in items:
-        if item.get_closest_marker("engine"):
-            item.add_marker(pytest.mark.xdist_group("engine"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With pytest-xdist (`make test`), every engine test runs on one worker, in collection
+    order, so module fixtures are shared and two servers never overlap (the machine-wide
+    server lock would serialise them anyway, but a test waiting for the lock would be timed
+    as if its server were slow); the unit tests, by module, fill the other workers.
+
+    A scheduler of our own rather than ``--dist loadgroup``: xdist 3.8 marks a group by
+    rewriting ``item._nodeid``, which pytest 9 no longer reads, so every group was ignored
+    and engine tests ran side by side.
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EngineTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith("tests/integration/"):
+                return "engine"
+            return nodeid.rsplit("::", 1)[0]
+
+    return EngineTestsTogether(config, log)
 
 
 TIERS_SUMMARY = "offload-check tiers: pr={pr} nightly={nightly}"

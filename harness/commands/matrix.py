@@ -224,12 +224,6 @@ def match_rule(
     return found
 
 
-def rule_for(
-    scn: MatrixScenario, family: str, geometry: str, variant: str, version: str
-) -> CellExpectation:
-    return match_rule(scn, family, geometry, variant, version).rule
-
-
 def cell_scenario(
     base: RoundtripScenario, entry: MatrixEntry, geometry: Path, variant: str
 ) -> RoundtripScenario:

@@ -37,7 +37,7 @@ def _check(kind: str, path: Path) -> str:
         fixed = entry.fixed or "still open"
         return f"{entry.trigger.kind} trigger, affected {entry.affected}, fixed {fixed}"
     if kind == "stress":
-        from harness.commands.stress.judge import plan_stress
+        from harness.commands.stress.plan import plan_stress
         from harness.scenario.schema import load_stress
 
         splan = plan_stress(load_stress(path))

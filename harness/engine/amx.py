@@ -28,8 +28,6 @@ from pathlib import Path
 from harness.names import ENV_AMX
 from harness.names import LOG_AMX as LOG_PREFIX
 
-# The CPU flags (as /proc/cpuinfo spells them) that mean the CPU has AMX tiles.
-AMX_FLAGS = ("amx_tile", "amx_bf16", "amx_int8")
 # Flags worth recording: what vLLM's CPU kernels choose between.
 ISA_FLAGS = (
     "avx2",

@@ -45,7 +45,6 @@ logger = logging.getLogger("vllm.offload_check.patches")
 
 
 SCHEDULER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
-MUTANT_PATCHES = (PATCH_HITS_MINUS_CHUNK,)
 
 
 @dataclass

@@ -600,12 +600,6 @@ def expectation_gap(ctx: RowContext, rules: Sequence[Expectation]) -> str:
     return platform_gap(rules, asdict(ctx), fields=EXPECTATION_FIELDS)
 
 
-def expectation_for(ctx: RowContext, rules: Sequence[Expectation]) -> Expectation | None:
-    """First matching rule wins; None when no rule matches (a scenario error)."""
-    found = match_expectation(ctx, rules)
-    return None if found is None else found.rule
-
-
 def judge(
     outcome: str, known: int | str | None, answered: bool | None, rule: Expectation | None
 ) -> tuple[bool, str]:

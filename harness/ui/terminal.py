@@ -458,7 +458,7 @@ def env_status_table(statuses: Sequence[Any]) -> Table:
 
 
 def envs_table(entries: Sequence[Any], total: Any, where: Path) -> Table:
-    """``envs list``: each environment's disk three ways (see ``release_envs.DiskUsage``)."""
+    """``envs list``: each environment's disk three ways (see ``disk_usage.DiskUsage``)."""
     table = Table(
         title=f"release environments in {where}",
         header_style="bold",

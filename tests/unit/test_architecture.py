@@ -15,6 +15,7 @@ function-local imports included, must be layered and acyclic, none can hide a cy
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -243,3 +244,40 @@ def test_the_server_argv_is_built_in_one_place():
         if '"--kv-transfer-config"' in p.read_text() or '"--served-model-name"' in p.read_text()
     ]
     assert spelled == [Path("harness/server/launcher.py")], spelled
+
+
+ARCH_DOC = ROOT / "docs" / "architecture.md"
+_PATH = re.compile(r"`((?:harness/)?(?:[a-z_]+/)*[a-z_]+(?:\.py|/))`")
+
+
+def _doc_paths() -> set[str]:
+    return set(_PATH.findall(ARCH_DOC.read_text()))
+
+
+def _exists(ref: str) -> bool:
+    """A path the page names, taken from the harness root or from any floor (the page
+    says `server/launcher.py` in the server's row and `commands/faults.py` in prose)."""
+    if (ROOT / ref).exists():  # scenarios/, tests/...
+        return True
+    ref = ref.removeprefix("harness/")
+    roots = [HARNESS, *(HARNESS / d for d in FLOORS if d), *HARNESS.glob("*/*/")]
+    return any((r / ref).exists() for r in roots)
+
+
+def test_the_architecture_page_names_only_what_exists():
+    missing = sorted(ref for ref in _doc_paths() if not _exists(ref))
+    assert not missing, f"docs/architecture.md names what is not in harness/: {missing}"
+
+
+def test_the_architecture_page_names_every_module():
+    text = ARCH_DOC.read_text()
+    unnamed = sorted(
+        str(p.relative_to(HARNESS))
+        for p in HARNESS.rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py")
+        and f"`{p.name}`" not in text
+        and f"{p.name}`" not in text
+        and f"/{p.name}" not in text
+        and f"{p.parent.name}/`" not in text
+    )
+    assert not unnamed, f"docs/architecture.md does not say what these do: {unnamed}"

@@ -492,17 +492,17 @@ def test_cli_unreadable_variants_file(tmp_path):
 
 
 def test_run_json_records_host(tmp_path):
-    """Every run's ``run.json`` carries ``host`` (written by ``_open_run``, no server needed)."""
+    """Every run's ``run.json`` carries ``host`` (written by ``open_run``, no server needed)."""
     script = textwrap.dedent(f"""
         from pathlib import Path
-        from harness.cli.app import _open_run
+        from harness.cli.runs import open_run
 
         class Scenario:
             source = Path("s.toml")
             def model_dump(self, mode):
                 return {{}}
 
-        print(_open_run(Path({str(tmp_path)!r}), "doctor-test", Scenario()).path)
+        print(open_run(Path({str(tmp_path)!r}), "doctor-test", Scenario()).path)
     """)
     proc = subprocess.run(
         [str(VENV_PY), "-c", script],

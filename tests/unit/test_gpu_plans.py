@@ -26,9 +26,10 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app as cli
+from harness.cli import common
 from harness.commands import crash_repro, matrix, roundtrip
 from harness.commands.bugs import corpus as bugs
-from harness.commands.stress import judge as stress
+from harness.commands.stress.plan import StressPlan
 from harness.engine import amx
 from harness.scenario.kinds import load_any
 from harness.scenario.rules import first_match
@@ -76,7 +77,7 @@ def gpu_plan(request, monkeypatch) -> Iterator[Any]:
         def __getattr__(self, renderer: str) -> Any:
             return lambda console, plan: shown.append(plan)
 
-    monkeypatch.setattr(cli, "_dry_run", lambda: Shown())
+    monkeypatch.setattr(common, "dry_run_renderers", lambda: Shown())
     probe.cache_clear()
 
     def plan(args: list[str]) -> Any:
@@ -183,7 +184,7 @@ def check(plan: Any) -> list[str]:
         return check_matrix(plan)
     if isinstance(plan, bugs.CorpusRun):
         return check_bugs(plan)
-    if isinstance(plan, stress.StressPlan):
+    if isinstance(plan, StressPlan):
         assert plan.requests
         return check_roundtrip(plan.base)
     assert isinstance(plan, roundtrip.RoundtripPlan), type(plan)

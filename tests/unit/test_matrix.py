@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.commands.matrix import Cell, cell_scenario, judge_cell, ordered, rule_for
+from harness.commands.matrix import Cell, cell_scenario, judge_cell, match_rule, ordered
 from harness.commands.roundtrip.checks import CheckResult, check_layout
 from harness.engine import specs
 from harness.errors import BadInput
@@ -150,13 +150,15 @@ def test_default_matrix_covers_five_families_and_their_known_bugs(matrix):
         "mamba-hybrid",
         "mla",
     }
-    llama4 = rule_for(matrix, "chunked-local", "llama4-roundtrip", "stock", "0.27.1")
+    llama4 = match_rule(matrix, "chunked-local", "llama4-roundtrip", "stock", "0.27.1").rule
     assert (llama4.startup, llama4.known) == ("crashed", 51150)
     assert (
-        rule_for(matrix, "chunked-local", "llama4-roundtrip", "current", "0.32.0").roundtrip
+        match_rule(matrix, "chunked-local", "llama4-roundtrip", "current", "0.32.0").rule.roundtrip
         == "pass"
     )
-    assert rule_for(matrix, "mla", "deepseek-mla", "stock", "0.27.1").startup == "unsupported"
+    assert (
+        match_rule(matrix, "mla", "deepseek-mla", "stock", "0.27.1").rule.startup == "unsupported"
+    )
 
 
 def test_entries_override_the_base_round_trip(matrix):
@@ -171,7 +173,7 @@ def test_entries_override_the_base_round_trip(matrix):
 def test_a_matrix_without_catch_all_rule_is_bad_input(matrix):
     matrix.expectations = [CellExpectation(family="mla", startup="unsupported")]
     with pytest.raises(BadInput, match="no expectation matches"):
-        rule_for(matrix, "full-attention", "llama3-full", "current", "0.32.0")
+        match_rule(matrix, "full-attention", "llama3-full", "current", "0.32.0")
 
 
 def cell(rule: CellExpectation, **outcome) -> Cell:

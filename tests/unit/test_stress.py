@@ -9,20 +9,19 @@ import math
 import pytest
 
 from harness.commands.stress.driver import Outcome
+from harness.commands.stress.files import timeline
 from harness.commands.stress.judge import (
     FLOOR_FACTOR,
     MIN_TOLERANCE,
     PAIR_FACTOR,
     Floor,
-    StressPlan,
     StressResult,
-    cap_requests,
     compared,
     floor_of,
     judge_run,
-    timeline,
     tolerance_for,
 )
+from harness.commands.stress.plan import StressPlan, cap_requests
 from harness.commands.stress.workload import PlannedRequest, plan_profile
 from harness.scenario.stress_profiles import ProfileSettings
 
@@ -273,7 +272,8 @@ def test_the_vec_tolerance_would_fail_the_amx_noise():
 
 
 def test_both_servers_kernels_are_recorded_in_the_figures_the_check_and_divergence_md():
-    from harness.commands.stress.judge import divergence_md, evaluate
+    from harness.commands.stress.files import divergence_md
+    from harness.commands.stress.judge import evaluate
     from harness.commands.stress.run import engine_kernels
     from harness.names import LOG_AMX, LOG_KERNEL
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.commands.stress.judge import plan_stress, prompt_bounds, settings_for
+from harness.commands.stress.plan import plan_stress, prompt_bounds, settings_for
 from harness.commands.stress.workload import PlannedRequest
 from harness.errors import BadInput
 from harness.scenario.schema import load_stress
@@ -81,7 +81,7 @@ def test_duration_rounds_reseed_and_keep_parents_inside_their_round():
 
 
 def test_the_reference_has_no_connector_and_a_pool_that_evicts_nothing():
-    from harness.commands.stress.judge import REFERENCE_POOL_FACTOR, reference_spec
+    from harness.commands.stress.plan import REFERENCE_POOL_FACTOR, reference_spec
 
     plan = plan_stress(load_stress(SCENARIO))
     ref = reference_spec(plan).argv()

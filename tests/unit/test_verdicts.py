@@ -11,8 +11,8 @@ from harness.server.crash_signatures import (
     RowContext,
     crash_signature,
     describe_exit,
-    expectation_for,
     judge,
+    match_expectation,
     parse_tracebacks,
 )
 
@@ -125,8 +125,8 @@ RULES = [
     ],
 )
 def test_expectations_follow_the_row_not_the_name(ctx, outcome):
-    rule = expectation_for(ctx, RULES)
-    assert rule is not None and rule.outcome == outcome
+    found = match_expectation(ctx, RULES)
+    assert found is not None and found.rule.outcome == outcome
 
 
 def test_judge():

@@ -3,10 +3,18 @@ and answered, the checks, ``divergence.md``, ``junit.xml`` and the timeline char
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.commands.stress.judge import divergence_md, save_requests, timeline
+from harness.commands.stress.driver import Outcome
+from harness.commands.stress.judge import (
+    SHOWN_TOKENS,
+    StressResult,
+    kernels_text,
+    served_differences,
+)
+from harness.commands.stress.workload import PlannedRequest
 from harness.results.run_directory import RunDirectory
 from harness.results.tables import STRESS_CHECKS
 
@@ -74,3 +82,102 @@ def stress_timeline(result: Any, out: Path) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def timeline(outcomes: Sequence[Outcome], step_s: float = 0.25) -> list[tuple[float, int]]:
+    """Requests in flight over time (the timeline chart's first series)."""
+    if not outcomes:
+        return []
+    end = max(o.ended_s for o in outcomes)
+    points = []
+    t = 0.0
+    while t <= end + step_s:
+        points.append((round(t, 3), sum(1 for o in outcomes if o.started_s <= t < o.ended_s)))
+        t += step_s
+    return points
+
+
+def save_requests(outcomes: Sequence[Outcome], path: Path, plan: Sequence[PlannedRequest]) -> None:
+    """``requests.jsonl``: every request as planned and as it went."""
+    import json
+
+    by = {r.id: r for r in plan}
+    with path.open("w") as fh:
+        for o in outcomes:
+            rec = {**by[o.id].record(), **o.record()} if o.id in by else o.record()
+            fh.write(json.dumps(rec, sort_keys=True) + "\n")
+
+
+def divergence_md(result: StressResult) -> str:
+    """``divergence.md``: each request the reference would not have generated, with the
+    first token where they part and both texts around it."""
+    plan = result.plan
+    lines = [
+        f"# Divergences: stress {plan.profile}, seed {plan.seed}",
+        "",
+        f"Noise floor {result.floor if result.floor is not None else 'not measured'} "
+        f"(largest stray {result.floor_stray}, largest two-token gap move "
+        f"{result.floor_pair}, largest near-tie lost {result.floor_lost}, logprob "
+        f"resolution {result.floor_resolution}) "
+        f"over {result.floor_tokens} tokens; tolerance {result.tolerance}.",
+        "",
+        f"Attention kernels: {kernels_text(result.engine_kernels)}.",
+        "",
+    ]
+    bad = [
+        (o, result.verdicts[o.id])
+        for o in result.outcomes
+        if o.id in result.verdicts and result.verdicts[o.id].divergence is not None
+    ]
+    if not bad:
+        lines.append("No request diverged from the reference.")
+    lines += _served_section(result)
+    if not bad:
+        return "\n".join(lines) + "\n"
+    for o, v in bad:
+        d = v.divergence
+        turn = f", turn {o.turn}" if o.turn is not None else ""
+        lines += [
+            f"## {o.id}{turn}",
+            "",
+            f"- {d.text()}",
+            f"- prompt {len(o.prompt)} tokens, cached {o.cached_tokens}, "
+            f"started {o.started_s:.2f}s, ended {o.ended_s:.2f}s",
+            f"- run's tokens from there: {o.output[d.index : d.index + SHOWN_TOKENS]}",
+        ]
+        ex = result.explanations.get(o.id, {})
+        if "reference_ids" in ex:
+            lines.append(f"- reference's tokens from there: {ex['reference_ids']}")
+            lines.append(f"- reference's text from there: {ex['reference_text']!r}")
+        elif "error" in ex:
+            lines.append(f"- reference's continuation: not available ({ex['error']})")
+        lines += [f"- run's whole answer: {o.text[:400]!r}", ""]
+    return "\n".join(lines) + "\n"
+
+
+def _served_section(result: StressResult) -> list[str]:
+    """Requests whose served logprobs differ from the reference replay's (same prompt)."""
+    diffs = served_differences(result)
+    if not result.reference:
+        return []
+    head = [
+        "",
+        "## Served logprobs, run under test vs the reference's replay",
+        "",
+        "Same prompt, both served at the same concurrency; a diagnostic, not a verdict. "
+        f"{len(diffs)} request(s) differ.",
+        "",
+    ]
+    if not diffs:
+        return head
+    rows = [
+        "| request | cached (run / reference) | positions differing | max difference | "
+        "first position | first token differing |",
+        "|---|---|---|---|---|---|",
+    ]
+    for d in diffs:
+        rows.append(
+            f"| {d.id} | {d.cached_tokens} / {d.reference_cached_tokens} | {d.differing} | "
+            f"{d.max_diff:.6f} | {d.first} | {d.token_at if d.token_at is not None else ''} |"
+        )
+    return [*head, *rows, ""]

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Protocol
 
 from harness.commands.stress.driver import Outcome, drive, http_sender
-from harness.commands.stress.judge import StressPlan, StressResult, http_scorer, run_reference_side
+from harness.commands.stress.judge import StressResult, http_scorer, run_reference_side
+from harness.commands.stress.plan import StressPlan
 from harness.errors import HarnessError, RuntimeFailure
 from harness.server import engine_log, kv_layout, metrics
 from harness.server.launcher import VllmServer
@@ -112,7 +113,7 @@ def execute(
             server.stop()
     on_record(result)
     if server is not None and base.server is not None and result.compared_count():
-        from harness.commands.stress.judge import reference_spec
+        from harness.commands.stress.plan import reference_spec
 
         rserver = reference_spec(plan).server(out_dir / "logs" / "reference-server.log", port)
         try:

@@ -1,0 +1,73 @@
+"""``offload-check bench``: benchmarks as ratios measured side by side in one run."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from harness.cli.common import console, default_scenario, fail
+from harness.cli.options import RESULTS, NoWait, ResultsDir
+from harness.cli.runs import lock_free
+from harness.errors import HarnessError
+
+
+class BenchPart(str, Enum):
+    all = "all"
+    launch = "launch"
+    commands = "commands"
+    crash_repro = "crash-repro"
+    copy = "copy"
+    roundtrip = "roundtrip"
+
+
+def bench_cmd(
+    repeats: Annotated[int, typer.Option(min=1, help="launches per side and case")] = 3,
+    only: Annotated[BenchPart, typer.Option(help="run one part only")] = BenchPart.all,
+    config: Annotated[Path | None, typer.Option(help="model config (default: small-chunk)")] = None,
+    results_dir: ResultsDir = RESULTS,
+    no_wait: NoWait = False,
+) -> None:
+    """Benchmarks as ratios measured side by side in one run (the machines are noisy).
+
+    Harness overhead on crash-repro, host-backend copy throughput, round-trip filler and
+    wall-time efficiency.
+    """
+    from harness.commands.bench.measure import run_bench
+    from harness.results.run_directory import RunDirectory, new_run_dir
+    from harness.results.writers import write_bench
+    from harness.scenario.schema import load_crash_repro
+    from harness.server.interpreters import host_platform
+    from harness.server.launcher import install_signal_handlers
+    from harness.ui.terminal import bench_table
+
+    install_signal_handlers()
+    lock_free()
+    parts = (
+        {p.value for p in BenchPart if p is not BenchPart.all}
+        if only is BenchPart.all
+        else {only.value}
+    )
+    try:
+        if config is not None and not config.is_file():
+            raise HarnessError(f"--config {config}: no such model config")
+        run_dir = RunDirectory(new_run_dir(results_dir, "bench"), "bench")
+        run_dir.update_meta(platform=host_platform(), repeats=repeats, only=only.value)
+        scen = load_crash_repro(default_scenario("crash-repro.toml"))
+        figures = run_bench(
+            parts,
+            repeats,
+            scen,
+            default_scenario("roundtrip-cpu.toml"),
+            str(config or scen.resolve("models/llama4-small-chunk.json")),
+            run_dir.path,
+            lambda msg: console.print(msg, highlight=False, markup=False),
+        )
+    except HarnessError as err:
+        raise fail(err) from None
+    write_bench(run_dir, figures)
+    run_dir.finish("finished", 0)
+    console.print(bench_table(figures))
+    console.print(f"results: {run_dir.path}", highlight=False)

@@ -1,0 +1,139 @@
+"""``offload-check crash-repro``: which builds start, which crash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from harness.cli.common import (
+    adhoc_variants,
+    console,
+    default_scenario,
+    fail,
+    launch_or_show,
+    port_free,
+)
+from harness.cli.options import (
+    RESULTS,
+    ConnectorChoice,
+    DryRun,
+    NoWait,
+    Port,
+    Python,
+    ResultsDir,
+    check_positive,
+    opt,
+    scenario_opt,
+)
+from harness.cli.runs import guard, open_run, verdict_line
+from harness.errors import ExitCode, HarnessError
+
+
+def crash_repro_cmd(
+    scenario: Annotated[Path | None, scenario_opt("crash-repro")] = None,
+    variant: Annotated[list[str] | None, opt("crash-repro.variant", "--variant", "-v")] = None,
+    patch: Annotated[str | None, opt("crash-repro.patch")] = None,
+    config: Annotated[list[Path] | None, opt("crash-repro.config", "--config", "-c")] = None,
+    connector: Annotated[ConnectorChoice, opt("crash-repro.connector")] = ConnectorChoice.both,
+    results_dir: ResultsDir = RESULTS,
+    no_wait: NoWait = False,
+    port: Port = None,
+    timeout: Annotated[float | None, opt("crash-repro.timeout", callback=check_positive)] = None,
+    python: Python = None,
+    dry_run: DryRun = False,
+) -> None:
+    """Launch vLLM with offloading on weight-free Llama 4 configs: which builds start, which crash.
+
+    Every (model config x vLLM variant x connector on/off) row is launched, one server at
+    a time, and judged against the scenario's expectations; crashes get their root-cause
+    signature (exception, innermost vLLM frame, known upstream issue).
+    """
+    from harness.commands import crash_repro
+    from harness.scenario.schema import load_crash_repro
+
+    try:
+        scen = load_crash_repro(scenario or default_scenario("crash-repro.toml"))
+        if timeout is not None:
+            scen.server.startup_timeout_s = timeout
+        port_free(port)
+        modes = None if connector is ConnectorChoice.both else [connector.value]
+        adhoc = adhoc_variants(python or [])
+        plan = crash_repro.plan_run(
+            scen,
+            variant_names=[*(variant or []), *adhoc] or None,
+            patch=patch,
+            configs=[str(c) for c in config] if config else None,
+            connector_modes=modes,
+            extra_variants=adhoc,
+        )
+    except HarnessError as err:
+        raise fail(err) from None
+
+    launch_or_show(
+        plan,
+        "crash_repro_plan" if dry_run else None,
+        lambda: run_crash_repro(plan, results_dir, port),
+    )
+
+
+def run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
+    from harness.commands import crash_repro
+    from harness.results.writers import write_crash_repro
+    from harness.ui.terminal import CrashReproProgress, crash_repro_table
+
+    assert isinstance(plan, crash_repro.RunPlan)
+    run_dir = open_run(results_dir, "crash-repro", plan.scenario)
+    run_dir.update_meta(
+        variants={
+            n: {
+                **v.model_dump(),
+                **plan.environments[n].as_dict(),
+                "offload_backend": crash_repro.backends(plan)[n],
+            }
+            for n, v in plan.variants.items()
+        },
+        models=[
+            {
+                "name": m.name,
+                "config_file": m.config_path,
+                "chunked_local_layers": m.chunked_local_layers,
+            }
+            for m in plan.models
+        ],
+        gpus=sorted({g for e in plan.environments.values() for g in e.gpus}),
+    )
+
+    def write_rows() -> None:
+        write_crash_repro(run_dir, [r for r in plan.rows if r.outcome])
+
+    class Reporter(CrashReproProgress):
+        def row_finished(self, row: crash_repro.Row, index: int, total: int) -> None:
+            super().row_finished(row, index, total)
+            write_rows()
+
+    with guard() as outcome:
+        try:
+            crash_repro.build_models(plan)
+            with Reporter(console) as reporter:
+                crash_repro.execute(plan, run_dir.path, reporter, port=port)
+            if not all(r.matched for r in plan.rows):
+                outcome.code = ExitCode.MISMATCH
+        finally:
+            write_rows()
+    status, code = outcome.status, outcome.code
+    done = [r for r in plan.rows if r.outcome]
+    run_dir.finish(
+        status,
+        int(code),
+        summary={
+            "rows": len(plan.rows),
+            "done": len(done),
+            "matched": sum(1 for r in done if r.matched),
+            "mismatched": sum(1 for r in done if not r.matched),
+        },
+    )
+    if done:
+        console.print(crash_repro_table(done))
+    bad = sum(1 for r in done if not r.matched)
+    verdict_line(bad, status, "row", run_dir.path, "all rows as expected")
+    return int(code)

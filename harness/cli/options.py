@@ -1,0 +1,140 @@
+"""The options several commands share, declared once, and their parse-time checks.
+
+Every option's help text is in ``help.toml`` by ``"<command>.<option>"``, so each
+declaration stays one line; a bad value is a usage error (one line, exit 2).
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import tomllib
+import typer
+
+from harness.names import REPO_ROOT
+
+DEFAULT_SCENARIOS = REPO_ROOT / "scenarios"
+RESULTS = Path("results")
+
+# Every option's help text, by "<command>.<option>": declarations stay one line each.
+HELP: dict[str, str] = tomllib.loads((Path(__file__).with_name("help.toml")).read_text())
+
+
+def opt(key: str, *decls: str, **settings: Any) -> Any:
+    """``typer.Option`` with its help from help.toml."""
+    return typer.Option(*decls, help=HELP[key], **settings)
+
+
+def scenario_opt(command: str) -> Any:
+    """``--scenario`` of a command whose default is ``scenarios/<command>.toml``."""
+    return opt(f"{command}.scenario", show_default=f"scenarios/{command}.toml")
+
+
+# Parse-time checks of option values: a bad one is a usage error (one line, exit 2).
+def check_url(value: str | None) -> str | None:
+    """An http(s) URL with a host (and, if given, a port in range)."""
+    if value is None:
+        return None
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value)
+    try:
+        port_ok = parts.port is None or 1 <= parts.port <= 65535
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise typer.BadParameter(
+            f"{value!r} is not an http(s) URL with a host, e.g. http://127.0.0.1:8000"
+        )
+    return value
+
+
+def check_positive(value: float | None) -> float | None:
+    """A finite number above zero (click's ranges let nan through)."""
+    if value is None:
+        return None
+    if not math.isfinite(value) or value <= 0:
+        raise typer.BadParameter(f"{value} is not a positive number")
+    return value
+
+
+def check_results_dir(value: Path) -> Path:
+    """A directory, or a path one can be created at (not a file, nor under one)."""
+    if value.exists():
+        if not value.is_dir():
+            raise typer.BadParameter(f"{value} exists and is not a directory")
+        return value
+    parent = value.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise typer.BadParameter(f"{value} cannot be created: {parent} is not a directory")
+    return value
+
+
+def no_wait(value: bool) -> bool:
+    """``--no-wait``: the server lock is not waited for (this command only)."""
+    if value:
+        from harness.server.launcher import set_lock_wait
+
+        set_lock_wait(False)
+    return value
+
+
+# Options several commands share, declared once (typer reads the Annotated metadata).
+ResultsDir = Annotated[
+    Path,
+    typer.Option(help="where run directories are created", callback=check_results_dir),
+]
+NoWait = Annotated[
+    bool,
+    typer.Option(
+        "--no-wait",
+        help="if another run holds the server lock, fail at once (exit 3) instead of "
+        "waiting for it (also OFFLOAD_CHECK_LOCK_WAIT=0)",
+        callback=no_wait,
+    ),
+]
+Port = Annotated[
+    int | None,
+    typer.Option(min=1, max=65535, help="port on 127.0.0.1 (default: a free one)"),
+]
+DryRun = Annotated[bool, typer.Option(help="print the plan and commands; launch nothing")]
+# Options of the commands that run on many builds (sweep, bugs): declared once.
+Releases = Annotated[str | None, opt("sweep.releases")]
+Builds = Annotated[list[str] | None, opt("sweep.build", "--build")]
+Dist = Annotated[str, opt("sweep.dist")]
+TorchIndex = Annotated[str | None, opt("sweep.torch-index")]
+RoundtripScenarioFile = Annotated[
+    Path | None,
+    typer.Option(help="roundtrip scenario (TOML)", show_default="scenarios/roundtrip-cpu.toml"),
+]
+VariantName = Annotated[str | None, typer.Option(help="vLLM variant (default: scenario's)")]
+Geometry = Annotated[Path | None, typer.Option(help="model geometry (config.json) to use")]
+TensorParallel = Annotated[int | None, typer.Option("--tp", min=1, help="tensor parallel size")]
+Python = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--python",
+        help="an interpreter (or venv) with vLLM and the engine plugin, run as an ad-hoc "
+        "variant named after its environment (repeatable)",
+    ),
+]
+OnePython = Annotated[str | None, opt("roundtrip.python")]
+EngineArgs = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--engine-arg",
+        help="extra argument passed to the server, e.g. "
+        "--engine-arg=--distributed-executor-backend=ray (repeatable)",
+    ),
+]
+
+
+class ConnectorChoice(str, Enum):
+    both = "both"
+    on = "on"
+    off = "off"

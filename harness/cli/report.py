@@ -1,0 +1,42 @@
+"""``offload-check report``: a finished (or interrupted) run's tables, from its files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from harness.cli.common import console, fail
+from harness.errors import HarnessError
+
+
+def report_cmd(
+    run_dir: Annotated[Path, typer.Argument(help="a results directory (results/<run-id>)")],
+) -> None:
+    """Re-render the tables of a finished (or interrupted) run from its files."""
+    from harness.ui.terminal import run_tables
+
+    try:
+        meta = read_run(run_dir)
+    except HarnessError as err:
+        raise fail(err) from None
+    console.print(
+        f"[bold]{meta.get('command')}[/] {run_dir}: status {meta.get('status')}, "
+        f"exit code {meta.get('exit_code')}",
+        highlight=False,
+    )
+    for table in run_tables(str(meta.get("command")), run_dir):
+        console.print(table)
+
+
+def read_run(run_dir: Path) -> dict[str, object]:
+    """A results directory's ``run.json``."""
+    path = run_dir / "run.json"
+    if not path.is_file():
+        raise HarnessError(f"{run_dir} is not a results directory (no run.json)")
+    try:
+        return dict(json.loads(path.read_text()))
+    except json.JSONDecodeError as err:
+        raise HarnessError(f"{path}: not valid JSON: {err}") from None

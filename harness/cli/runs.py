@@ -1,0 +1,113 @@
+"""A run's directory from the CLI's side: opened (with what every run records about
+itself), guarded against Ctrl-C and harness errors, finished, and its verdict line."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from harness.cli.common import console, err_console, fail
+from harness.errors import ExitCode, HarnessError
+from harness.names import REPO_ROOT
+
+
+class Outcome:
+    """How a run ended: set by :func:`guard` and read when the run directory is finished."""
+
+    def __init__(self) -> None:
+        self.status, self.code = "finished", ExitCode.OK
+
+
+@contextlib.contextmanager
+def guard() -> Iterator[Outcome]:
+    """Ctrl-C and harness errors end a run cleanly: servers stopped, results kept."""
+    from harness.server.launcher import stop_all
+
+    outcome = Outcome()
+    try:
+        yield outcome
+    except KeyboardInterrupt:
+        stop_all()
+        outcome.status, outcome.code = "interrupted", ExitCode.INTERRUPTED
+        err_console.print("offload-check: interrupted; servers stopped, partial results kept")
+    except HarnessError as err:
+        stop_all()
+        outcome.status, outcome.code = "error", err.exit_code
+        err_console.print(f"offload-check: error: {err}", highlight=False, markup=False)
+
+
+def verdict_line(bad: int, status: str, noun: str, where: Path, all_ok: str) -> None:
+    """The last line of a run: ``all_ok``, how many were not as expected, or how it stopped."""
+    if not bad and status == "finished":
+        verdict = f"[green]{all_ok}[/]"
+    else:
+        verdict = f"[red]{bad} {noun}(s) not as expected[/]" if bad else f"[yellow]{status}[/]"
+    launches = launches_of(where)
+    if launches:
+        console.print(launches, highlight=False, markup=False)
+    console.print(f"{verdict}; results: {where}", highlight=False)
+
+
+def launches_of(run_dir: Path) -> str:
+    """The run's launch timeline in one line (run.json -> launches)."""
+    from harness.server.launch_timeline import summary_line
+
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    return summary_line(meta.get("launches") or [])
+
+
+def end_run(
+    run_dir: Any, outcome: Outcome, done: list[Any], noun: str, planned: int | None = None
+) -> int:
+    """Finish ``run.json`` with how many rows ran and matched (``<noun>_run``,
+    ``<noun>_matched``); a finished run with one not as expected, or fewer than planned,
+    exits 1. Returns the exit code."""
+    matched = sum(1 for x in done if x.matched)
+    short = planned is not None and len(done) < planned
+    if outcome.status == "finished" and (matched < len(done) or short):
+        outcome.code = ExitCode.MISMATCH
+    run_dir.finish(
+        outcome.status, int(outcome.code), **{f"{noun}_run": len(done), f"{noun}_matched": matched}
+    )
+    return int(outcome.code)
+
+
+def lock_free() -> None:
+    """``--no-wait``: a run another holds the server lock against does not start."""
+    from harness.server.launcher import refuse_if_lock_busy
+
+    try:
+        refuse_if_lock_busy()
+    except HarnessError as err:
+        raise fail(err) from None
+
+
+def open_run(results_dir: Path, command: str, scenario: Any) -> Any:
+    """The run's directory, with what every run records about itself written at once."""
+    from harness.commands.doctor import host_record
+    from harness.results.run_directory import RunDirectory, new_run_dir
+    from harness.server.interpreters import git_revision, host_platform
+    from harness.server.launcher import install_signal_handlers
+
+    install_signal_handlers()
+    lock_free()
+    try:
+        run_dir = RunDirectory(new_run_dir(results_dir, command), command)
+    except OSError as err:
+        raise fail(HarnessError(f"cannot create results directory: {err}")) from None
+    if scenario is not None:
+        run_dir.update_meta(
+            scenario=scenario.model_dump(mode="json"), scenario_file=str(scenario.source)
+        )
+    run_dir.update_meta(
+        platform=host_platform(),
+        host=host_record(),
+        git_revision=git_revision(REPO_ROOT),
+    )
+    return run_dir

@@ -1,0 +1,27 @@
+"""``offload-check validate``: scenario files and what they name, launching nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from harness.cli.common import console, fail
+from harness.errors import HarnessError
+
+
+def validate_cmd(
+    paths: Annotated[list[Path], typer.Argument(help="scenario files to check")],
+) -> None:
+    """Check scenario files (crash-repro, roundtrip, matrix, bug entries) and what they
+    name, launching nothing: variants, model configs, expectation rules, round-trip plans,
+    bug triggers and scripts."""
+    from harness.commands.validate import validate
+
+    try:
+        for path in paths:
+            kind, summary = validate(path)
+            console.print(f"{path}: ok ({kind}: {summary})", highlight=False)
+    except HarnessError as err:
+        raise fail(err) from None

@@ -1,0 +1,48 @@
+"""A corpus run planned from what the command line names: the entries, ``--releases``,
+``--build`` and ``--variant`` (an unpatched variant of the variants file, as a build)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness.commands import sweep as sw
+from harness.commands.bugs.corpus import CorpusRun, plan_corpus
+from harness.errors import HarnessError
+from harness.scenario.schema import BugEntry
+
+
+def variant_builds(names: Sequence[str], variants_file: Path) -> list[str]:
+    """The interpreters of the variants ``names`` (of ``variants_file``), each a build; a
+    variant that patches vLLM is refused: its version no longer places it on either side
+    of a fix."""
+    if not names:
+        return []
+    from harness.scenario.schema import load_variants
+
+    known = load_variants(variants_file)
+    out = []
+    for name in names:
+        if name not in known:
+            raise HarnessError(f"--variant {name}: unknown; known: {', '.join(known)}")
+        if known[name].patch:
+            raise HarnessError(
+                f"--variant {name} patches vLLM ({known[name].patch}): its version no "
+                "longer says which side of a fix it is on; give an unpatched build"
+            )
+        out.append(known[name].python)
+    return out
+
+
+def plan_bugs(
+    entries: Sequence[BugEntry], releases: str | None, builds: Sequence[str], dist: str
+) -> CorpusRun:
+    """The entries on the releases ``releases`` names (all when neither releases nor
+    builds are given) and the user's builds, as this host can run them (its CPU flags, a
+    GPU, each build's device)."""
+    from harness.engine.amx import cpu_flags
+    from harness.server.interpreters import has_gpu
+
+    planned = sw.choose_builds(releases, builds, dist)
+    devices = {b.label: sw.build_device(b, dist) for b in planned}
+    return plan_corpus(entries, planned, dist, cpu_flags(), has_gpu(), devices)

@@ -1,0 +1,204 @@
+"""A sweep as it goes: every target on every build, one build (and server) at a time."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.commands.sweep.builds import Build
+from harness.commands.sweep.runners import Reporter, run_target
+from harness.commands.sweep.spans import BisectResult, Transition, bisect, transitions
+from harness.commands.sweep.targets import NOT_RUN, UNAVAILABLE, Target, selects, unrun_cells
+from harness.errors import BadInput, HarnessError
+from harness.results.records import SweepCell
+
+
+@dataclass
+class SweepRun:
+    """A sweep as it goes: the plan (builds x targets) and what is known so far."""
+
+    builds: list[Build]
+    targets: list[Target]
+    dist: str
+    cells: list[SweepCell] = field(default_factory=list)
+    envs: list[dict[str, Any]] = field(default_factory=list)
+    bisect: list[BisectResult] = field(default_factory=list)
+
+    @property
+    def release_order(self) -> list[str]:
+        return [b.label for b in self.builds if b.release]
+
+    def transitions(self) -> list[Transition]:
+        return transitions(self.cells, self.release_order)
+
+    def build_records(self) -> list[dict[str, Any]]:
+        """The builds as ``run.json`` records them."""
+        return [{"label": b.label, "spec": b.spec, "release": b.release} for b in self.builds]
+
+    def describe(self) -> dict[str, Any]:
+        """The plan as ``run.json`` records it: distribution, builds, scenarios and checks."""
+        return {
+            "dist": self.dist,
+            "builds": self.build_records(),
+            "scenarios": [
+                {"kind": t.kind, "file": str(t.scenario.source), "checks": list(t.checks)}
+                for t in self.targets
+            ],
+        }
+
+    def report_meta(self) -> dict[str, Any]:
+        """What the report and the chart need besides the cells (``write_sweep``)."""
+        return {
+            "builds": [b.label for b in self.builds],
+            "release_order": self.release_order,
+            "bisect": [b.text() for b in self.bisect],
+        }
+
+    def fill_not_run(self, why: str) -> None:
+        """Cells never reached (Ctrl-C, an error) are written as ``not-run``, so the table
+        says what is missing instead of silently shrinking."""
+        have = {(c.release, c.check) for c in self.cells}
+        for b in self.builds:
+            for c in unrun_cells(b, self.targets, NOT_RUN, why):
+                if (c.release, c.check) not in have:
+                    self.cells.append(c)
+
+
+def env_record(build: Build, status: Any) -> dict[str, Any]:
+    """A row of ``envs.csv``."""
+    return {
+        "release": build.label,
+        "state": status.state,
+        "reason": status.reason,
+        "seconds": round(status.seconds, 1),
+        "disk_bytes": "" if status.disk_bytes is None else status.disk_bytes,
+        "vllm_version": status.vllm_version or "",
+        "python": status.python or "",
+    }
+
+
+def run_build(
+    run: SweepRun,
+    build: Build,
+    targets: Sequence[Target],
+    out_dir: Path,
+    reporter: Reporter,
+    on_change: Callable[[], None],
+    *,
+    index: int = 1,
+    total: int = 1,
+    uv: str | None = None,
+    torch_index: str | None = None,
+    port: int | None = None,
+) -> list[SweepCell]:
+    """Make (or reuse) the build's environment, then run every target on it."""
+    from harness.server.release_envs import EnvStatus, ensure_build
+
+    reporter.build_started(build, index, total)
+    try:
+        status = ensure_build(
+            build.spec,
+            dist=run.dist,
+            uv=uv,
+            torch_index=torch_index,
+            on_step=lambda message: reporter.build_step(build, message),
+        )
+    except HarnessError as err:
+        status = EnvStatus(build.label, None, "unavailable", str(err))
+    reporter.build_ready(build, status)
+    run.envs.append(env_record(build, status))
+    on_change()
+    if not status.ok or status.python is None:
+        cells = unrun_cells(build, targets, UNAVAILABLE, status.reason)
+        for c in cells:
+            c.vllm_version = status.vllm_version or ""
+            run.cells.append(c)
+            reporter.cell_done(c)
+        on_change()
+        return cells
+
+    def on_cell(cell: SweepCell) -> None:
+        run.cells.append(cell)
+        reporter.cell_done(cell)
+        on_change()
+
+    out: list[SweepCell] = []
+    for t in targets:
+        sub = out_dir / "releases" / build.slug / t.slug
+        out += run_target(t, build, status.python, sub, reporter, on_cell, port)
+    return out
+
+
+def execute(
+    run: SweepRun,
+    out_dir: Path,
+    reporter: Reporter,
+    on_change: Callable[[], None],
+    **options: Any,
+) -> None:
+    """Every target on every build, one build (and one server) at a time."""
+    for i, build in enumerate(run.builds, 1):
+        run_build(
+            run,
+            build,
+            run.targets,
+            out_dir,
+            reporter,
+            on_change,
+            index=i,
+            total=len(run.builds),
+            **options,
+        )
+
+
+def bisect_target(targets: Sequence[Target], selector: str) -> tuple[Target, str]:
+    """The one check ``--bisect`` names, with its scenario; several is bad input."""
+    found = [(t, c) for t in targets for c in t.checks if selects(selector, c)]
+    if not found:
+        raise BadInput(f"--bisect {selector} names no check of the scenarios given")
+    if len(found) > 1:
+        names = ", ".join(c for _, c in found)
+        raise BadInput(f"--bisect {selector} names {len(found)} checks ({names}); name one")
+    return found[0]
+
+
+def execute_bisect(
+    run: SweepRun,
+    selector: str,
+    out_dir: Path,
+    reporter: Reporter,
+    on_change: Callable[[], None],
+    **options: Any,
+) -> BisectResult:
+    """:func:`bisect` over the run's releases, each evaluation a real build and launch."""
+    target, check = bisect_target(run.targets, selector)
+    narrowed = [Target(target.kind, target.scenario, (check,))]
+    releases = [b for b in run.builds if b.release]
+    if len(releases) < 2:
+        raise BadInput("--bisect needs at least two releases (--releases)")
+    by_label = {b.label: b for b in releases}
+
+    order = itertools.count(1)
+
+    def state_of(label: str) -> str | None:
+        cells = run_build(
+            run,
+            by_label[label],
+            narrowed,
+            out_dir,
+            reporter,
+            on_change,
+            index=next(order),
+            total=len(releases),
+            **options,
+        )
+        cell = cells[0]
+        return None if cell.outcome == UNAVAILABLE else cell.state
+
+    result = bisect([b.label for b in releases], state_of, check)
+    run.bisect.append(result)
+    on_change()
+    return result

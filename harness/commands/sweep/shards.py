@@ -1,0 +1,81 @@
+"""CI shards (one release each) merged back into one sweep (``sweep --merge``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.commands.sweep.builds import Build
+from harness.commands.sweep.run import SweepRun
+from harness.errors import BadInput
+from harness.results.records import SweepCell
+
+
+def read_cells(run_dir: Path) -> tuple[list[SweepCell], list[dict[str, Any]]]:
+    """A sweep run's cells and builds back from its CSV files (``--merge``)."""
+    from harness.results.tables import SWEEP_CELLS, SWEEP_ENVS
+
+    frame = SWEEP_CELLS.read(run_dir)
+    if frame is None:
+        raise BadInput(f"{run_dir}: no sweep.csv (not a sweep run directory)")
+    cells = []
+    for rec in frame.to_dict("records"):
+        matched = str(rec["matched"]).strip().lower()
+        cells.append(
+            SweepCell(
+                release=str(rec["release"]),
+                check=str(rec["check"]),
+                kind=str(rec["kind"]),
+                scenario=str(rec["scenario"]),
+                outcome=str(rec["outcome"]),
+                known=str(rec["known"]),
+                signature=str(rec["signature"]),
+                expected=str(rec["expected"]),
+                matched=None if matched == "" else matched in ("true", "1"),
+                seconds=float(rec["seconds"] or 0.0),
+                vllm_version=str(rec["vllm_version"]),
+                detail=str(rec["detail"]),
+                failing=str(rec.get("failing", "")),
+                why=str(rec["why"]),
+                rule=None if str(rec["rule"]) == "" else int(rec["rule"]),
+                run_dir=str(rec["run_dir"]),
+            )
+        )
+    envs_frame = SWEEP_ENVS.read(run_dir)
+    envs = [] if envs_frame is None else envs_frame.to_dict("records")
+    return cells, envs
+
+
+def merge(run_dirs: Sequence[Path]) -> SweepRun:
+    """One sweep from several (CI shards, one release each): builds in version order,
+    user builds after; a (build, check) run twice keeps the later directory's cell."""
+    from packaging.version import InvalidVersion, Version
+
+    cells: dict[tuple[str, str], SweepCell] = {}
+    envs: dict[str, dict[str, Any]] = {}
+    for d in run_dirs:
+        found, found_envs = read_cells(d)
+        for c in found:
+            cells[(c.release, c.check)] = c
+        for e in found_envs:
+            envs[str(e["release"])] = e
+    labels = list(dict.fromkeys([c.release for c in cells.values()] + list(envs)))
+
+    def version(label: str) -> Version | None:
+        try:
+            return Version(label)
+        except InvalidVersion:
+            return None
+
+    releases = sorted(
+        (lb for lb in labels if version(lb) is not None),
+        key=lambda lb: version(lb) or Version("0"),
+    )
+    others = [lb for lb in labels if version(lb) is None]
+    builds = [Build(lb, lb, True) for lb in releases] + [Build(lb, lb, False) for lb in others]
+    run = SweepRun(builds, [], dist="")
+    order = {b.label: i for i, b in enumerate(builds)}
+    run.cells = sorted(cells.values(), key=lambda c: (order[c.release], c.check))
+    run.envs = [envs[b.label] for b in builds if b.label in envs]
+    return run
