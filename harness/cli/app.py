@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import traceback
+import typing
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,7 +35,7 @@ from harness.cli import (
     sweep,
     validate,
 )
-from harness.cli.common import err_console
+from harness.cli.common import err_console, fit_console
 from harness.cli.options import opt
 from harness.errors import ExitCode
 
@@ -82,9 +83,51 @@ app.command("list")(listing.list_cmd)
 app.add_typer(envs.envs_app, name="envs")
 
 
-def _command_name(args: list[str]) -> str:
+def readable_help(command: Any) -> Any:
+    """The click command tree with help that reads at 80 columns: each option's value
+    named (``METAVARS`` by parameter name, else its type: TEXT, PATH, INTEGER, NUMBER,
+    the choices; a flag nothing), never typer's ``<list[str]>``; each docstring paragraph
+    one paragraph (typer keeps a docstring's line breaks). Returns ``command``."""
+    import inspect
+
+    from harness.cli.options import METAVARS
+
+    for sub in getattr(command, "commands", {}).values():
+        readable_help(sub)
+    help_option = command.get_help_option
+
+    def flag_help(ctx: Any, made: Any = help_option) -> Any:
+        option = made(ctx)
+        if option is not None:
+            option.metavar = ""  # a flag: no value to name
+        return option
+
+    command.get_help_option = flag_help
+    if command.help:
+        paragraphs = inspect.cleandoc(command.help).split("\n\n")
+        command.help = "\n\n".join(" ".join(p.split()) for p in paragraphs)
+    for param in command.params:
+        if param.param_type_name != "option" or param.metavar is not None:
+            continue
+        desc = param.type_descriptor
+        inner = desc.annotation
+        if typing.get_origin(inner) is list:
+            (inner,) = typing.get_args(inner)
+        if param.is_flag:
+            param.metavar = ""
+        elif param.name in METAVARS:
+            param.metavar = METAVARS[param.name]
+        elif desc.is_choice:
+            param.metavar = "|".join(str(getattr(c, "value", c)) for c in desc.choices or ())
+        else:
+            names = {int: "INTEGER", float: "NUMBER", Path: "PATH"}
+            param.metavar = names.get(inner, "TEXT")
+    return command
+
+
+def _command_name(args: list[str], tree: Any = None) -> str:
     """The (sub)command ``args`` name, e.g. ``envs create``; ``offload-check`` for none."""
-    group: Any = typer.main.get_command(app)
+    group: Any = typer.main.get_command(app) if tree is None else tree
     names: list[str] = []
     for arg in args:
         if arg.startswith("-"):
@@ -166,11 +209,13 @@ def run(args: list[str] | None = None) -> int:
     click_exc = _click_exceptions()
 
     argv = sys.argv[1:] if args is None else list(args)
-    command = _command_name(argv)
+    tree = readable_help(typer.main.get_command(app))
+    command = _command_name(argv, tree)
     mark = runs_created()
     _reset_lock_wait()
+    fit_console()
     try:
-        rv = app(args=argv, prog_name="offload-check", standalone_mode=False)
+        rv = tree(args=argv, prog_name="offload-check", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
     except click_exc.ClickException as err:
         code = _usage_error(command, err)

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from harness.cli.common import console, default_scenario, fail
-from harness.cli.options import RESULTS, NoWait, ResultsDir
+from harness.cli.common import console, default_scenario, fail, show
+from harness.cli.options import RESULTS, Label, NoWait, ResultsDir
 from harness.cli.runs import lock_free
 from harness.errors import HarnessError
 
@@ -29,6 +29,7 @@ def bench_cmd(
     config: Annotated[Path | None, typer.Option(help="model config (default: small-chunk)")] = None,
     results_dir: ResultsDir = RESULTS,
     no_wait: NoWait = False,
+    label: Label = None,
 ) -> None:
     """Benchmarks as ratios measured side by side in one run (the machines are noisy).
 
@@ -53,8 +54,8 @@ def bench_cmd(
     try:
         if config is not None and not config.is_file():
             raise HarnessError(f"--config {config}: no such model config")
-        run_dir = RunDirectory(new_run_dir(results_dir, "bench"), "bench")
-        run_dir.update_meta(platform=host_platform(), repeats=repeats, only=only.value)
+        run_dir = RunDirectory(new_run_dir(results_dir, "bench", label), "bench")
+        run_dir.update_meta(label=label, platform=host_platform(), repeats=repeats, only=only.value)
         scen = load_crash_repro(default_scenario("crash-repro.toml"))
         figures = run_bench(
             parts,
@@ -69,5 +70,5 @@ def bench_cmd(
         raise fail(err) from None
     write_bench(run_dir, figures)
     run_dir.finish("finished", 0)
-    console.print(bench_table(figures))
+    show(bench_table(figures))
     console.print(f"results: {run_dir.path}", highlight=False)

@@ -10,15 +10,19 @@ from harness.cli.common import (
     console,
     default_scenario,
     fail,
+    json_needs_dry_run,
     launch_or_show,
     port_free,
     scenarios_dir,
+    show,
 )
 from harness.cli.options import (
     RESULTS,
+    AsJson,
     Builds,
     Dist,
     DryRun,
+    Label,
     NoWait,
     Port,
     Releases,
@@ -42,6 +46,8 @@ def bugs_cmd(
     no_wait: NoWait = False,
     port: Port = None,
     dry_run: DryRun = False,
+    label: Label = None,
+    as_json: AsJson = False,
 ) -> None:
     """Real upstream offload bugs, each run where it lived and where it was fixed.
 
@@ -55,6 +61,7 @@ def bugs_cmd(
     from harness.commands.bugs import plan
 
     try:
+        json_needs_dry_run(as_json, dry_run)
         entries = bugs.load_corpus(corpus or scenarios_dir("bugs"), bug or [])
         variants_file = default_scenario("variants.toml")
         extra = [*(build or []), *plan.variant_builds(variant or [], variants_file)]
@@ -66,11 +73,12 @@ def bugs_cmd(
     launch_or_show(
         run,
         "bugs_plan" if dry_run else None,
-        lambda: run_bugs(run, results_dir, port=port, torch_index=torch_index),
+        lambda: run_bugs(run, results_dir, label, port=port, torch_index=torch_index),
+        as_json,
     )
 
 
-def run_bugs(run: Any, results_dir: Path, **options: Any) -> int:
+def run_bugs(run: Any, results_dir: Path, label: str | None, **options: Any) -> int:
     from rich.markup import escape
 
     from harness.commands import sweep as sw
@@ -80,7 +88,7 @@ def run_bugs(run: Any, results_dir: Path, **options: Any) -> int:
 
     assert isinstance(run, bugs.CorpusRun)
     sweep = run.sweep
-    run_dir = open_run(results_dir, "bugs", None)
+    run_dir = open_run(results_dir, "bugs", None, label)
     labels = [b.label for b in sweep.builds]
     run_dir.update_meta(
         dist=sweep.dist,
@@ -103,7 +111,7 @@ def run_bugs(run: Any, results_dir: Path, **options: Any) -> int:
         try:
             if sweep.targets:
                 with BugsProgress(console, run.judge_cell) as progress:
-                    sw.execute(sweep, run_dir.path, progress, write, **options)
+                    sw.execute_sweep(sweep, run_dir.path, progress, write, **options)
         finally:
             sweep.fill_not_run("not reached: the run stopped before this cell")
             write()
@@ -121,7 +129,7 @@ def run_bugs(run: Any, results_dir: Path, **options: Any) -> int:
             what = f"{c.bug} on {c.release}: {c.outcome} (expected {c.expected}; {c.why})"
             console.print(f"[red]unmatched[/] {escape(what)}", highlight=False)
     if cells:
-        console.print(bugs_table(cells, labels))
+        show(bugs_table(cells, labels, console.width))
     for e in run.entries:
         console.print(f"  {e.id}: {bugs.reproduction(e, sweep.release_order)}", highlight=False)
     verdict_line(bad, outcome.status, "cell", run_dir.path, "every entry as the corpus says")

@@ -3,6 +3,8 @@ dry run, and the checks of the options that name an interpreter, a build or a fa
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +22,33 @@ if TYPE_CHECKING:
 # Wide when piped (CI logs, files): rich's 80-column default folds every table cell.
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True, soft_wrap=True)
+PIPED_WIDTH = 200
+
+
+def fit_console() -> None:
+    """The output's width, read when a command starts: ``COLUMNS`` if set (a terminal's
+    own, or a test's), else the terminal's, else (piped, CI logs) ``PIPED_WIDTH``."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        console.width = int(columns)
+    elif sys.stdout.isatty():
+        console.width = None  # type: ignore[assignment]  # rich asks the terminal
+    else:
+        console.width = PIPED_WIDTH
+
+
+def show(table: Any) -> None:
+    """A table as the terminal can take it (``harness.ui.fit.fit``: its columns when they
+    fit, else one record at a time; ASCII when piped)."""
+    from harness.ui.fit import fit
+
+    console.print(fit(console, table))
+
+
+def print_json(data: Any) -> None:
+    """One JSON document on stdout, and nothing else (``--json``)."""
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()
 
 
 def fail(err: HarnessError) -> typer.Exit:
@@ -66,18 +95,45 @@ def dry_run_renderers() -> Any:
     return dry_run
 
 
-def show_plan(renderer: str, plan: object) -> typer.Exit:
-    """``--dry-run``: print the plan with ``harness.ui.dry_run.<renderer>``; raise the exit
-    it returns."""
-    getattr(dry_run_renderers(), renderer)(console, plan)
+def show_plan(renderer: str, plan: object, as_json: bool = False) -> typer.Exit:
+    """``--dry-run``: print the plan with ``harness.ui.dry_run.<renderer>`` (``--json``:
+    its ``<renderer>_record`` as one JSON document); raise the exit it returns."""
+    if as_json:
+        print_json(getattr(dry_run_renderers(), f"{renderer}_record")(plan))
+    else:
+        getattr(dry_run_renderers(), renderer)(console, plan)
     return typer.Exit(0)
 
 
-def launch_or_show(plan: object, dry_run_renderer: str | None, launch: Callable[[], int]) -> None:
+def json_needs_dry_run(as_json: bool, dry_run: bool) -> None:
+    """``--json`` of a run command prints its plan: without ``--dry-run`` it is refused."""
+    if as_json and not dry_run:
+        raise HarnessError("--json prints the plan as JSON: give it with --dry-run")
+
+
+def launch_or_show(
+    plan: object, dry_run_renderer: str | None, launch: Callable[[], int], as_json: bool = False
+) -> None:
     """A command's last step: print the plan (``--dry-run``) or run it; exits either way."""
     if dry_run_renderer is not None:
-        raise show_plan(dry_run_renderer, plan)
+        raise show_plan(dry_run_renderer, plan, as_json)
     raise typer.Exit(launch())
+
+
+def refuse_on_attach(url: str | None, **given: object) -> None:
+    """``--url`` attaches to a server someone else launched: an option that only chooses
+    what a launch starts is refused (one line, exit 2), the same for every command.
+    ``given``: each such option's value by its name without dashes (``engine_arg``)."""
+    if url is None:
+        return
+    named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v not in (None, [], False)]
+    if named:
+        which = ", ".join(named[:-1]) + f" and {named[-1]}" if len(named) > 1 else named[0]
+        verb = "do not apply (they choose" if len(named) > 1 else "does not apply (it chooses"
+        raise HarnessError(
+            f"--url attaches to a server someone else launched: {which} {verb} what a "
+            "launch starts)"
+        )
 
 
 def interpreter(given: str, option: str) -> Path:
@@ -126,7 +182,7 @@ def adhoc_variants(pythons: list[str]) -> dict[str, Any]:
 
 
 def known_fault(fault: str | None) -> None:
-    from harness.scenario.schema import FAULTS
+    from harness.names import FAULTS
 
     if fault is not None and fault not in FAULTS:
         raise HarnessError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")

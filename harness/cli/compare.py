@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from harness.cli.common import console, fail
+from harness.cli.common import console, fail, show
 from harness.errors import HarnessError
 
 
@@ -35,7 +35,7 @@ def compare_cmd(
         typer.echo(json.dumps(result.record(), indent=2, default=str))
         raise typer.Exit(result.exit_code)
     for table in result.tables:
-        console.print(frame_table(table.title, table.records(), table.columns()))
+        show(frame_table(table.title, table.records(), table.columns()))
     for line in result.regressions:
         console.print(f"[red]regressed[/] {escape(line)}", highlight=False)
     regressed = len(result.regressions)

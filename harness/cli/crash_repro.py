@@ -10,13 +10,17 @@ from harness.cli.common import (
     console,
     default_scenario,
     fail,
+    json_needs_dry_run,
     launch_or_show,
     port_free,
+    show,
 )
 from harness.cli.options import (
     RESULTS,
+    AsJson,
     ConnectorChoice,
     DryRun,
+    Label,
     NoWait,
     Port,
     Python,
@@ -41,6 +45,8 @@ def crash_repro_cmd(
     timeout: Annotated[float | None, opt("crash-repro.timeout", callback=check_positive)] = None,
     python: Python = None,
     dry_run: DryRun = False,
+    label: Label = None,
+    as_json: AsJson = False,
 ) -> None:
     """Launch vLLM with offloading on weight-free Llama 4 configs: which builds start, which crash.
 
@@ -52,6 +58,7 @@ def crash_repro_cmd(
     from harness.scenario.schema import load_crash_repro
 
     try:
+        json_needs_dry_run(as_json, dry_run)
         scen = load_crash_repro(scenario or default_scenario("crash-repro.toml"))
         if timeout is not None:
             scen.server.startup_timeout_s = timeout
@@ -72,17 +79,20 @@ def crash_repro_cmd(
     launch_or_show(
         plan,
         "crash_repro_plan" if dry_run else None,
-        lambda: run_crash_repro(plan, results_dir, port),
+        lambda: run_crash_repro(plan, results_dir, port, label),
+        as_json,
     )
 
 
-def run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
+def run_crash_repro(
+    plan: object, results_dir: Path, port: int | None, label: str | None = None
+) -> int:
     from harness.commands import crash_repro
     from harness.results.writers import write_crash_repro
     from harness.ui.terminal import CrashReproProgress, crash_repro_table
 
     assert isinstance(plan, crash_repro.RunPlan)
-    run_dir = open_run(results_dir, "crash-repro", plan.scenario)
+    run_dir = open_run(results_dir, "crash-repro", plan.scenario, label)
     run_dir.update_meta(
         variants={
             n: {
@@ -106,7 +116,7 @@ def run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
     def write_rows() -> None:
         write_crash_repro(run_dir, [r for r in plan.rows if r.outcome])
 
-    class Reporter(CrashReproProgress):
+    class ProgressThatWrites(CrashReproProgress):
         def row_finished(self, row: crash_repro.Row, index: int, total: int) -> None:
             super().row_finished(row, index, total)
             write_rows()
@@ -114,8 +124,8 @@ def run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
     with guard() as outcome:
         try:
             crash_repro.build_models(plan)
-            with Reporter(console) as reporter:
-                crash_repro.execute(plan, run_dir.path, reporter, port=port)
+            with ProgressThatWrites(console) as reporter:
+                crash_repro.execute_crash_repro(plan, run_dir.path, reporter, port=port)
             if not all(r.matched for r in plan.rows):
                 outcome.code = ExitCode.MISMATCH
         finally:
@@ -133,7 +143,7 @@ def run_crash_repro(plan: object, results_dir: Path, port: int | None) -> int:
         },
     )
     if done:
-        console.print(crash_repro_table(done))
+        show(crash_repro_table(done))
     bad = sum(1 for r in done if not r.matched)
     verdict_line(bad, status, "row", run_dir.path, "all rows as expected")
     return int(code)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from harness.cli.common import console, fail
+from harness.cli.common import console, fail, show
 from harness.cli.options import Dist, opt
 from harness.errors import ExitCode, HarnessError
 
@@ -28,7 +28,7 @@ def envs_list_cmd() -> None:
     from harness.ui.terminal import envs_table
 
     entries = renv.list_envs()
-    console.print(envs_table(entries, renv.total_disk(entries), renv.envs_dir()))
+    show(envs_table(entries, renv.total_disk(entries), renv.envs_dir()))
 
 
 @envs_app.command("create")
@@ -52,7 +52,7 @@ def envs_create_cmd(
             statuses = renv.ensure_envs(dist, versions, reporter, torch_index=torch_index)
     except HarnessError as err:
         raise fail(err) from None
-    console.print(env_status_table(statuses))
+    show(env_status_table(statuses))
     missing = sum(1 for s in statuses if not s.ok)
     verdict = f"[yellow]{missing} unavailable[/]" if missing else "[green]all ready[/]"
     console.print(f"{verdict}; environments in {renv.envs_dir()}", highlight=False)

@@ -5,11 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from harness.cli.common import console, default_scenario, fail, launch_or_show, port_free
+from rich.markup import escape
+
+from harness.cli.common import (
+    console,
+    default_scenario,
+    fail,
+    json_needs_dry_run,
+    launch_or_show,
+    port_free,
+    show,
+)
 from harness.cli.options import (
     RESULTS,
+    AsJson,
     EngineArgs,
     Geometry,
+    Label,
     NoWait,
     Port,
     ResultsDir,
@@ -31,8 +43,10 @@ def faults_cmd(
     results_dir: ResultsDir = RESULTS,
     no_wait: NoWait = False,
     port: Port = None,
-    dry_run: Annotated[bool, opt("faults.dry-run")] = False,
+    dry_run: Annotated[bool, opt("faults.dry-run", "--dry-run")] = False,
     engine_arg: EngineArgs = None,
+    label: Label = None,
+    as_json: AsJson = False,
 ) -> None:
     """Prove every check catches its fault: one server, one round trip per seeded fault.
 
@@ -44,6 +58,7 @@ def faults_cmd(
     from harness.scenario.schema import load_roundtrip
 
     try:
+        json_needs_dry_run(as_json, dry_run)
         scen = load_roundtrip(scenario or default_scenario("roundtrip-cpu.toml"))
         faults = fs.parse_faults(fault)
         port_free(port)
@@ -59,11 +74,14 @@ def faults_cmd(
     except HarnessError as err:
         raise fail(err) from None
     launch_or_show(
-        sweep, "faults_plan" if dry_run else None, lambda: run_faults(sweep, results_dir, port)
+        sweep,
+        "faults_plan" if dry_run else None,
+        lambda: run_faults(sweep, results_dir, port, label),
+        as_json,
     )
 
 
-def run_faults(sweep: object, results_dir: Path, port: int | None) -> int:
+def run_faults(sweep: object, results_dir: Path, port: int | None, label: str | None = None) -> int:
     from harness.commands import faults as fs
     from harness.commands import roundtrip as rt
     from harness.results.tables import FAULT_ROUNDS
@@ -72,7 +90,9 @@ def run_faults(sweep: object, results_dir: Path, port: int | None) -> int:
 
     assert isinstance(sweep, fs.SweepPlan)
     base = sweep.base
-    run_dir = open_run(results_dir, "faults", base.scenario)
+    if base.off_platform:
+        console.print(f"[yellow]note:[/] {escape(base.off_platform)}", highlight=False)
+    run_dir = open_run(results_dir, "faults", base.scenario, label)
     run_dir.update_meta(
         variant={"name": base.variant, **(base.env.as_dict() if base.env else {})},
         sweep=sweep.describe(),
@@ -90,11 +110,11 @@ def run_faults(sweep: object, results_dir: Path, port: int | None) -> int:
     )
     with guard() as outcome:
         rt.build_local_model(base)
-        fs.execute(sweep, run_dir.path, RoundtripProgress(console), on_round, port=port)
+        fs.execute_faults(sweep, run_dir.path, RoundtripProgress(console), on_round, port=port)
     code = end_run(run_dir, outcome, done, "rounds", planned=len(sweep.faults))
     if done:
         records = [r.record() for r in done]
-        console.print(frame_table(FAULT_ROUNDS.title, records, FAULT_ROUNDS.shown))
+        show(frame_table(FAULT_ROUNDS.title, records, FAULT_ROUNDS.shown))
     ok = done and len(done) == len(sweep.faults) and all(r.matched for r in done)
     verdict = (
         "[green]every fault caught by exactly its checks[/]"

@@ -5,8 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from harness.cli.common import console, default_scenario, fail, launch_or_show
-from harness.cli.options import RESULTS, NoWait, ResultsDir, opt, scenario_opt
+from harness.cli.common import (
+    console,
+    default_scenario,
+    fail,
+    json_needs_dry_run,
+    launch_or_show,
+    show,
+)
+from harness.cli.options import RESULTS, AsJson, Label, NoWait, ResultsDir, opt, scenario_opt
 from harness.cli.runs import end_run, guard, open_run
 from harness.errors import HarnessError
 
@@ -18,7 +25,9 @@ def matrix_cmd(
     geometry: Annotated[list[str] | None, opt("matrix.geometry", "--geometry", "-g")] = None,
     results_dir: ResultsDir = RESULTS,
     no_wait: NoWait = False,
-    dry_run: Annotated[bool, opt("matrix.dry-run")] = False,
+    dry_run: Annotated[bool, opt("matrix.dry-run", "--dry-run")] = False,
+    label: Label = None,
+    as_json: AsJson = False,
 ) -> None:
     """Every KV-cache spec family x vLLM variant: engine spec classes, startup, round trip.
 
@@ -29,22 +38,28 @@ def matrix_cmd(
     from harness.scenario.schema import load_matrix
 
     try:
+        json_needs_dry_run(as_json, dry_run)
         scen = load_matrix(scenario or default_scenario("matrix.toml"))
         plan = mx.plan_matrix(
             scen, families=family or None, variants=variant or None, geometries=geometry or None
         )
     except HarnessError as err:
         raise fail(err) from None
-    launch_or_show(plan, "matrix_plan" if dry_run else None, lambda: run_matrix(plan, results_dir))
+    launch_or_show(
+        plan,
+        "matrix_plan" if dry_run else None,
+        lambda: run_matrix(plan, results_dir, label),
+        as_json,
+    )
 
 
-def run_matrix(plan: object, results_dir: Path) -> int:
+def run_matrix(plan: object, results_dir: Path, label: str | None = None) -> int:
     from harness.commands import matrix as mx
     from harness.results.writers import write_matrix
     from harness.ui.terminal import MatrixProgress, matrix_table
 
     assert isinstance(plan, mx.MatrixPlan)
-    run_dir = open_run(results_dir, "matrix", plan.scenario)
+    run_dir = open_run(results_dir, "matrix", plan.scenario, label)
     run_dir.update_meta(base_scenario=str(plan.base.source), cells=[c.key for c in plan.cells])
     done: list[mx.Cell] = []
 
@@ -56,7 +71,7 @@ def run_matrix(plan: object, results_dir: Path) -> int:
         mx.execute_matrix(plan, run_dir.path, MatrixProgress(console), on_cell)
     code = end_run(run_dir, outcome, done, "cells")
     if done:
-        console.print(matrix_table(mx.ordered(done)))
+        show(matrix_table(mx.ordered(done)))
     verdict = (
         "[green]every cell as expected[/]"
         if done and all(c.matched for c in done)

@@ -19,8 +19,44 @@ from harness.names import REPO_ROOT
 DEFAULT_SCENARIOS = REPO_ROOT / "scenarios"
 RESULTS = Path("results")
 
+
+def generated_lists() -> dict[str, str]:
+    """The lists help texts name, from where the code keeps them (``{faults}`` in
+    help.toml): the seeded faults and patches (``harness.names``), the stress profiles,
+    and the shipped bug corpus's ids (its files' stems, as ``load_corpus`` names them)."""
+    from harness.names import FAULTS, PATCHES
+    from harness.scenario.stress_profiles import PROFILES
+
+    def words(items: Any, last: str = "or") -> str:
+        items = list(items)
+        return ", ".join(items[:-1]) + f" {last} {items[-1]}" if len(items) > 1 else "".join(items)
+
+    bugs = sorted(p.stem for p in (DEFAULT_SCENARIOS / "bugs").glob("*.toml"))
+    return {
+        "faults": ", ".join(FAULTS[1:]),
+        "all-faults": ", ".join(FAULTS),
+        "patches": words([*PATCHES, "none"]),
+        "profiles": words(PROFILES),
+        "bugs": ", ".join(bugs),
+    }
+
+
+def _help(raw: dict[str, Any]) -> dict[str, str]:
+    lists = generated_lists()
+    out: dict[str, str] = {}
+    for key, text in raw.items():
+        if isinstance(text, str):
+            for name, value in lists.items():
+                text = text.replace("{" + name + "}", value)
+            out[key] = text
+    return out
+
+
+_HELP_FILE = tomllib.loads(Path(__file__).with_name("help.toml").read_text())
 # Every option's help text, by "<command>.<option>": declarations stay one line each.
-HELP: dict[str, str] = tomllib.loads((Path(__file__).with_name("help.toml")).read_text())
+HELP: dict[str, str] = _help(_HELP_FILE)
+# What ``--help`` shows as an option's value, by parameter name (``app.readable_help``).
+METAVARS: dict[str, str] = dict(_HELP_FILE.get("metavar", {}))
 
 
 def opt(key: str, *decls: str, **settings: Any) -> Any:
@@ -61,6 +97,15 @@ def check_positive(value: float | None) -> float | None:
     return value
 
 
+def check_duration(value: float | None) -> float | None:
+    """Seconds from 1 to a day (the range said here, not in the help's value column)."""
+    if value is None:
+        return None
+    if not math.isfinite(value) or not 1 <= value <= 86400:
+        raise typer.BadParameter(f"{value} is not between 1 and 86400 seconds")
+    return value
+
+
 def check_results_dir(value: Path) -> Path:
     """A directory, or a path one can be created at (not a file, nor under one)."""
     if value.exists():
@@ -73,6 +118,19 @@ def check_results_dir(value: Path) -> Path:
     if not parent.is_dir():
         raise typer.BadParameter(f"{value} cannot be created: {parent} is not a directory")
     return value
+
+
+def check_label(value: str | None) -> str | None:
+    """``--label``: letters, digits, ``.``, ``_`` and ``-`` (others become ``-``), at
+    most 40; a label with no letter or digit is refused."""
+    if value is None:
+        return None
+    import re
+
+    label = re.sub(r"-{2,}", "-", re.sub(r"[^A-Za-z0-9._-]+", "-", value)).strip("-._")[:40]
+    if not re.search(r"[A-Za-z0-9]", label):
+        raise typer.BadParameter(f"{value!r} has no letter or digit to name a run by")
+    return label.rstrip("-._")
 
 
 def no_wait(value: bool) -> bool:
@@ -102,7 +160,11 @@ Port = Annotated[
     int | None,
     typer.Option(min=1, max=65535, help="port on 127.0.0.1 (default: a free one)"),
 ]
-DryRun = Annotated[bool, typer.Option(help="print the plan and commands; launch nothing")]
+DryRun = Annotated[
+    bool, typer.Option("--dry-run", help="print the plan and commands; launch nothing")
+]
+AsJson = Annotated[bool, opt("run.json", "--json")]
+Label = Annotated[str | None, opt("run.label", "--label", callback=check_label)]
 # Options of the commands that run on many builds (sweep, bugs): declared once.
 Releases = Annotated[str | None, opt("sweep.releases")]
 Builds = Annotated[list[str] | None, opt("sweep.build", "--build")]
@@ -128,8 +190,8 @@ EngineArgs = Annotated[
     list[str] | None,
     typer.Option(
         "--engine-arg",
-        help="extra argument passed to the server, e.g. "
-        "--engine-arg=--distributed-executor-backend=ray (repeatable)",
+        help="extra argument passed to the server, as --engine-arg=--enforce-eager "
+        "(repeatable; one given twice keeps its later value)",
     ),
 ]
 

@@ -8,27 +8,43 @@ from typing import Annotated
 
 import typer
 
-from harness.cli.common import console, fail
+from harness.cli.common import console, fail, print_json, show
+from harness.cli.options import opt
 from harness.errors import HarnessError
 
 
 def report_cmd(
     run_dir: Annotated[Path, typer.Argument(help="a results directory (results/<run-id>)")],
+    as_json: Annotated[bool, opt("report.json", "--json")] = False,
 ) -> None:
     """Re-render the tables of a finished (or interrupted) run from its files."""
-    from harness.ui.terminal import run_tables
+    from harness.ui.terminal import run_records, run_tables
 
     try:
         meta = read_run(run_dir)
     except HarnessError as err:
         raise fail(err) from None
+    command = str(meta.get("command"))
+    if as_json:
+        print_json(
+            {
+                "run_dir": str(run_dir),
+                "command": command,
+                "label": meta.get("label"),
+                "status": meta.get("status"),
+                "exit_code": meta.get("exit_code"),
+                "tables": run_records(command, run_dir),
+            }
+        )
+        return
     console.print(
-        f"[bold]{meta.get('command')}[/] {run_dir}: status {meta.get('status')}, "
+        f"[bold]{command}[/] {run_dir}: status {meta.get('status')}, "
         f"exit code {meta.get('exit_code')}",
         highlight=False,
+        soft_wrap=False,
     )
-    for table in run_tables(str(meta.get("command")), run_dir):
-        console.print(table)
+    for table in run_tables(command, run_dir):
+        show(table)
 
 
 def read_run(run_dir: Path) -> dict[str, object]:

@@ -6,21 +6,27 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from harness.cli.common import (
     console,
     default_scenario,
     fail,
+    json_needs_dry_run,
     known_fault,
     launch_options,
     port_free,
+    refuse_on_attach,
+    show,
     show_plan,
 )
 from harness.cli.options import (
     RESULTS,
+    AsJson,
     DryRun,
     EngineArgs,
     Geometry,
+    Label,
     NoWait,
     OnePython,
     Port,
@@ -44,16 +50,16 @@ def roundtrip_cmd(
     fault: Annotated[str | None, opt("roundtrip.fault")] = None,
     filler_count: Annotated[int | None, opt("roundtrip.filler-count", min=0)] = None,
     seed: Annotated[int | None, opt("roundtrip.seed", min=0)] = None,
-    url: Annotated[
-        str | None, typer.Option(help="attach to a running server instead", callback=check_url)
-    ] = None,
+    url: Annotated[str | None, opt("roundtrip.url", callback=check_url)] = None,
     results_dir: ResultsDir = RESULTS,
     no_wait: NoWait = False,
     port: Port = None,
     dry_run: DryRun = False,
-    baseline: Annotated[bool, opt("roundtrip.baseline")] = False,
+    baseline: Annotated[bool, opt("roundtrip.baseline", "--baseline")] = False,
     engine_arg: EngineArgs = None,
     python: OnePython = None,
+    label: Label = None,
+    as_json: AsJson = False,
 ) -> None:
     """Offload, evict with unrelated traffic, replay: bytes, hits and output must be exact.
 
@@ -64,6 +70,11 @@ def roundtrip_cmd(
     from harness.scenario.schema import load_roundtrip
 
     try:
+        json_needs_dry_run(as_json, dry_run)
+        refuse_on_attach(
+            url, variant=variant, python=python, patch=patch, fault=fault, tp=tp,
+            engine_arg=engine_arg, baseline=baseline,
+        )  # fmt: skip
         scen = load_roundtrip(scenario or default_scenario("roundtrip-cpu.toml"))
         known_fault(fault)
         if filler_count is not None:
@@ -80,23 +91,26 @@ def roundtrip_cmd(
     except HarnessError as err:
         raise fail(err) from None
     if dry_run:
-        raise show_plan("roundtrip_plan", plan)
-    if baseline and url:
-        raise fail(
-            HarnessError("--baseline launches its own server; it cannot be combined with --url")
-        )
-    raise typer.Exit(run_roundtrip(plan, results_dir, url, port, baseline))
+        raise show_plan("roundtrip_plan", plan, as_json)
+    raise typer.Exit(run_roundtrip(plan, results_dir, port, baseline, label))
 
 
 def run_roundtrip(
-    plan: object, results_dir: Path, url: str | None, port: int | None, baseline: bool = False
+    plan: object,
+    results_dir: Path,
+    port: int | None,
+    baseline: bool = False,
+    label: str | None = None,
 ) -> int:
     from harness.commands import roundtrip as rt
     from harness.commands.roundtrip.files import RoundtripWriter
     from harness.ui.terminal import RoundtripProgress, checks_table, phase_table
 
     assert isinstance(plan, rt.RoundtripPlan)
-    run_dir = open_run(results_dir, "roundtrip", plan.scenario)
+    url = plan.url  # an attached plan's server (``--url``); None: the plan's launch
+    if plan.off_platform:
+        console.print(f"[yellow]note:[/] {escape(plan.off_platform)}", highlight=False)
+    run_dir = open_run(results_dir, "roundtrip", plan.scenario, label)
     run_dir.update_meta(
         variant={"name": plan.variant, **(plan.env.as_dict() if plan.env else {"url": url})},
         plan=plan.describe(),
@@ -110,7 +124,7 @@ def run_roundtrip(
     result = None
     with guard() as outcome:
         rt.build_local_model(plan)
-        result = rt.execute(
+        result = rt.execute_roundtrip(
             plan,
             run_dir.path,
             RoundtripProgress(console),
@@ -125,9 +139,9 @@ def run_roundtrip(
     run_dir.finish(outcome.status, int(code), passed=bool(result and result.passed))
     if result is not None:
         if result.phases:
-            console.print(phase_table([p.record() for p in result.phases]))
+            show(phase_table([p.record() for p in result.phases]))
         if result.checks:
-            console.print(checks_table([c.record() for c in (*result.checks, *result.info_checks)]))
+            show(checks_table([c.record() for c in (*result.checks, *result.info_checks)]))
         verdict = "[green]all checks passed[/]" if result.passed else "[red]some checks failed[/]"
         console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
     else:

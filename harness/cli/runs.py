@@ -88,8 +88,9 @@ def lock_free() -> None:
         raise fail(err) from None
 
 
-def open_run(results_dir: Path, command: str, scenario: Any) -> Any:
-    """The run's directory, with what every run records about itself written at once."""
+def open_run(results_dir: Path, command: str, scenario: Any, label: str | None = None) -> Any:
+    """The run's directory, with what every run records about itself written at once
+    (``label``: the run's ``--label``, in the directory's name and ``run.json``)."""
     from harness.commands.doctor import host_record
     from harness.results.run_directory import RunDirectory, new_run_dir
     from harness.server.interpreters import git_revision, host_platform
@@ -98,9 +99,10 @@ def open_run(results_dir: Path, command: str, scenario: Any) -> Any:
     install_signal_handlers()
     lock_free()
     try:
-        run_dir = RunDirectory(new_run_dir(results_dir, command), command)
+        run_dir = RunDirectory(new_run_dir(results_dir, command, label), command)
     except OSError as err:
         raise fail(HarnessError(f"cannot create results directory: {err}")) from None
+    run_dir.update_meta(label=label)
     if scenario is not None:
         run_dir.update_meta(
             scenario=scenario.model_dump(mode="json"), scenario_file=str(scenario.source)

@@ -6,29 +6,35 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from harness.cli.common import (
     console,
     default_scenario,
     fail,
+    json_needs_dry_run,
     known_fault,
     launch_options,
     port_free,
     reachable,
+    refuse_on_attach,
+    show,
     show_plan,
 )
 from harness.cli.options import (
     RESULTS,
+    AsJson,
     DryRun,
     EngineArgs,
     Geometry,
+    Label,
     NoWait,
     OnePython,
     Port,
     ResultsDir,
     TensorParallel,
     VariantName,
-    check_positive,
+    check_duration,
     check_url,
     opt,
     scenario_opt,
@@ -41,9 +47,7 @@ def stress_cmd(
     scenario: Annotated[Path | None, scenario_opt("stress")] = None,
     profile: Annotated[str | None, opt("stress.profile")] = None,
     requests: Annotated[int | None, opt("stress.requests", min=1)] = None,
-    duration: Annotated[
-        float | None, opt("stress.duration", min=1.0, max=86400.0, callback=check_positive)
-    ] = None,
+    duration: Annotated[float | None, opt("stress.duration", callback=check_duration)] = None,
     concurrency: Annotated[int | None, opt("stress.concurrency", min=1, max=64)] = None,
     seed: Annotated[int | None, opt("stress.seed", min=0)] = None,
     tp: TensorParallel = None,
@@ -58,6 +62,8 @@ def stress_cmd(
     port: Port = None,
     dry_run: DryRun = False,
     engine_arg: EngineArgs = None,
+    label: Label = None,
+    as_json: AsJson = False,
 ) -> None:
     """Concurrent, multi-turn, preempting traffic through the connector, judged against a
     connector-off reference: every token, every byte, every hit.
@@ -69,15 +75,15 @@ def stress_cmd(
     from harness.scenario.schema import load_stress
 
     try:
+        json_needs_dry_run(as_json, dry_run)
+        refuse_on_attach(
+            url, variant=variant, python=python, patch=patch, fault=fault, tp=tp,
+            engine_arg=engine_arg,
+        )  # fmt: skip
         scen = load_stress(scenario or default_scenario("stress.toml"))
         known_fault(fault)
         port_free(port)
         launch = launch_options(variant, python, patch, config, tp, fault, engine_arg)
-        if url and (python or variant or patch or fault or tp):
-            raise HarnessError(
-                "--url attaches to a server someone else launched: --variant, --python, "
-                "--patch, --fault and --tp do not apply"
-            )
         if url:
             reachable(url)
         plan = st.plan_stress(
@@ -87,25 +93,29 @@ def stress_cmd(
             duration_s=duration,
             concurrency=concurrency,
             seed=seed,
+            url=url,
             **launch,
         )
     except HarnessError as err:
         raise fail(err) from None
     if dry_run:
-        raise show_plan("stress_plan", plan)
-    raise typer.Exit(run_stress(plan, results_dir, url, port))
+        raise show_plan("stress_plan", plan, as_json)
+    raise typer.Exit(run_stress(plan, results_dir, port, label))
 
 
-def run_stress(plan: object, results_dir: Path, url: str | None, port: int | None) -> int:
+def run_stress(plan: object, results_dir: Path, port: int | None, label: str | None = None) -> int:
     from harness.commands.roundtrip import build_local_model
     from harness.commands.stress.files import write_stress
     from harness.commands.stress.plan import StressPlan
-    from harness.commands.stress.run import execute
+    from harness.commands.stress.run import execute_stress
     from harness.ui.terminal import StressProgress, checks_table
 
     assert isinstance(plan, StressPlan)
-    run_dir = open_run(results_dir, "stress", plan.scenario)
     base = plan.base
+    url = base.url  # an attached plan's server (``--url``); None: the plan's launches
+    if base.off_platform:
+        console.print(f"[yellow]note:[/] {escape(base.off_platform)}", highlight=False)
+    run_dir = open_run(results_dir, "stress", plan.scenario, label)
     run_dir.update_meta(
         variant={"name": base.variant, **(base.env.as_dict() if base.env else {"url": url})},
         plan=plan.describe(),
@@ -118,7 +128,7 @@ def run_stress(plan: object, results_dir: Path, url: str | None, port: int | Non
     result = None
     with guard() as outcome:
         build_local_model(base)
-        result = execute(
+        result = execute_stress(
             plan,
             run_dir.path,
             StressProgress(console),
@@ -139,7 +149,7 @@ def run_stress(plan: object, results_dir: Path, url: str | None, port: int | Non
             f"{f['tolerance']}",
             highlight=False,
         )
-        console.print(checks_table([c.record() for c in result.checks]))
+        show(checks_table([c.record() for c in result.checks]))
         verdict = "[green]all checks passed[/]" if result.passed else "[red]some checks failed[/]"
         console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
     else:

@@ -12,14 +12,18 @@ from harness.cli.common import (
     console,
     default_scenario,
     fail,
+    json_needs_dry_run,
     launch_or_show,
     port_free,
+    show,
 )
 from harness.cli.options import (
     RESULTS,
+    AsJson,
     Builds,
     Dist,
     DryRun,
+    Label,
     NoWait,
     Port,
     Releases,
@@ -47,6 +51,8 @@ def sweep_cmd(
     no_wait: NoWait = False,
     port: Port = None,
     dry_run: DryRun = False,
+    label: Label = None,
+    as_json: AsJson = False,
 ) -> None:
     """Every selected check on every vLLM release (and your builds), with where each changed.
 
@@ -58,8 +64,9 @@ def sweep_cmd(
     from harness.commands import sweep as sw
 
     if merge:
-        raise typer.Exit(merge_sweeps(merge, results_dir))
+        raise typer.Exit(merge_sweeps(merge, results_dir, label))
     try:
+        json_needs_dry_run(as_json, dry_run)
         targets = sw.load_targets(scenario or [default_scenario("crash-repro.toml")], check or [])
         check_builds(build or [])
         run = sw.SweepRun(sw.choose_builds(releases, build or [], dist), targets, dist)
@@ -71,17 +78,20 @@ def sweep_cmd(
     launch_or_show(
         run,
         "sweep_plan" if dry_run else None,
-        lambda: run_sweep(run, bisect, results_dir, port=port, torch_index=torch_index),
+        lambda: run_sweep(run, bisect, results_dir, label, port=port, torch_index=torch_index),
+        as_json,
     )
 
 
-def run_sweep(run: Any, bisect: str | None, results_dir: Path, **options: Any) -> int:
+def run_sweep(
+    run: Any, bisect: str | None, results_dir: Path, label: str | None, **options: Any
+) -> int:
     from harness.commands import sweep as sw
     from harness.results.writers import write_sweep
     from harness.ui.terminal import SweepProgress
 
     assert isinstance(run, sw.SweepRun)
-    run_dir = open_run(results_dir, "sweep", None)
+    run_dir = open_run(results_dir, "sweep", None, label)
     run_dir.update_meta(**run.describe(), bisect=bisect)
 
     def write(chart: bool = False) -> None:
@@ -99,7 +109,7 @@ def run_sweep(run: Any, bisect: str | None, results_dir: Path, **options: Any) -
                     )
                     console.print(f"bisect: {result.text()}", highlight=False)
                 else:
-                    sw.execute(run, run_dir.path, progress, write, **options)
+                    sw.execute_sweep(run, run_dir.path, progress, write, **options)
         finally:
             if bisect is None:  # a bisect leaves unbuilt releases out on purpose
                 run.fill_not_run("not reached: the sweep stopped before this cell")
@@ -129,14 +139,14 @@ def finish_sweep(run: Any, run_dir: Any, status: str, code: ExitCode) -> int:
             what = f"{c.release} {c.check}: {c.state} (expected {c.expected}; {c.why})"
             console.print(f"[red]not as expected[/] {escape(what)}", highlight=False)
     if run.cells:
-        console.print(sweep_table(sw.ordered(run.cells), [b.label for b in run.builds]))
+        show(sweep_table(sw.ordered(run.cells), [b.label for b in run.builds], console.width))
     for t in transitions:
         console.print(f"  {t.text()}", highlight=False, markup=False)
     verdict_line(bad, status, "cell", run_dir.path, "every cell as expected")
     return int(code)
 
 
-def merge_sweeps(dirs: list[Path], results_dir: Path) -> int:
+def merge_sweeps(dirs: list[Path], results_dir: Path, label: str | None = None) -> int:
     """``--merge``: CI shards' sweeps as one run of their own."""
     from harness.commands import sweep as sw
     from harness.results.writers import write_sweep
@@ -145,7 +155,7 @@ def merge_sweeps(dirs: list[Path], results_dir: Path) -> int:
         run = sw.merge(dirs)
     except HarnessError as err:
         raise fail(err) from None
-    run_dir = open_run(results_dir, "sweep", None)
+    run_dir = open_run(results_dir, "sweep", None, label)
     run_dir.update_meta(merged_from=[str(d) for d in dirs], dist=run.dist)
     meta = {"builds": [b.label for b in run.builds], "release_order": run.release_order}
     write_sweep(run_dir, run.cells, run.envs, run.transitions(), meta)

@@ -113,7 +113,7 @@ class Row:
         return data
 
 
-class Reporter(Protocol):
+class CrashReproReporter(Protocol):
     def row_started(self, row: Row, index: int, total: int) -> None: ...
     def row_tick(self, row: Row, elapsed: float) -> None: ...
     def row_finished(self, row: Row, index: int, total: int) -> None: ...
@@ -406,7 +406,9 @@ def launch_count(rows: list[Row]) -> int:
     return len({row.plan.launch_key() for row in rows if not row.skip_reason})
 
 
-def execute(plan: RunPlan, out_dir: Path, reporter: Reporter, port: int | None = None) -> None:
+def execute_crash_repro(
+    plan: RunPlan, out_dir: Path, reporter: CrashReproReporter, port: int | None = None
+) -> None:
     """Run every row in order; each row is judged and reported as soon as it ends.
 
     Two rows that would launch exactly the same server (interpreter, argv, environment,

@@ -180,10 +180,10 @@ def write_control(path: Path, fault: str) -> None:
     tmp.replace(path)
 
 
-def execute(
+def execute_faults(
     sweep: SweepPlan,
     out_dir: Path,
-    reporter: rt.Reporter,
+    reporter: rt.RoundtripReporter,
     on_round: Callable[[list[Round]], None],
     *,
     port: int | None = None,

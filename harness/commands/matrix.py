@@ -27,7 +27,7 @@ from harness.commands.roundtrip import (
     RoundtripResult,
     StartupFailure,
     build_local_model,
-    execute,
+    execute_roundtrip,
     plan_roundtrip,
 )
 from harness.engine.amx import cpu_flags
@@ -155,7 +155,7 @@ class MatrixPlan:
     cells: list[Cell] = field(default_factory=list)
 
 
-class Reporter(Protocol):
+class MatrixReporter(Protocol):
     def cell_started(self, cell: Cell, index: int, total: int) -> None: ...
     def cell_finished(self, cell: Cell, index: int, total: int) -> None: ...
     def status(self, message: str) -> None: ...
@@ -206,22 +206,6 @@ def find_rule(
         f"{scn.source}: no expectation matches {family} / {geometry} / {variant}; "
         "add a catch-all [[expectations]] entry"
     )
-
-
-def match_rule(
-    scn: MatrixScenario,
-    family: str,
-    geometry: str,
-    variant: str,
-    version: str,
-    device: str = "cpu",
-    flags: frozenset[str] | None = None,
-) -> Match[CellExpectation]:
-    """The cell's rule; a cell whose rules all hold elsewhere is bad input here."""
-    found = find_rule(scn, family, geometry, variant, version, device, flags)
-    if isinstance(found, str):
-        raise BadInput(f"{family} / {geometry} / {variant}: {found}")
-    return found
 
 
 def cell_scenario(
@@ -378,7 +362,7 @@ def judge_cell(cell: Cell) -> None:
     )
 
 
-def run_cell(cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: Reporter) -> None:
+def run_cell(cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: MatrixReporter) -> None:
     """Launch, round-trip, classify; never raises for what the engine does. The cell's
     round trip leaves a roundtrip run's files in ``cells/<slug>/``."""
     from harness.commands.roundtrip.files import part_writer
@@ -392,7 +376,7 @@ def run_cell(cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: Reporter)
     writer = part_writer(cell_dir, cell.plan, cell=cell.key)
     try:
         build_local_model(cell.plan)
-        result: RoundtripResult = execute(cell.plan, cell_dir, reporter, writer)
+        result: RoundtripResult = execute_roundtrip(cell.plan, cell_dir, reporter, writer)
         # execute launched the server (no url), so it timed the start.
         assert result.startup_seconds is not None
         cell.startup, cell.startup_seconds = "started", round(result.startup_seconds, 2)
@@ -438,7 +422,7 @@ def run_cell(cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: Reporter)
 def execute_matrix(
     plan: MatrixPlan,
     out_dir: Path,
-    reporter: Reporter,
+    reporter: MatrixReporter,
     on_cell: Callable[[Cell], None],
 ) -> None:
     """Run every cell in order, one server at a time; ``on_cell`` persists each verdict."""

@@ -210,6 +210,24 @@ def unavailable_line(cells: Sequence[Any], builds: Sequence[str]) -> list[str]:
     return [f"{len(gone)} build(s) could not be installed and are left out: {span} (envs.csv)", ""]
 
 
+def grid_section(
+    title: str, legend: str, cells: Sequence[Any], meta: dict[str, Any], **grid: Any
+) -> list[str]:
+    """A report's build x check grid (``sweep_grid``), titled, with its legend and the
+    builds that could not be installed."""
+    builds = meta.get("builds", [])
+    headers, rows = sweep_grid(cells, builds, **grid)
+    return [
+        f"## {title}",
+        "",
+        f"({legend})",
+        "",
+        *unavailable_line(cells, builds),
+        table(headers, rows),
+        "",
+    ]
+
+
 def sweep_grid(
     cells: Sequence[Any], builds: Sequence[str], row_of: str = "check", text_of: str = "state"
 ) -> tuple[list[str], list[list[str]]]:
@@ -257,9 +275,7 @@ def sweep_report(
         ["release", "check", "outcome", "expected", "why"],
         [[c.release, c.check, c.state, c.expected, c.why] for c in bad],
     )
-    headers, rows = sweep_grid(cells, meta.get("builds", []))
-    lines += ["## Release x check", "", "(* = not as expected)", ""]
-    lines += [*unavailable_line(cells, meta.get("builds", [])), table(headers, rows), ""]
+    lines += grid_section("Release x check", "* = not as expected", cells, meta)
     lines += ["## Transitions", ""]
     lines += [f"- {t.text()}" for t in transitions] or ["_no release ran twice_"]
     for text in meta.get("bisect", []):
@@ -285,5 +301,3 @@ def builds_table(envs: Sequence[dict[str, Any]]) -> str:
             for e in envs
         ],
     )
-
-

@@ -12,6 +12,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
+def csv_row(
+    record: Any, *, blank_if_none: tuple[str, ...] = (), seconds_digits: int = 2
+) -> dict[str, Any]:
+    """A record as a CSV row: None written as an empty cell where "not judged" or "no
+    answer" is meant, and ``seconds`` rounded (the tables compare and show them)."""
+    data = asdict(record)
+    for key in blank_if_none:
+        if data[key] is None:
+            data[key] = ""
+    data["seconds"] = round(data["seconds"], seconds_digits)
+    return data
+
+
 @dataclass
 class CheckResult:
     name: str
@@ -53,11 +66,7 @@ class SweepCell:
         return f"{self.outcome} {self.known}" if self.known else self.outcome
 
     def record(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["matched"] = "" if self.matched is None else self.matched
-        data["rule"] = "" if self.rule is None else self.rule
-        data["seconds"] = round(self.seconds, 2)
-        return data
+        return csv_row(self, blank_if_none=("matched", "rule"))
 
 
 @dataclass
@@ -79,10 +88,7 @@ class BugCell:
     run_dir: str = ""
 
     def record(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["matched"] = "" if self.matched is None else self.matched
-        data["seconds"] = round(self.seconds, 2)
-        return data
+        return csv_row(self, blank_if_none=("matched",))
 
 
 @dataclass
@@ -99,8 +105,6 @@ class StepRecord:
     counters: dict[str, float] = field(default_factory=dict)  # change during the step
 
     def record(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = csv_row(self, blank_if_none=("http_status",), seconds_digits=3)
         data["counters"] = json.dumps({k: int(v) for k, v in self.counters.items() if v})
-        data["http_status"] = "" if self.http_status is None else self.http_status
-        data["seconds"] = round(self.seconds, 3)
         return data

@@ -59,9 +59,10 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def new_run_dir(base: Path, command: str) -> Path:
+def new_run_dir(base: Path, command: str, label: str | None = None) -> Path:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    path = base / f"{stamp}-{command}-{secrets.token_hex(2)}"
+    named = f"{stamp}-{label}" if label else stamp  # a run's --label, sanitised by the CLI
+    path = base / f"{named}-{command}-{secrets.token_hex(2)}"
     path.mkdir(parents=True, exist_ok=False)
     return path
 

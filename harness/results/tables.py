@@ -198,7 +198,7 @@ def _phase_columns() -> tuple[str, ...]:
     return ("phase", "requests", "seconds", *deltas, *totals)
 
 
-PHASES = TableFile(
+PHASE_TABLE = TableFile(
     name="phases.csv",
     title="phases",
     columns=_phase_columns(),
@@ -223,7 +223,7 @@ CHECKS = TableFile(
 )
 ROUNDTRIP = ResultsKind(
     command="roundtrip",
-    tables=(PHASES, CHECKS),
+    tables=(PHASE_TABLE, CHECKS),
     files=(
         "requests.jsonl",
         "junit.xml",
@@ -337,7 +337,7 @@ FAULT_ROUNDS = TableFile(
     shown=("round", "fault", "status", "expected_failing", "failing", "reason"),
     display=("round", "fault", "must fail", "failed", "verdict", "why"),
 )
-FAULTS = ResultsKind(
+FAULTS_KIND = ResultsKind(
     command="faults",
     tables=(FAULT_ROUNDS,),
     files=("junit.xml", "report.md", "logs/server.log", "rounds/<NN>-<fault>/"),
@@ -469,7 +469,7 @@ STRESS = ResultsKind(
 
 KINDS: dict[str, ResultsKind] = {
     k.command: k
-    for k in (CRASH_REPRO, ROUNDTRIP, MATRIX, FAULTS, BENCH, SWEEP, BUGS, BUG_SCRIPT, STRESS)
+    for k in (CRASH_REPRO, ROUNDTRIP, MATRIX, FAULTS_KIND, BENCH, SWEEP, BUGS, BUG_SCRIPT, STRESS)
 }
 """Every command that writes a results directory, by its ``run.json`` ``command``."""
 

@@ -21,15 +21,12 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.errors import BadInput
-from harness.names import FAULTS, PATCHES, Fault
-
-__all__ = ["FAULTS", "PATCH_NAMES", "Fault"]  # re-exported for the CLI and tests
+from harness.names import PATCHES, Fault
 
 # crashed-on-first-request: /health answered, then the engine died serving the first
 # completion (a kernel fault, say); skipped: the row needs a CPU feature this host lacks.
 Outcome = Literal["started", "crashed", "crashed-on-first-request", "timeout", "error", "skipped"]
 ConnectorMode = Literal["on", "off"]
-PATCH_NAMES = PATCHES
 
 
 class StrictModel(BaseModel):
@@ -107,8 +104,8 @@ class Variant(StrictModel):
     @field_validator("patch")
     @classmethod
     def _known_patch(cls, value: str | None) -> str | None:
-        if value is not None and value not in PATCH_NAMES:
-            raise ValueError(f"unknown patch {value!r}; known: {', '.join(PATCH_NAMES)}")
+        if value is not None and value not in PATCHES:
+            raise ValueError(f"unknown patch {value!r}; known: {', '.join(PATCHES)}")
         return value
 
 
@@ -324,8 +321,8 @@ class RoundtripScenario(FileScenario):
     @field_validator("patch")
     @classmethod
     def _known_patch(cls, value: str | None) -> str | None:
-        if value is not None and value not in (*PATCH_NAMES, "none"):
-            raise ValueError(f"unknown patch {value!r}; known: {', '.join(PATCH_NAMES)}, none")
+        if value is not None and value not in (*PATCHES, "none"):
+            raise ValueError(f"unknown patch {value!r}; known: {', '.join(PATCHES)}, none")
         return value
 
 
@@ -435,8 +432,8 @@ def effective_patch(*choices: str | None) -> str | None:
             continue
         if choice == "none":
             return None
-        if choice not in PATCH_NAMES:
-            raise BadInput(f"unknown patch {choice!r}; known: {', '.join(PATCH_NAMES)}, none")
+        if choice not in PATCHES:
+            raise BadInput(f"unknown patch {choice!r}; known: {', '.join(PATCHES)}, none")
         return choice
     return None
 

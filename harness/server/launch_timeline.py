@@ -37,7 +37,7 @@ _RANK = re.compile(r"\brank=(?P<rank>\d+)\b")
 _INIT_DONE = "init engine (profile, create kv cache, warmup model) took"
 
 # Phase names, in order; each is the time from the previous point to its own.
-PHASES = (
+LAUNCH_PHASES = (
     ("api_server_start", "spawn to the API server's first log line (its imports)"),
     ("engine_core_start", "to EngineCore's first line (config, spawn, its imports)"),
     ("worker_start", "to the last worker's first line (spawn, its imports)"),
@@ -143,7 +143,7 @@ class LaunchTimeline:
     resolution_s: float
 
     def phases(self) -> dict[str, float | None]:
-        """Each phase of ``PHASES`` as a duration; None where a point is missing (a
+        """Each phase of ``LAUNCH_PHASES`` as a duration; None where a point is missing (a
         server that crashed before its worker spoke has no worker or init phase)."""
         points = [
             self.api_server_s,
@@ -155,7 +155,7 @@ class LaunchTimeline:
         ]
         out: dict[str, float | None] = {}
         before: float | None = 0.0
-        for (name, _), point in zip(PHASES, points, strict=True):
+        for (name, _), point in zip(LAUNCH_PHASES, points, strict=True):
             out[name] = (
                 round(max(0.0, point - before), 2)
                 if point is not None and before is not None
@@ -204,7 +204,7 @@ def phase_medians(timelines: list[dict[str, Any]]) -> dict[str, float | None]:
     """The median of each phase over launch records (``record()``); None where no launch
     reached that phase."""
     out: dict[str, float | None] = {}
-    for name, _ in PHASES:
+    for name, _ in LAUNCH_PHASES:
         values = [t["phases"][name] for t in timelines if t["phases"].get(name) is not None]
         out[name] = round(statistics.median(values), 2) if values else None
     return out

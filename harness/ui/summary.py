@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.results.tables import CHECKS, MATRIX_CELLS, OUTCOMES, PHASES, TableFile
+from harness.results.tables import CHECKS, MATRIX_CELLS, OUTCOMES, PHASE_TABLE, TableFile
 
 MAX_CELL = 300  # characters; a CI page is for reading, the files hold everything
 
@@ -253,7 +253,7 @@ def is_informational(row: pd.Series) -> bool:
 
 
 def _roundtrip(run_dir: Path, run: dict[str, Any]) -> list[str]:
-    phases, phases_problem = _read_csv(run_dir / PHASES.name)
+    phases, phases_problem = _read_csv(run_dir / PHASE_TABLE.name)
     checks, checks_problem = _read_csv(run_dir / CHECKS.name)
     passed = run.get("passed") if isinstance(run.get("passed"), bool) else None
     counted = ""
@@ -279,7 +279,7 @@ def _roundtrip(run_dir: Path, run: dict[str, Any]) -> list[str]:
     lines = _headline(run_dir, run, _verdict(run, passed), "; ".join(f for f in facts if f))
 
     lines += ["### Phases", ""]
-    lines += _rows_or_note(phases, phases_problem, PHASES, _phase_row)
+    lines += _rows_or_note(phases, phases_problem, PHASE_TABLE, _phase_row)
     lines += ["", "### Checks", ""]
     lines += _rows_or_note(checks, checks_problem, CHECKS, _check_row)
     files = [

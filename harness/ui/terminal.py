@@ -89,7 +89,9 @@ class CrashReproProgress:
         )
 
 
-def crash_repro_table(rows: Sequence[Row]) -> Table:
+def crash_repro_table(rows: Sequence[Row] | Sequence[dict[str, Any]]) -> Table:
+    """The crash-repro rows, from the rows of a run or the records of its
+    ``outcomes.csv`` (``report``): one table for both."""
     table = Table(title="crash-repro", show_lines=False, header_style="bold")
     for col in (
         "model",
@@ -105,29 +107,62 @@ def crash_repro_table(rows: Sequence[Row]) -> Table:
         "match",
     ):
         table.add_column(col, overflow="fold")
-    for r in rows:
-        style = OUTCOME_STYLE.get(r.outcome, "white")
-        sig = r.signature
-        if r.frame:
-            sig = f"{r.exception} in {r.frame.rsplit('/', 1)[-1]}"
-            sig += f" (known: {known_label(r.known_issue)})" if r.known_issue else ""
-        if r.outcome == "started":
-            sig = "answered" if r.answered else f"no answer: {r.answer}"
-        expected = r.expected + (f" {known_label(r.expected_known)}" if r.expected_known else "")
+    launched: set[str] = set()
+    for row in rows:
+        r = row.record() if isinstance(row, Row) else row
+        outcome = _text(r.get("outcome"))
+        style = OUTCOME_STYLE.get(outcome, "white")
+        sig = _text(r.get("signature"))
+        if _text(r.get("frame")):
+            sig = f"{_text(r.get('exception'))} in {_text(r['frame']).rsplit('/', 1)[-1]}"
+            known = _issue(r.get("known_issue"))
+            sig += f" (known: {known_label(known)})" if known else ""
+        if outcome == "started":
+            answered = _text(r.get("answered")) == "True"
+            sig = "answered" if answered else f"no answer: {_text(r.get('answer'))}"
+        known = _issue(r.get("expected_known"))
+        expected = _text(r.get("expected")) + (f" {known_label(known)}" if known else "")
+        launch = _issue(r.get("launch"))
+        shared = launch in launched  # a later row served by an earlier row's launch
+        if launch and launch != "0":
+            launched.add(launch)
+        matched = _text(r.get("matched")) == "True"
         table.add_row(
-            r.model,
-            r.variant,
-            r.vllm_version,
-            r.patch or "-",
-            "on" if r.connector else "off (control)",
-            Text(r.outcome, style=style),
+            _text(r.get("model")),
+            _text(r.get("variant")),
+            _text(r.get("vllm_version")),
+            _text(r.get("patch")) or "-",
+            "on" if _text(r.get("connector")) in ("on", "True") else "off (control)",
+            Text(outcome, style=style),
             sig,
-            f"{r.seconds:.1f}s" if r.seconds is not None else "-",
-            (f"#{r.launch}" + (" (shared)" if r.shared_with else "")) if r.launch else "-",
+            _seconds(r.get("seconds")),
+            (f"#{launch}" + (" (shared)" if shared else "")) if launch and launch != "0" else "-",
             expected,
-            Text("yes", style="green") if r.matched else Text(f"NO: {r.why}", style="bold red"),
+            Text("yes", style="green")
+            if matched
+            else Text(f"NO: {_text(r.get('why'))}", style="bold red"),
         )
     return table
+
+
+def _text(value: Any) -> str:
+    """A record's value as text: "" for none (a CSV's empty cell, NaN)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    return str(value)
+
+
+def _seconds(value: Any) -> str:
+    try:
+        return f"{float(_text(value)):.1f}s"
+    except ValueError:
+        return "-"
+
+
+def _issue(value: Any) -> str:
+    """An integer a CSV may have read back as a float (51150.0) as its digits."""
+    text = _text(value)
+    return text[:-2] if text.endswith(".0") and text[:-2].isdigit() else text
 
 
 def _mb(n: float) -> str:
@@ -318,7 +353,7 @@ def bench_table(figures: Sequence[dict[str, Any]]) -> Table:
 
 def launches_table(launches: Sequence[dict[str, Any]]) -> Table:
     """Each launch of a run (run.json -> launches), phase by phase, in seconds."""
-    from harness.server.launch_timeline import PHASES as LAUNCH_PHASES
+    from harness.server.launch_timeline import LAUNCH_PHASES
 
     table = Table(title="launches (seconds)", header_style="bold")
     table.add_column("#", justify="right")
@@ -342,7 +377,7 @@ def launches_table(launches: Sequence[dict[str, Any]]) -> Table:
 def run_tables(command: str, run_dir: Path) -> list[Table]:
     """A results directory's tables, as its command's results kind defines them, then
     its launches (every command records them in run.json)."""
-    from harness.results.tables import CHECKS, PHASES, STRESS_CHECKS, kind_of
+    from harness.results.tables import CHECKS, OUTCOMES, PHASE_TABLE, STRESS_CHECKS, kind_of
 
     kind = kind_of(command)
     if kind is None:
@@ -357,7 +392,9 @@ def run_tables(command: str, run_dir: Path) -> list[Table]:
         if frame is None:
             continue
         records = frame.to_dict("records")
-        if spec is PHASES:
+        if spec is OUTCOMES:
+            out.append(crash_repro_table(records))
+        elif spec is PHASE_TABLE:
             out.append(phase_table(records))
         elif spec in (CHECKS, STRESS_CHECKS):
             out.append(checks_table(records))
@@ -365,6 +402,30 @@ def run_tables(command: str, run_dir: Path) -> list[Table]:
             out.append(frame_table(spec.title, records, spec.shown or spec.columns))
     if launches:
         out.append(launches_table(launches))
+    return out
+
+
+def run_records(command: str, run_dir: Path) -> list[dict[str, Any]]:
+    """What ``run_tables`` shows, as data (``report --json``): each table file the run
+    wrote (its title, file, columns and rows), then its launches."""
+    from harness.results.tables import kind_of
+
+    kind = kind_of(command)
+    out: list[dict[str, Any]] = []
+    for spec in kind.tables if kind is not None else ():
+        frame = spec.read(run_dir)
+        if frame is None:
+            continue
+        rows = [{k: (None if _cell(v) == "-" and v != "-" else v) for k, v in r.items()}
+                for r in frame.to_dict("records")]  # fmt: skip
+        out.append({"title": spec.title, "file": spec.name, "columns": list(frame.columns),
+                    "rows": rows})  # fmt: skip
+    try:
+        launches = json.loads((run_dir / "run.json").read_text()).get("launches") or []
+    except (OSError, ValueError):
+        launches = []
+    if launches:
+        out.append({"title": "launches", "file": "run.json", "rows": launches})
     return out
 
 
@@ -594,20 +655,39 @@ def _sweep_style(outcome: str) -> str:
     return MATRIX_STYLE.get(head, OUTCOME_STYLE.get(head, "white"))
 
 
-def sweep_table(cells: Sequence[Any], builds: Sequence[str]) -> Table:
-    """Release x check: outcome per cell, red where it is not what the rules expect."""
-    return _grid_table(cells, builds, "check", "state", "sweep (* = not as expected)", _sweep_style)
+def sweep_table(cells: Sequence[Any], builds: Sequence[str], width: int | None = None) -> Table:
+    """Release x check: outcome per cell, red where it is not what the rules expect; over
+    many builds (or more than ``width`` takes), runs of releases alike per check."""
+    return _grid_table(
+        cells, builds, "check", "state", "sweep (* = not as expected)", _sweep_style, width
+    )
 
 
 BUG_STYLE = {"reproduced": "yellow", "passed": "green", "error": "red"}
 
 
-def bugs_table(cells: Sequence[Any], builds: Sequence[str]) -> Table:
+def bugs_table(cells: Sequence[Any], builds: Sequence[str], width: int | None = None) -> Table:
     """Bug x release: reproduced (yellow), passed (green), error (red); bold red where the
     cell is not what the entry says of that release."""
     return _grid_table(
-        cells, builds, "bug", "outcome", "bugs (* = unmatched)", lambda o: BUG_STYLE.get(o, "dim")
+        cells,
+        builds,
+        "bug",
+        "outcome",
+        "bugs (* = unmatched)",
+        lambda o: BUG_STYLE.get(o, "dim"),
+        width,
     )
+
+
+def _is_release(label: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(label)
+    except InvalidVersion:
+        return False
+    return True
 
 
 def _grid_table(
@@ -617,19 +697,20 @@ def _grid_table(
     text_of: str,
     title: str,
     style_of: Any,
+    width: int | None = None,
 ) -> Table:
     from harness.results.markdown import sweep_grid, unavailable_builds
+    from harness.ui.fit import grid
 
     headers, rows = sweep_grid(cells, builds, row_of=row_of, text_of=text_of)
     at = {(getattr(c, row_of), c.release): c for c in cells}
     gone = unavailable_builds(cells, builds)
     caption = f"{len(gone)} build(s) could not be installed: left out" if gone else None
-    table = Table(title=title, caption=caption, header_style="bold", show_lines=True)
-    for h in headers:
-        table.add_column(h, overflow="fold")
+    shown = headers[1:]
+    out_rows = []
     for r in rows:
-        out: list[Text] = [Text(r[0])]
-        for b in headers[1:]:
+        out: list[Text] = []
+        for b in shown:
             c = at.get((r[0], b))
             if c is None:
                 out.append(Text(""))
@@ -637,8 +718,9 @@ def _grid_table(
             style = "bold red" if c.matched is False else style_of(c.outcome)
             text = str(getattr(c, text_of)) + (" *" if c.matched is False else "")
             out.append(Text(text, style=style))
-        table.add_row(*out)
-    return table
+        out_rows.append(((r[0],), out))
+    releases = {b for b in shown if _is_release(b)}
+    return grid(title, (row_of,), out_rows, shown, releases, caption=caption, width=width)
 
 
 class StressProgress:

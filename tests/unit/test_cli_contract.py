@@ -35,6 +35,7 @@ from tests.conftest import ROOT
 
 DOCUMENTED = {0, 1, 2, 3, 130}
 FIXTURE_RUN = ROOT / "tests" / "fixtures" / "replay" / "clean"
+CRASH_REPRO_RUN = ROOT / "tests" / "fixtures" / "results" / "20261130-065547-crash-repro-1904"
 # Placeholders filled per test: an existing file, an existing directory, a path that does
 # not exist (in the test's own directory: a results dir given it is created).
 FILE, DIR, MISSING = "<file>", "<dir>", "<missing>"
@@ -46,6 +47,8 @@ CHOICE_VALUES = ("bogus",)
 URL_VALUES = ("not-a-url", "http://127.0.0.1:1", "ftp://x")
 INTERPRETER_VALUES = (MISSING, FILE, "/usr/bin/python3")
 TEXT_VALUES = ("bogus", "")
+# A run's name: sanitised into its directory's name, refused when nothing is left.
+LABEL_VALUES = ("nightly/gpu #3", "../..", "", "-")
 
 # Positional arguments a command needs when another of its parameters is under test.
 REQUIRED = {
@@ -95,6 +98,8 @@ def _kind(param: Any) -> str:
     name = param.name or ""
     if "url" in name:
         return "url"
+    if name == "label":
+        return "label"
     if name in ("python", "build"):
         return "interpreter"
     return "text"
@@ -108,6 +113,7 @@ VALUES = {
     "url": URL_VALUES,
     "interpreter": INTERPRETER_VALUES,
     "text": TEXT_VALUES,
+    "label": LABEL_VALUES,
 }
 
 
@@ -139,10 +145,31 @@ def generate() -> list[Input]:
             for value in VALUES[kind]:
                 inputs.append(Input(path, (*head, option, value)))
             inputs.append(Input(path, (*head, option)))  # the value missing
+        if {"as_json", "dry_run"} <= names:
+            inputs.append(Input(path, ("--json",)))  # a plan's JSON without --dry-run
+        if "url" in names:  # what only a launch takes, refused with --url
+            for name, value in LAUNCH_ONLY.items():
+                if name in names:
+                    flag = f"--{name.replace('_', '-')}"
+                    given = (flag,) if value is None else (f"{flag}={value}",)
+                    inputs.append(Input(path, (*base, "--url", "http://127.0.0.1:1", *given)))
     return inputs
 
 
+# Options of roundtrip and stress that choose what a launch starts, with a value each.
+LAUNCH_ONLY = {
+    "variant": "current",
+    "python": "/usr/bin/python3",
+    "patch": "chunked-local-fix",
+    "fault": "no-load",
+    "tp": "2",
+    "engine_arg": "--enforce-eager",
+    "baseline": None,
+}
+
+
 INPUTS = generate()
+COMMANDS = dict(_commands(typer.main.get_command(cli.app)))
 
 
 @dataclass
@@ -181,6 +208,12 @@ def breaches(case: Input, outcome: Outcome) -> list[str]:
         problems.append(f"exit {outcome.code} with {len(lines)} stderr lines: {lines[:3]}")
     if "╭" in outcome.stderr:
         problems.append("typer's error box")
+    if "--json" in case.args and "-h" not in case.args and outcome.code in (0, 1):
+        # --json: one JSON document on stdout, nothing else there.
+        try:
+            json.loads(outcome.stdout)
+        except ValueError:
+            problems.append(f"--json printed no JSON document: {outcome.stdout[:120]!r}")
     return problems
 
 
@@ -233,7 +266,7 @@ def _argv(case: Input, where: dict[str, Path]) -> list[str]:
     fill = {FILE: where["file"], DIR: where["dir"], MISSING: where["missing"]}
     args = [str(fill[a]) if a in fill else a for a in case.args]
     argv = [*case.command, *args]
-    command = dict(_commands(typer.main.get_command(cli.app))).get(case.command)
+    command = COMMANDS.get(case.command)
     has_results = command is not None and any(p.name == "results_dir" for p in command.params)
     if has_results and "--results-dir" not in args and "-h" not in args:
         argv += ["--results-dir", str(where["results"])]
@@ -316,3 +349,261 @@ def test_the_sweep_fails_without_the_guard(sandbox, monkeypatch):
         if json.loads(p.read_text()).get("status") == "running"
     ]
     assert running  # bench's run, stopped by an exception nobody caught
+
+
+# --- what the commands print: plans, widths, JSON, labels (no server launches) -------------
+@contextlib.contextmanager
+def fake_server() -> Iterator[str]:
+    """An HTTP server answering as a vLLM server with the connector would, to be attached
+    to (``--url``): ``/v1/models`` and a recorded ``/metrics``; nothing else."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    metrics = (ROOT / "tests/fixtures/replay/clean/metrics/start.prom").read_bytes()
+    models = json.dumps({"data": [{"id": "llama4-attached", "max_model_len": 2048}]}).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body, ctype = (
+                (models, "application/json")
+                if self.path.startswith("/v1/models")
+                else (metrics, "text/plain")
+            )
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("command", ["roundtrip", "stress"])
+def test_a_dry_run_with_url_is_the_attach_plan(sandbox, monkeypatch, command):
+    """``--url --dry-run`` plans against that server (its model, its pool), launches
+    nothing and prints no argv; ``--json`` says the same."""
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    with fake_server() as url:
+        text = _run([command, "--url", url, "--dry-run"])
+        data = _run([command, "--url", url, "--dry-run", "--json"])
+    assert text.code == 0, text.stderr
+    assert f"attach: {url}" in text.stdout and "llama4-attached" in text.stdout
+    assert "argv" not in text.stdout and "host: amx_permission" not in text.stdout
+    assert data.code == 0, data.stderr
+    plan = json.loads(data.stdout)
+    assert plan["attach"] == url and plan["launches"] == 0 and plan["server_argv"] is None
+
+
+def test_url_refuses_what_only_a_launch_takes_alike_in_both_commands(sandbox):
+    lines: dict[tuple[str, str], str] = {}
+    for command in ("roundtrip", "stress"):
+        names = {
+            p.name for p in dict(_commands(typer.main.get_command(cli.app)))[(command,)].params
+        }
+        for name, value in LAUNCH_ONLY.items():
+            if name not in names:
+                continue
+            flag = f"--{name.replace('_', '-')}"
+            given = [flag] if value is None else [f"{flag}={value}"]
+            out = _run([command, "--dry-run", "--url", "http://127.0.0.1:1", *given])
+            assert out.code == 2, (command, flag, out.stderr)
+            (line,) = [ln for ln in out.stderr.splitlines() if ln.strip()]
+            lines[(command, flag)] = line
+    for flag in ("--variant", "--python", "--patch", "--fault", "--tp", "--engine-arg"):
+        want = (
+            f"offload-check: error: --url attaches to a server someone else launched: {flag} "
+            "does not apply (it chooses what a launch starts)"
+        )
+        assert lines[("roundtrip", flag)] == lines[("stress", flag)] == want
+    two = _run(["roundtrip", "--url", "http://127.0.0.1:1", "--tp", "2", "--fault", "no-load"])
+    assert "--fault and --tp do not apply (they choose" in two.stderr
+
+
+def test_a_gpu_scenario_planned_on_a_cpu_build_says_so_first(sandbox, monkeypatch):
+    """scout-fp8-tp4 is written for GPUs: on this CPU build the dry run and the real run
+    both begin with the note and how to switch; planned for cuda, no note."""
+    args = ["roundtrip", "--tp", "4", "--scenario", "scenarios/scout-fp8-tp4.toml"]
+    dry = _run([*args, "--dry-run"])
+    assert dry.code == 0, dry.stderr
+    first = dry.stdout.split("\n\n")[0]
+    assert dry.stdout.startswith("note: scout-fp8-tp4 is written for GPUs")
+    assert "OFFLOAD_CHECK_DEVICE=cuda" in " ".join(first.split())
+    assert "32 GiB CPU tier" in " ".join(dry.stdout.split())
+    as_json = json.loads(_run([*args, "--dry-run", "--json"]).stdout)
+    assert "OFFLOAD_CHECK_DEVICE=cuda" in as_json["off_platform"]
+    real = _run([*args, "--results-dir", str(sandbox["results"])])  # stops at the launch
+    assert real.code == 3 and "ContractStop" in real.stderr
+    assert real.stdout.startswith("note: scout-fp8-tp4 is written for GPUs"), real.stdout
+    from harness.server.interpreters import probe
+
+    monkeypatch.setenv("OFFLOAD_CHECK_DEVICE", "cuda")
+    probe.cache_clear()
+    try:
+        gpu = _run([*args, "--dry-run"])
+    finally:
+        probe.cache_clear()
+    assert gpu.code == 0 and "note:" not in gpu.stdout.split("\n")[0]
+
+
+WIDE_PLANS = (
+    ("bugs", "--dry-run"),
+    ("sweep", "--dry-run"),
+    ("sweep", "--check", "llama4-issue-51150", "--dry-run"),
+    ("bugs", "--releases", "0.27.1,0.28.0", "--dry-run"),
+    ("sweep", "--releases", "0.27.1,0.28.0", "--dry-run"),
+)
+
+
+@pytest.mark.parametrize("args", WIDE_PLANS, ids=" ".join)
+def test_plans_fit_80_columns(sandbox, monkeypatch, args):
+    """Every line of the plan fits 80 columns (counted in bytes too: piped, tables are
+    ASCII), no cell is cut to ``…``, and a release a plan names is in a range or alone."""
+    monkeypatch.setenv("COLUMNS", "80")
+    out = _run(list(args))
+    assert out.code == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [ln for ln in lines if len(ln.encode()) > 80] == []
+    assert "…" not in out.stdout
+    assert len(lines) < 70  # one line per build and a column per release made ~160
+    if "--releases" not in args:
+        assert "by build (55, runs of builds alike)" in out.stdout
+        assert "0.8.5..0.27.1 (50)" in out.stdout
+
+
+def test_report_at_80_columns_is_the_live_table_readable(sandbox, monkeypatch, tmp_path):
+    """``report`` on a crash-repro run prints the table the run printed (built from the
+    same function, from the CSV's records), whole words at 80 columns."""
+    import pandas as pd
+    from rich.console import Console
+
+    from harness.commands.crash_repro import Row
+    from harness.results.tables import OUTCOMES
+    from harness.server.launcher import ServerSpec
+    from harness.ui.terminal import crash_repro_table
+
+    monkeypatch.setenv("COLUMNS", "80")
+    out = _run(["report", str(CRASH_REPRO_RUN)])
+    assert out.code == 0, out.stderr
+    assert [ln for ln in out.stdout.splitlines() if len(ln.encode()) > 80] == []
+    assert "scheduler.py:get_sliding_window_size_in_chunks" in out.stdout
+    assert "chunked-local-fix" in out.stdout and "crashed #51150" in out.stdout
+    frame = "vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py:f"
+    spec = ServerSpec(python="python", model="m")
+    rows = [
+        Row("m", "stock", True, None, "0.27.1", True, spec, "crashed", 51150, outcome="crashed",
+            seconds=51.52, exception="AssertionError", frame=frame, known_issue=51150,
+            matched=True, launch=1),
+        Row("m", "stock+fix", False, "chunked-local-fix", "0.27.1", True, spec, "started",
+            outcome="started", seconds=3.0, answered=True, matched=True, launch=1),
+    ]  # fmt: skip
+    path = tmp_path / "outcomes.csv"
+    pd.DataFrame([r.record() for r in rows], columns=list(OUTCOMES.columns)).to_csv(path)
+    back = OUTCOMES.read(tmp_path)
+    assert back is not None
+
+    def text(table: Any) -> str:
+        console = Console(width=200, record=True, file=io.StringIO())
+        console.print(table)
+        return console.export_text()
+
+    live = text(crash_repro_table(rows))
+    assert live == text(crash_repro_table(back.to_dict("records")))
+    assert "#1 (shared)" in live and "crashed #51150" in live
+
+
+@pytest.mark.parametrize("command", ["bugs", "sweep", "roundtrip", "stress", "faults"])
+def test_help_at_80_columns_names_values_and_lists_what_the_code_has(monkeypatch, command):
+    from harness.names import FAULTS
+
+    monkeypatch.setenv("COLUMNS", "80")
+    out = _run([command, "--help"])
+    assert out.code == 0
+    import re
+
+    assert not re.search(r"<[a-z][a-z\[\]| ]*>", out.stdout), out.stdout  # typer's <list[str]>
+    assert "…" not in out.stdout, out.stdout
+    flat = " ".join(out.stdout.replace("│", " ").split())
+    if command == "bugs":
+        ids = sorted(p.stem for p in (ROOT / "scenarios" / "bugs").glob("*.toml"))
+        assert f"by id: {', '.join(ids)}" in flat
+    if command in ("roundtrip", "stress"):
+        assert ", ".join(FAULTS[1:]) in flat and "segv-in-worker" in flat
+    if command == "bugs":
+        assert "--bug ID" in flat and "--releases RELEASES" in flat
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("report", str(CRASH_REPRO_RUN), "--json"),
+        ("validate", "scenarios/crash-repro.toml", "scenarios/stress.toml", "--json"),
+        ("crash-repro", "--dry-run", "--json"),
+        ("roundtrip", "--dry-run", "--json"),
+        ("stress", "--dry-run", "--json"),
+        ("matrix", "--dry-run", "--json"),
+        ("faults", "--dry-run", "--json"),
+        ("sweep", "--releases", "latest", "--dry-run", "--json"),
+        ("bugs", "--releases", "latest", "--dry-run", "--json"),
+    ],
+    ids=" ".join,
+)
+def test_json_is_one_document_on_stdout(sandbox, args):
+    out = _run(list(args))
+    assert out.code == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert isinstance(data, dict)
+    if args[0] == "report":
+        assert data["command"] == "crash-repro" and len(data["tables"][0]["rows"]) == 4
+    elif args[0] == "validate":
+        assert [f["kind"] for f in data["files"]] == ["crash-repro", "stress"]
+    else:
+        assert data["command"] == args[0]
+
+
+def test_json_without_dry_run_is_refused(sandbox):
+    out = _run(["roundtrip", "--json", "--results-dir", str(sandbox["results"])])
+    assert out.code == 2 and "give it with --dry-run" in out.stderr
+    assert not sandbox["results"].exists()
+
+
+LABELLED = {
+    "crash-repro": ["--connector", "on", "--variant", "current"],
+    "roundtrip": [],
+    "stress": [],
+    "matrix": ["--family", "full-attention"],
+    "faults": ["--fault", "none"],
+    "sweep": ["--releases", "latest"],
+    "bugs": ["--bug", "51150", "--releases", "latest"],
+    "bench": ["--only", "copy"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(LABELLED))
+def test_a_label_names_the_run_directory_and_run_json(sandbox, monkeypatch, command):
+    """Every run command takes ``--label``: sanitised, after the time in the directory's
+    name, and in ``run.json``. Each run stops where it would launch or install."""
+    import re
+
+    from harness.server import release_envs
+
+    def stop(*_args: Any, **_kwargs: Any) -> Any:
+        raise ContractStop("the contract test installs nothing")
+
+    monkeypatch.setattr(release_envs, "ensure_build", stop)
+    results = sandbox["results"]
+    out = _run([command, *LABELLED[command], "--label", "nightly/gpu #3", "--results-dir",
+                str(results)])  # fmt: skip
+    assert out.code in (1, 3), (out.code, out.stderr)
+    (run_dir,) = [p.parent for p in results.glob("*/run.json")]
+    assert re.fullmatch(rf"\d{{8}}-\d{{6}}-nightly-gpu-3-{command}-[0-9a-f]{{4}}", run_dir.name)
+    assert json.loads((run_dir / "run.json").read_text())["label"] == "nightly-gpu-3"

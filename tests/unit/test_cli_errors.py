@@ -322,3 +322,23 @@ def test_stress_dry_run_prints_the_plan_and_both_servers():
     assert "requests: 6 (preemption 6)" in proc.stdout
     assert '"--enable-prompt-tokens-details"' in proc.stdout
     assert "reference argv:" in proc.stdout
+
+
+@pytest.mark.parametrize("command", ["roundtrip", "stress"])
+def test_url_refuses_what_only_a_launch_takes(tmp_path, command):
+    """Both commands refuse a launch's options with --url alike, before anything runs."""
+    proc = run(
+        command, "--url", "http://127.0.0.1:9", "--tp", "2", "--patch", "chunked-local-fix",
+        "--results-dir", str(tmp_path / "results"),
+    )  # fmt: skip
+    assert_one_line_error(
+        proc,
+        "--url attaches to a server someone else launched: --patch and --tp do not apply "
+        "(they choose what a launch starts)",
+    )
+    assert not (tmp_path / "results").exists()
+
+
+def test_json_and_label_are_checked_as_they_are_parsed(tmp_path):
+    assert_one_line_error(run("sweep", "--releases", "latest", "--json"), "with --dry-run")
+    assert_one_line_error(run("bench", "--label", "///"), "no letter or digit")

@@ -62,7 +62,7 @@ def test_execute_launches_each_key_once_and_judges_every_row(monkeypatch, tmp_pa
             finished.append(row)
 
     monkeypatch.setattr(crash_repro, "run_row", fake_run_row)
-    crash_repro.execute(run, tmp_path, Rec())
+    crash_repro.execute_crash_repro(run, tmp_path, Rec())
     assert len(launched) == 10 and len(set(launched)) == 10
     assert len(finished) == 14
     rows = by_key(run.rows)

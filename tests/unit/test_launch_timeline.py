@@ -53,7 +53,7 @@ def test_phases_are_consecutive_durations_that_add_up_to_the_answer():
         teardown_s=1.2,
     )
     phases = timeline.phases()
-    assert list(phases) == [name for name, _ in lt.PHASES]
+    assert list(phases) == [name for name, _ in lt.LAUNCH_PHASES]
     assert phases == {
         "api_server_start": 10.5,
         "engine_core_start": 27.0,

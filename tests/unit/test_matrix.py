@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.commands.matrix import Cell, cell_scenario, judge_cell, match_rule, ordered
+from harness.commands.matrix import Cell, cell_scenario, find_rule, judge_cell, ordered
 from harness.commands.roundtrip.checks import CheckResult, check_layout
 from harness.engine import specs
 from harness.errors import BadInput
@@ -150,15 +150,13 @@ def test_default_matrix_covers_five_families_and_their_known_bugs(matrix):
         "mamba-hybrid",
         "mla",
     }
-    llama4 = match_rule(matrix, "chunked-local", "llama4-roundtrip", "stock", "0.27.1").rule
+    llama4 = find_rule(matrix, "chunked-local", "llama4-roundtrip", "stock", "0.27.1").rule
     assert (llama4.startup, llama4.known) == ("crashed", 51150)
     assert (
-        match_rule(matrix, "chunked-local", "llama4-roundtrip", "current", "0.32.0").rule.roundtrip
+        find_rule(matrix, "chunked-local", "llama4-roundtrip", "current", "0.32.0").rule.roundtrip
         == "pass"
     )
-    assert (
-        match_rule(matrix, "mla", "deepseek-mla", "stock", "0.27.1").rule.startup == "unsupported"
-    )
+    assert find_rule(matrix, "mla", "deepseek-mla", "stock", "0.27.1").rule.startup == "unsupported"
 
 
 def test_entries_override_the_base_round_trip(matrix):
@@ -173,7 +171,7 @@ def test_entries_override_the_base_round_trip(matrix):
 def test_a_matrix_without_catch_all_rule_is_bad_input(matrix):
     matrix.expectations = [CellExpectation(family="mla", startup="unsupported")]
     with pytest.raises(BadInput, match="no expectation matches"):
-        match_rule(matrix, "full-attention", "llama3-full", "current", "0.32.0")
+        find_rule(matrix, "full-attention", "llama3-full", "current", "0.32.0")
 
 
 def cell(rule: CellExpectation, **outcome) -> Cell:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.commands.matrix import match_rule
+from harness.commands.matrix import find_rule
 from harness.errors import BadInput
 from harness.scenario.rules import Match, first_match, version_matches
 from harness.scenario.schema import CellExpectation, Expectation, load_matrix
@@ -167,10 +167,10 @@ def test_pydantic_cell_rules_match_like_plain_ones():
 
 def test_matrix_cells_keep_the_matched_index():
     matrix = load_matrix(ROOT / "scenarios" / "matrix.toml")
-    found = match_rule(matrix, "chunked-local", "llama4-roundtrip", "stock", "0.27.1")
+    found = find_rule(matrix, "chunked-local", "llama4-roundtrip", "stock", "0.27.1")
     assert matrix.expectations[found.index] is found.rule
     assert (found.rule.startup, found.rule.known) == ("crashed", 51150)
     # The unmatched case is bad input with the rule engine's message.
     matrix.expectations = [CellExpectation(family="mla", startup="unsupported")]
     with pytest.raises(BadInput, match="no expectation matches full-attention / x / current"):
-        match_rule(matrix, "full-attention", "x", "current", "0.32.0")
+        find_rule(matrix, "full-attention", "x", "current", "0.32.0")

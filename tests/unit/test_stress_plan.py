@@ -102,3 +102,27 @@ def test_prefix_reuse_is_judged_only_where_the_harness_can_state_it():
     assert reuse_is_modelled(plan_stress(load_stress(SCENARIO)))
     gemma = plan_stress(load_stress(SCENARIO), config=str(models / "gemma3-interleaved.json"))
     assert not reuse_is_modelled(gemma)
+
+
+def test_an_engine_argument_given_twice_keeps_the_later_value_once():
+    """The round trip's scenario sets --num-gpu-blocks-override 96, the stress scenario's
+    engine_args 48 after it: the server's argv has one, 48 (the reference's raised pool
+    starts from it), and the other arguments keep their order."""
+    plan = plan_stress(load_stress(SCENARIO), profile="mixed")
+    for argv in (plan.base.server.argv(), plan.describe()["reference_argv"]):
+        assert argv.count("--num-gpu-blocks-override") == 1, argv
+    argv = plan.base.server.argv()
+    assert argv[argv.index("--num-gpu-blocks-override") + 1] == "48"
+    assert argv.index("--enforce-eager") < argv.index("--max-num-batched-tokens")
+
+
+def test_later_wins_reads_flags_values_and_negations():
+    from harness.commands.roundtrip.plan import later_wins
+
+    args = ["--enforce-eager", "--num-gpu-blocks-override", "96", "--x=1", "--middleware", "a"]
+    args += ["--num-gpu-blocks-override=48", "--no-enforce-eager", "--x", "2", "--middleware", "b"]
+    assert later_wins(args) == [
+        "--middleware", "a", "--num-gpu-blocks-override=48", "--no-enforce-eager",
+        "--x", "2", "--middleware", "b",
+    ]  # fmt: skip
+    assert later_wins(["--a", "1", "--b", "--a", "-3"]) == ["--b", "--a", "-3"]

@@ -192,7 +192,7 @@ def run_roundtrip_bench(scenario_path: Path, out_dir: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     plan = rt.plan_roundtrip(load_roundtrip(scenario_path))
     rt.build_local_model(plan)
-    result = rt.execute(plan, out_dir, _Silent(), lambda _r: None)
+    result = rt.execute_roundtrip(plan, out_dir, _Silent(), lambda _r: None)
     wall = time.perf_counter() - t0
     floor = (result.startup_seconds or 0.0) + result.generation_seconds
     return {

@@ -11,11 +11,10 @@ from harness.commands.bugs.corpus import REPRODUCED, reproduction
 from harness.results.markdown import (
     builds_table,
     first_section,
+    grid_section,
     heading,
     mark,
-    sweep_grid,
     table,
-    unavailable_line,
 )
 from harness.results.run_directory import RunDirectory
 from harness.results.tables import BUG_CELLS, SWEEP_ENVS
@@ -58,9 +57,9 @@ def bugs_report(
         ["bug", "release", "outcome", "expected", "why"],
         [[c.bug, c.release, c.outcome, c.expected, c.why] for c in bad],
     )
-    headers, rows = sweep_grid(cells, meta.get("builds", []), row_of="bug", text_of="outcome")
-    lines += ["## Bug x release", "", "(* = unmatched)", ""]
-    lines += [*unavailable_line(cells, meta.get("builds", [])), table(headers, rows), ""]
+    lines += grid_section(
+        "Bug x release", "* = unmatched", cells, meta, row_of="bug", text_of="outcome"
+    )
     lines += ["## Entries", ""]
     for e in entries:
         issue = f"issue #{e.issue}" if isinstance(e.issue, int) else (e.issue or "no issue")

@@ -58,7 +58,7 @@ def attach_plan(scn: RoundtripScenario, url: str, config: str | None = None) -> 
     mid, block = str(model["id"]), cache.block_size
     # Positional in field order: model_ref and served_name are both the served id.
     return RoundtripPlan(
-        scn, "attached", geometry, mid, mid, block, c, expected, targets, vocab, notes
+        scn, "attached", geometry, mid, mid, block, c, expected, targets, vocab, notes, url=base
     )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from harness.commands.roundtrip import RoundtripPlan, RoundtripResult, save_requests
 from harness.results.run_directory import RunDirectory
-from harness.results.tables import CHECKS, PHASES
+from harness.results.tables import CHECKS, PHASE_TABLE
 
 
 class RoundtripWriter:
@@ -32,7 +32,7 @@ class RoundtripWriter:
         )
         rows: list[dict[str, Any]] = [p.record() for p in result.phases]
         if rows:
-            PHASES.write(run_dir, rows)
+            PHASE_TABLE.write(run_dir, rows)
         save_requests(result, run_dir.path / "requests.jsonl")
         if not result.checks:
             return

@@ -5,13 +5,14 @@ the live pool (the filler). Impossible plans are refused here with one clear lin
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypedDict
 
 from harness.commands.roundtrip import checks as ck
 from harness.errors import BadInput, RuntimeFailure
+from harness.names import ENV_DEVICE
 from harness.scenario.schema import (
     OffloadSettings,
     RoundtripScenario,
@@ -63,6 +64,9 @@ class RoundtripPlan:
     tensor_parallel: int = 1
     server: ServerSpec | None = None
     cpu_capacity_tokens: int | None = None
+    url: str | None = None  # the server an attached plan sends to (``roundtrip --url``)
+    # What this build is not that the scenario was written for, and how to switch ("").
+    off_platform: str = ""
 
     def describe(self, filler: Filler | None = None) -> dict[str, Any]:
         """``run.json``'s ``plan``: the plan, with the filler once the live pool sized it."""
@@ -242,6 +246,7 @@ def plan_roundtrip(
             )
     served = scn.hub_model or geometry_path.stem
     extra = list(extra_args or [])
+    off_platform = platform_mismatch(scn, env.device)
     if scn.server.block_size:
         extra = ["--block-size", str(scn.server.block_size), *extra]
     sp = server_spec(
@@ -274,9 +279,70 @@ def plan_roundtrip(
     # The fields an attached plan has too, positional as in ``attach_plan``; then the launch.
     return RoundtripPlan(
         scn, name, geometry, model_ref, served, kv_block, c, expected, targets, vocab, tuple(notes),
-        env=env, patch=eff_patch, fault=eff_fault, tensor_parallel=tp_size, server=sp,
-        cpu_capacity_tokens=capacity,
+        env=env, patch=eff_patch, fault=eff_fault, tensor_parallel=tp_size,
+        server=replace(sp, tail=later_wins(sp.tail)), cpu_capacity_tokens=capacity,
+        off_platform=off_platform,
     )  # fmt: skip
+
+
+def later_wins(args: Sequence[str]) -> list[str]:
+    """Engine arguments where an option given twice keeps only its later value, in the
+    later place: the scenario's ``server.extra_args`` come before a command's own (the
+    stress profile's ``--num-gpu-blocks-override 48`` after the round trip's 96), so the
+    argv says once what the server gets. ``--x v``, ``--x=v`` and ``--no-x`` (for
+    ``--x``) are one option; a flag takes no value; ``REPEATABLE`` options are kept."""
+    groups: list[tuple[str, list[str]]] = []
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if not token.startswith("--"):
+            groups.append(("", [token]))  # a stray value: kept where it is
+            i += 1
+            continue
+        name = token.split("=", 1)[0]
+        j = i + 1
+        if "=" not in token:
+            while j < len(args) and not args[j].startswith("--"):
+                j += 1  # its values (nargs options take several)
+        key = name.removeprefix("--no-") if name.startswith("--no-") else name[2:]
+        groups.append(("" if name in REPEATABLE else key, list(args[i:j])))
+        i = j
+    last = {key: k for k, (key, _) in enumerate(groups) if key}
+    return [
+        t for k, (key, tokens) in enumerate(groups) if not key or last[key] == k for t in tokens
+    ]
+
+
+# vLLM options that append rather than replace when given again.
+REPEATABLE = frozenset({"--middleware", "--api-key"})
+
+
+def platform_mismatch(scn: RoundtripScenario, device: str) -> str:
+    """A scenario written for another device than this build's vLLM runs on, in one
+    sentence with how to switch; "" when it fits. A scenario says so by its ``platform``
+    (``device = ["cuda"]``), else by a GPU-only setting (``server.gpu_memory_utilization``,
+    which a CPU build ignores)."""
+    platform = getattr(scn, "platform", None)
+    devices = list(getattr(platform, "device", None) or [])
+    why = f"its platform is {' or '.join(devices)}"
+    if not devices and scn.server.gpu_memory_utilization is not None:
+        devices = ["cuda"]
+        why = f"server.gpu_memory_utilization = {scn.server.gpu_memory_utilization:g}"
+    if not devices or device in devices:
+        return ""
+    if device == "cpu":
+        tier = scn.offload.cpu_bytes_to_use
+        size = f"a {tier / 2**30:g} GiB" if isinstance(tier, int) else "an auto-sized"
+        return (
+            f"{scn.name} is written for GPUs ({why}) but this build's vLLM runs on cpu: "
+            "planned with the CPU backend (the harness's host offload, CPU thread binding "
+            f"at TP>1, {size} CPU tier in this host's memory); on a GPU runner set "
+            f"{ENV_DEVICE}=cuda (or give a CUDA build's interpreter with --python)"
+        )
+    return (
+        f"{scn.name} is written for {' or '.join(devices)} ({why}) but this build's vLLM "
+        f"runs on {device}; {ENV_DEVICE}={devices[0]} plans it for {devices[0]}"
+    )
 
 
 # Headroom of an "auto" CPU tier over what targets + filler store.

@@ -52,7 +52,7 @@ class Status(Protocol):
     def status(self, message: str) -> None: ...
 
 
-class Reporter(Status, Protocol):
+class RoundtripReporter(Status, Protocol):
     def phase_done(self, phase: PhaseResult) -> None: ...
     def request_done(self, completion: Completion) -> None: ...
 
@@ -157,10 +157,10 @@ def start_server(server: VllmServer, plan: RoundtripPlan, reporter: Status, what
     return ready.seconds
 
 
-def execute(
+def execute_roundtrip(
     plan: RoundtripPlan,
     out_dir: Path,
-    reporter: Reporter,
+    reporter: RoundtripReporter,
     on_record: Callable[[RoundtripResult], None],
     *,
     url: str | None = None,
@@ -198,7 +198,7 @@ def run_round(
     plan: RoundtripPlan,
     ep: Endpoint,
     result: RoundtripResult,
-    reporter: Reporter,
+    reporter: RoundtripReporter,
     on_record: Callable[[RoundtripResult], None],
     metrics_dir: Path,
 ) -> bool:
@@ -295,7 +295,7 @@ def _record_kernels(result: RoundtripResult, server: str, lines: list[str]) -> N
 
 
 def _run_baseline(
-    plan: RoundtripPlan, out_dir: Path, result: RoundtripResult, reporter: Reporter
+    plan: RoundtripPlan, out_dir: Path, result: RoundtripResult, reporter: RoundtripReporter
 ) -> None:
     """The same prompts on a second server without the connector (after the first stopped).
 

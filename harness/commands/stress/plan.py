@@ -168,13 +168,16 @@ def plan_stress(
     duration_s: float | None = None,
     concurrency: int | None = None,
     seed: int | None = None,
+    url: str | None = None,
     **launch: Unpack[RoundtripOptions],
 ) -> StressPlan:
     """Everything known before launch; refuses what cannot run with one clear line.
-    ``launch`` goes to ``plan_roundtrip``, the stress engine arguments before its own."""
+    ``launch`` goes to ``plan_roundtrip``, the stress engine arguments before its own;
+    with ``url`` the base is planned against that server (``attach_plan``: no launch,
+    no reference), and only ``launch``'s ``config`` applies."""
     from dataclasses import replace
 
-    from harness.commands.roundtrip import plan_roundtrip
+    from harness.commands.roundtrip import attach_plan, plan_roundtrip
     from harness.names import ENV_TRACE
     from harness.scenario.schema import load_roundtrip
 
@@ -184,7 +187,10 @@ def plan_stress(
     settings, engine_args = settings_for(scenario, name)
     base_scn = load_roundtrip(scenario.resolve(scenario.roundtrip))
     launch["extra_args"] = [*engine_args, *STRESS_ENGINE_ARGS, *(launch.get("extra_args") or [])]
-    base = plan_roundtrip(base_scn, **launch)
+    if url is not None:
+        base = attach_plan(base_scn, url, launch.get("config"))
+    else:
+        base = plan_roundtrip(base_scn, **launch)
     seed_ = scenario.seed if seed is None else seed
     limit = requests if requests is not None else scenario.requests
     try:

@@ -37,7 +37,7 @@ def engine_kernels(lines: list[str]) -> dict[str, str]:
     return {**engine_log.kernels(lines), "amx_permission": engine_log.amx_permission(lines)}
 
 
-class Reporter(Protocol):
+class StressReporter(Protocol):
     def status(self, message: str) -> None: ...
     def request_done(self, outcome: Outcome, done: int, total: int) -> None: ...
 
@@ -73,10 +73,10 @@ class Sampler:
         self._thread.join(timeout=10)
 
 
-def execute(
+def execute_stress(
     plan: StressPlan,
     out_dir: Path,
-    reporter: Reporter,
+    reporter: StressReporter,
     on_record: Callable[[StressResult], None],
     *,
     url: str | None = None,
@@ -143,7 +143,7 @@ def _run_under_test(
     plan: StressPlan,
     result: StressResult,
     ep: object,
-    reporter: Reporter,
+    reporter: StressReporter,
     on_record: Callable[[StressResult], None],
     out_dir: Path,
 ) -> None:

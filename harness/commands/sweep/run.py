@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands.sweep.builds import Build
-from harness.commands.sweep.runners import Reporter, run_target
+from harness.commands.sweep.runners import SweepReporter, run_target
 from harness.commands.sweep.spans import BisectResult, Transition, bisect, transitions
 from harness.commands.sweep.targets import NOT_RUN, UNAVAILABLE, Target, selects, unrun_cells
 from harness.errors import BadInput, HarnessError
@@ -85,7 +85,7 @@ def run_build(
     build: Build,
     targets: Sequence[Target],
     out_dir: Path,
-    reporter: Reporter,
+    reporter: SweepReporter,
     on_change: Callable[[], None],
     *,
     index: int = 1,
@@ -132,10 +132,10 @@ def run_build(
     return out
 
 
-def execute(
+def execute_sweep(
     run: SweepRun,
     out_dir: Path,
-    reporter: Reporter,
+    reporter: SweepReporter,
     on_change: Callable[[], None],
     **options: Any,
 ) -> None:
@@ -169,7 +169,7 @@ def execute_bisect(
     run: SweepRun,
     selector: str,
     out_dir: Path,
-    reporter: Reporter,
+    reporter: SweepReporter,
     on_change: Callable[[], None],
     **options: Any,
 ) -> BisectResult:

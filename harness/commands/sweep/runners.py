@@ -27,14 +27,14 @@ from harness.scenario.schema import (
 )
 
 
-class Reporter(Protocol):
+class SweepReporter(Protocol):
     """Sweep progress, plus the commands' own reporters' hooks (passed down to them)."""
 
     def build_started(self, build: Build, index: int, total: int) -> None: ...
     def build_step(self, build: Build, message: str) -> None: ...
     def build_ready(self, build: Build, status: Any) -> None: ...
     def cell_done(self, cell: SweepCell) -> None: ...
-    # crash_repro.Reporter, matrix.Reporter, roundtrip.run.Reporter
+    # crash_repro.CrashReproReporter, matrix.MatrixReporter, roundtrip.run.RoundtripReporter
     def row_started(self, row: Any, index: int, total: int) -> None: ...
     def row_tick(self, row: Any, elapsed: float) -> None: ...
     def row_finished(self, row: Any, index: int, total: int) -> None: ...
@@ -64,7 +64,7 @@ class Job:
     build: Build
     variants: dict[str, Variant]  # the build as a variant the planners launch by name
     out_dir: Path  # the scenario command's own results directory for this build
-    reporter: Reporter
+    reporter: SweepReporter
     on_cell: Callable[[SweepCell], None]  # each cell as soon as it is judged
     port: int | None = None
 
@@ -74,7 +74,7 @@ def run_target(
     build: Build,
     python: str,
     out_dir: Path,
-    reporter: Reporter,
+    reporter: SweepReporter,
     on_cell: Callable[[SweepCell], None],
     port: int | None = None,
 ) -> list[SweepCell]:
@@ -138,7 +138,7 @@ def _run_crash_repro(job: Job) -> list[SweepCell]:
             on_cell(cell)
 
     try:
-        crash_repro.execute(plan, run_dir.path, Rows(), port=job.port)
+        crash_repro.execute_crash_repro(plan, run_dir.path, Rows(), port=job.port)
     finally:
         done = [r for r in plan.rows if r.outcome]
         write_crash_repro(run_dir, done)
@@ -264,7 +264,7 @@ def _run_roundtrip(job: Job) -> list[SweepCell]:
     cell.run_dir = str(run_dir.path)
     result = None
     try:
-        result = rt.execute(plan, run_dir.path, reporter, writer, port=job.port)
+        result = rt.execute_roundtrip(plan, run_dir.path, reporter, writer, port=job.port)
         cell.outcome = "pass" if result.passed else "fail"
         cell.detail = roundtrip_detail(result)
         failing = sorted(c.name for c in result.checks if not c.passed)
