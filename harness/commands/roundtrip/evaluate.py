@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import math
+from typing import Any
 
 from harness.commands.roundtrip import checks as ck
 from harness.commands.roundtrip.plan import RoundtripPlan
@@ -12,7 +14,13 @@ from harness.server import kv_layout
 from harness.server.workload import (
     Completion,
     first_divergence,
+    within_tolerance,
 )
+
+# How far the replay may stray from the warm pass, in multiples of the engine's own
+# cold-vs-warm noise, when the two passes cached different prefix lengths (the stress
+# noise floor's factor, for the same reason: a margin over one measured sample).
+SPLIT_NOISE_FACTOR = 4.0
 
 
 def derive_expected(plan: RoundtripPlan, result: RoundtripResult) -> ck.Expected:
@@ -74,17 +82,65 @@ def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[CheckResult]:
         if result.engine_groups and exp.exact_load
         else []
     )
+    replay = by_phase["replay"]
+    split_noise = split_noise_of(outs, names)
+    same_split = (
+        warm is not None and warm.gpu_hits + warm.ext_hits == replay.gpu_hits + replay.ext_hits
+    )
     return [
         *layout,
         ck.check_stored(exp, by_phase["cold"].stored_bytes),
         ck.check_filler_loaded_nothing(by_phase["filler"].loaded_bytes),
-        ck.check_evicted(by_phase["replay"].gpu_hits),
-        ck.check_loaded(exp, by_phase["replay"].loaded_bytes),
-        ck.check_ext_hits(exp, by_phase["replay"].ext_hits),
-        ck.check_outputs(
-            replay_vs_warm,
-            "replay-output-identical",
-            "KV loaded from the CPU tier must give byte-identical output to "
-            "the GPU-cached (warm) pass",
-        ),
+        ck.check_evicted(replay.gpu_hits),
+        ck.check_loaded(exp, replay.loaded_bytes),
+        ck.check_ext_hits(exp, replay.ext_hits),
+        replay_output_check(outs, names, replay_vs_warm, split_noise, same_split),
     ]
+
+
+def split_noise_of(outs: dict[tuple[str, str], Completion], names: list[str]) -> float:
+    """The engine's own numerics between two cached/computed splits of one prompt: the
+    largest |logprob difference| between the cold pass (nothing cached) and the warm pass
+    (the GPU prefix cache's blocks), where their tokens agree. 0 on kernels whose result
+    does not depend on the split (vLLM's CPU `vec` attention, the Llama 4 models on AMX)."""
+    return max(
+        (within_tolerance(outs[("cold", n)], outs[("warm", n)], math.inf).max_delta for n in names),
+        default=0.0,
+    )
+
+
+def replay_output_check(
+    outs: dict[tuple[str, str], Completion],
+    names: list[str],
+    replay_vs_warm: list[tuple[str, Any]],
+    split_noise: float,
+    same_split: bool,
+) -> CheckResult:
+    """Replay vs warm: byte-identical wherever the engine computes the same thing.
+
+    The warm pass hits the GPU prefix cache at its block size, the replay the CPU tier
+    at the chunk size, so they may cache different prefix lengths of one prompt (640 vs
+    512 tokens of a 700-token target with 128-token blocks and 256-token chunks). A
+    kernel whose numerics change with that split (vLLM's AMX MLA kernel: 1e-5 in the
+    first logprob, the same between cold and warm) cannot give identical bytes then, for
+    reasons that have nothing to do with offloading. So: identical when the engine's own
+    cold-vs-warm noise is zero or both passes cached the same length; otherwise within
+    ``SPLIT_NOISE_FACTOR`` times that measured noise. KV that is wrong (a corrupt, lost or
+    partial load) moves logprobs by orders more.
+    """
+    why = (
+        "KV loaded from the CPU tier must give byte-identical output to the GPU-cached (warm) pass"
+    )
+    if split_noise == 0.0 or same_split:
+        return ck.check_outputs(replay_vs_warm, "replay-output-identical", why)
+    tol = SPLIT_NOISE_FACTOR * split_noise
+    closeness = [(n, within_tolerance(outs[("warm", n)], outs[("replay", n)], tol)) for n in names]
+    return ck.check_outputs_within(
+        closeness,
+        "replay-output-identical",
+        why + f", within {SPLIT_NOISE_FACTOR:g}x the engine's own noise between cached "
+        f"prefix lengths (cold vs warm: {split_noise:.2g}), since this engine's numerics "
+        "depend on how much of a prompt was cached and the two passes cached different "
+        "lengths",
+        tol,
+    )
