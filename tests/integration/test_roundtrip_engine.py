@@ -149,10 +149,13 @@ def test_host_backend_faults_are_caught(tmp_path, fault, caught_by):
     # Exactly the checks the fault is for (tests/unit/test_replay.py proves the same sets
     # on recorded runs); another failing check would be a harness bug.
     assert failed(run) == caught_by
-    detail = (
-        pd.read_csv(run / "checks.csv").set_index("name").loc["replay-output-identical", "detail"]
-    )
-    assert "first difference" in detail
+    if "replay-output-identical" in caught_by:  # overcount-load lies in a counter only
+        detail = (
+            pd.read_csv(run / "checks.csv")
+            .set_index("name")
+            .loc["replay-output-identical", "detail"]
+        )
+        assert "first difference" in detail or "difference beyond" in detail
 
 
 @nightly
