@@ -188,7 +188,11 @@ def plan_stress(
     base_scn = load_roundtrip(scenario.resolve(scenario.roundtrip))
     launch["extra_args"] = [*engine_args, *STRESS_ENGINE_ARGS, *(launch.get("extra_args") or [])]
     if url is not None:
-        base = attach_plan(base_scn, url, launch.get("config"))
+        # The scenario's geometry plans the byte ledger when no --config says otherwise,
+        # as a launch plan would (the engine's log, and with it the per-kind trace, is not
+        # the harness's to read).
+        config = launch.get("config") or str(base_scn.resolve(base_scn.geometry))
+        base = attach_plan(base_scn, url, config)
     else:
         base = plan_roundtrip(base_scn, **launch)
     seed_ = scenario.seed if seed is None else seed
