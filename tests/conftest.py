@@ -170,6 +170,11 @@ def _shared_fixtures(item: pytest.Item) -> set[str]:
     return names & FIXTURE_LAUNCHES.keys()
 
 
+# A fixture whose rows another's run holds, when a session runs both: it reads them there
+# (tests/integration/test_crash_repro_engine.py's small_chunk_matrix).
+SERVED_BY = {"small_chunk_matrix": "default_matrix"}
+
+
 def launch_count(items: list[pytest.Item]) -> int:
     """Server launches the selected tests make (on a host without AMX)."""
     own = 0
@@ -179,7 +184,8 @@ def launch_count(items: list[pytest.Item]) -> int:
         if marker is not None:
             own += int(marker.args[0])
         shared |= _shared_fixtures(item)
-    return own + sum(FIXTURE_LAUNCHES[f] for f in shared)
+    served = {f for f, by in SERVED_BY.items() if by in shared}
+    return own + sum(FIXTURE_LAUNCHES[f] for f in shared - served)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

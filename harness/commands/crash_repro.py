@@ -34,9 +34,9 @@ from harness.server.crash_signatures import (
     expectation_gap,
     judge,
     match_expectation,
-    parse_fatal_signals,
     parse_worker_deaths,
 )
+from harness.server.fault_dumps import parse_fatal_signals
 from harness.server.interpreters import Environment, cpu_name, probe, require_plugin
 from harness.server.launcher import ServerSpec
 

@@ -131,13 +131,16 @@ class SweepPlan:
 
 
 def parse_faults(chosen: Sequence[str] | None) -> list[str]:
-    """The faults to run, in order; unknown or repeated names are refused."""
+    """The faults to run, in order; unknown names and repeated faults are refused. The
+    clean round may repeat: ``--fault none`` N times is a soak, N clean round trips on one
+    server, each with its own prompts, over a CPU tier the earlier rounds filled."""
     faults = list(chosen) if chosen else list(DEFAULT_FAULTS)
     unknown = [f for f in faults if f not in CAUGHT_BY]
     if unknown:
         raise BadInput(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(CAUGHT_BY)}")
-    if len(set(faults)) != len(faults):
-        raise BadInput("each fault may be listed once")
+    seeded = [f for f in faults if f != "none"]
+    if len(set(seeded)) != len(seeded):
+        raise BadInput("each seeded fault may be listed once (only none may repeat)")
     if names.FAULT_SEGV in faults[:-1]:
         raise BadInput(f"{names.FAULT_SEGV} kills the server: list it last")
     return faults

@@ -247,15 +247,17 @@ def test_server_killed_mid_run_keeps_results(tmp_path):
 
 
 @nightly
-@pytest.mark.launches(5)
+@pytest.mark.launches(1)
 def test_clean_scenario_is_not_flaky(tmp_path):
-    """Five clean runs in a row, five passes."""
-    for i in range(5):
-        results = tmp_path / f"run{i}"
-        results.mkdir()
-        code, run, out = roundtrip(results)
-        assert code == 0, f"run {i + 1}/5 failed: {out}"
-        assert failed(run) == set()
+    """A soak: five clean round trips in a row on one server (`faults --fault none` x5),
+    each with its own prompts over a CPU tier the rounds before it filled; five passes."""
+    code, run, out = run_cli(tmp_path, "faults", *["--fault", "none"] * 5, timeout=900)
+    assert code == 0, out
+    df = pd.read_csv(run / "faults.csv", keep_default_na=False)
+    assert list(df.fault) == ["none"] * 5 and set(df.status) == {"passed"}, df
+    assert df.seed.nunique() == 5
+    for rnd in df.itertuples():
+        assert failed(run / "rounds" / f"{int(rnd.round):02d}-none") == set(), rnd.round
 
 
 @pytest.mark.launches(0)

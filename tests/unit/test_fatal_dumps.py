@@ -2,19 +2,22 @@
 
 When two threads of a worker take SIGILL at once (vLLM's CPU attention runs on every
 core of an OpenMP pool), each enters Python's fault handler. ``Modules/faulthandler.c``
-writes ``"Fatal Python error: "``, the signal's name and ``"\\n\\n"`` as three separate
-writes to fd 2, then the thread stacks (only once: the traceback dump refuses re-entry)
-and each writer's ``"Extension modules: ..."`` list, module by module. The recorded logs
-in ``tests/fixtures/amx-host-2/`` (from ``../shared/evidence/amx-host-2/``, as the
-harness wrote them) show two of the shapes that makes; the generator below makes all of
-them: every interleaving of any number of writers' pieces, the thread blocks in any order
-with extra helper threads, other processes' lines in between, vLLM's process prefixes,
-and the log cut off anywhere after the frame that names the crash. Each must read as the
-clean control log reads.
+writes every piece of its output as its own ``write()`` to fd 2 (seen with strace on
+CPython 3.11: "Fatal Python error: ", the name, "\\n\\n"; "Current thread 0x", the id,
+" (most recent call first):\\n"; "  File ", '"', the path, '"', ", line ", the number,
+" in ", the function, "\\n"; "\\nExtension modules: ", each module and ", ", " (total: ",
+the count, ")", "\\n"). The stacks are written once (the traceback dump refuses re-entry
+while one runs, and a writer that comes after it has finished writes them again), each
+writer writes its header and its modules list, and the thread that dumps may be one
+Python does not know (an OpenMP worker), which marks no thread "Current".
 
-The one thing no parser can undo is a frame torn apart, so another writer's pieces land
-only between whole lines until the current thread's innermost vLLM frame is written (the
-frame the signature names), and anywhere after it.
+The recorded logs in ``tests/fixtures/amx-host-2/`` (from ``../shared/evidence/amx-host-2/``,
+as the harness wrote them) show two of the shapes that makes. The generators below make
+all of them from that write model: any number of writers' pieces between any two pieces
+of the dump, the thread blocks in any order with extra helper threads, the dump marked
+or not, a second copy of the stacks, other processes' lines in between, vLLM's process
+prefixes, and the log cut off anywhere. Each must read as the clean control log reads;
+a log cut off may lose the frame, never the verdict.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ from harness.server.crash_signatures import (
     CrashSignature,
     crash_signature,
     known_label,
-    parse_fatal_signals,
 )
+from harness.server.fault_dumps import parse_fatal_signals
 
 ROOT = Path(__file__).resolve().parents[2]
 AMX2 = ROOT / "tests" / "fixtures" / "amx-host-2"
@@ -227,7 +230,7 @@ def frame_pieces(line: str) -> list[str]:
 
 
 def extension_pieces(modules: list[str]) -> list[str]:
-    out = ["\n", "Extension modules: "]
+    out = ["\nExtension modules: "]
     for i, module in enumerate(modules):
         out += [", "] * bool(i) + [module]
     return [*out, f" (total: {len(modules)})", "\n"]
@@ -350,3 +353,98 @@ def test_two_processes_dumping_at_once_keep_their_own_threads(data):
         assert frame is not None and f"{frame.vllm_relpath}:{frame.func}" == CPU_ATTENTION
     sig = crash_signature(log, None, KNOWN)
     assert (sig.process, sig.frame) == (dumps[0].prefix, CPU_ATTENTION)
+
+
+# --- generated from the write model, torn anywhere ------------------------------------------
+
+FUNCTION = CPU_ATTENTION.rsplit(":", 1)[1]
+MODEL_CODE = ("vllm/_custom_ops.py:", "vllm/v1/attention/", "vllm/model_executor/")
+
+
+def thread_pieces(blocks: list[list[str]], marked: bool) -> list[str]:
+    """Thread blocks as the handler writes them, piece by piece; ``marked``: whether the
+    thread that dumps is one Python knows (else no thread reads "Current")."""
+    out: list[str] = []
+    for n, block in enumerate(blocks):
+        which, tid = THREAD_LINE.match(block[0]).groups()
+        which = which if marked else "Thread"
+        out += ["\n"] * bool(n) + [f"{which} 0x", tid[2:], " (most recent call first):\n"]
+        for line in block[1:]:
+            out += frame_pieces(line)
+    return out
+
+
+def scatter(draw: st.DrawFn, base: list[str], streams: list[list[str]]) -> list[str]:
+    """``base`` with every stream's pieces put in between any two of its pieces, each
+    stream in its own order."""
+    order = draw(st.permutations([w for w, pieces in enumerate(streams) for _ in pieces]))
+    gaps = sorted(
+        draw(st.lists(st.integers(0, len(base)), min_size=len(order), max_size=len(order)))
+    )
+    after: dict[int, list[str]] = {}
+    taken = [0] * len(streams)
+    for w, gap in zip(order, gaps, strict=True):
+        after.setdefault(gap, []).append(streams[w][taken[w]])
+        taken[w] += 1
+    out = list(after.get(0, []))
+    for i, piece in enumerate(base, 1):
+        out += [piece, *after.get(i, [])]
+    return out
+
+
+@st.composite
+def torn_dump(draw: st.DrawFn) -> str:
+    """One worker's output when 2-4 of its threads take SIGILL at once: the first
+    writer's stacks, the others' pieces anywhere in them; maybe a late writer that
+    dumps the stacks again once the first has finished them."""
+    blocks = draw(thread_blocks())
+    marked = draw(st.booleans())
+    stacks = [HEADER, NAME, "\n\n", *thread_pieces(blocks, marked)]
+    modules = extension_pieces(MODULES)
+    others = [
+        [HEADER, NAME, "\n\n", *extension_pieces(draw(st.permutations(MODULES)))]
+        for _ in range(draw(st.integers(1, 3)))
+    ]
+    # Where each other writer is when the first finishes its stacks.
+    cuts = [draw(st.integers(0, len(o))) for o in others]
+    late: list[list[str]] = []
+    if draw(st.booleans()):
+        late = [[HEADER, NAME, "\n\n", *thread_pieces(blocks, not marked), *modules]]
+    first = scatter(draw, stacks, [o[:c] for o, c in zip(others, cuts, strict=True)])
+    rest = scatter(draw, modules, [o[c:] for o, c in zip(others, cuts, strict=True)] + late)
+    return "".join(first + rest)
+
+
+def cut_after(text: str, what: str, cut: int | None) -> str:
+    if cut is None:
+        return text
+    start = text.rindex(what) + len(what)
+    return text[: start + cut % (len(text) - start + 1)]
+
+
+@SETTINGS
+@given(
+    torn_dump(),
+    st.sampled_from(sorted(PREFIXES)),
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 10)), max_size=6),
+)
+def test_a_dump_torn_anywhere_reads_as_the_control(dump, prefix, unrelated):
+    text = crash_log(dump, prefix, unrelated, None)
+    sig = crash_signature(text.splitlines(), None, KNOWN)
+    assert facts(sig) == (*CONTROL_FACTS[:3], PREFIXES[prefix], *CONTROL_FACTS[4:])
+
+
+@SETTINGS
+@given(torn_dump(), st.sampled_from(sorted(PREFIXES)), st.integers(0, 100_000))
+def test_a_torn_dump_cut_off_after_its_kernel_keeps_the_verdict(dump, prefix, cut):
+    """Cut off after the kernel's name, a module name glued to it may not be taken out
+    any more (its lists are not whole): the kernel's frame can be lost, and the frame
+    named is then another of the thread that ran the model, never a helper's."""
+    text = cut_after(crash_log(dump, prefix, [], None), FUNCTION, cut)
+    sig = crash_signature(text.splitlines(), None, KNOWN)
+    assert (sig.exception, known_label(sig.known), sig.process) == (
+        "SIGILL",
+        "amx-sigill",
+        PREFIXES[prefix],
+    )
+    assert sig.frame == "" or sig.frame.startswith(MODEL_CODE), sig.frame

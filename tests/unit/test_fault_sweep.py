@@ -83,7 +83,7 @@ def test_missed_and_unexpected_columns():
     ("names", "message"),
     [
         (["corrupt"], "unknown fault"),
-        (["none", "none"], "listed once"),
+        (["no-load", "none", "no-load"], "listed once"),
         (["segv-in-worker", "none"], "list it last"),
     ],
 )
@@ -95,6 +95,8 @@ def test_bad_fault_lists_are_refused(names, message):
 def test_default_and_explicit_lists():
     assert fs.parse_faults(None) == list(fs.DEFAULT_FAULTS)
     assert fs.parse_faults(["no-load", "none"]) == ["no-load", "none"]
+    # A soak: the clean round again and again on one server.
+    assert fs.parse_faults(["none"] * 5) == ["none"] * 5
 
 
 def test_rounds_share_one_server_and_never_share_prompts(tmp_path):

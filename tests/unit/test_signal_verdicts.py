@@ -17,10 +17,10 @@ from harness.server.crash_signatures import (
     crash_signature,
     judge,
     known_label,
-    parse_fatal_signals,
     parse_tracebacks,
     parse_worker_deaths,
 )
+from harness.server.fault_dumps import parse_fatal_signals
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 AMX = FIXTURES / "amx-host"
