@@ -66,20 +66,26 @@ def _main(
     """Prove vLLM's KV-cache offloading is correct on Llama 4 models."""
 
 
-# The commands, in the order the help lists them.
-app.command("crash-repro")(crash_repro.crash_repro_cmd)
-app.command("roundtrip")(roundtrip.roundtrip_cmd)
-app.command("stress")(stress.stress_cmd)
-app.command("matrix")(matrix.matrix_cmd)
-app.command("faults")(faults.faults_cmd)
-app.command("sweep")(sweep.sweep_cmd)
-app.command("bugs")(bugs.bugs_cmd)
-app.command("bench")(bench.bench_cmd)
-app.command("report")(report.report_cmd)
-app.command("compare")(compare.compare_cmd)
-app.command("validate")(validate.validate_cmd)
-app.command("doctor")(doctor.doctor_cmd)
-app.command("list")(listing.list_cmd)
+# The commands, in the order the help lists them: each module's ``<module>_cmd``, named
+# after its module (``listing`` is ``list``: no module shadows the builtin).
+for _module in (
+    crash_repro,
+    roundtrip,
+    stress,
+    matrix,
+    faults,
+    sweep,
+    bugs,
+    bench,
+    report,
+    compare,
+    validate,
+    doctor,
+    listing,
+):
+    _name = _module.__name__.rsplit(".", 1)[-1]
+    _command = "list" if _module is listing else _name.replace("_", "-")
+    app.command(_command)(getattr(_module, f"{_command.replace('-', '_')}_cmd"))
 app.add_typer(envs.envs_app, name="envs")
 
 

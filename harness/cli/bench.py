@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from harness.cli.common import console, default_scenario, fail, show
-from harness.cli.options import RESULTS, Label, NoWait, ResultsDir
+from harness.cli import common
+from harness.cli.options import RunOptions, run_options
 from harness.cli.runs import lock_free
 from harness.errors import HarnessError
 
@@ -23,13 +23,13 @@ class BenchPart(str, Enum):
     roundtrip = "roundtrip"
 
 
+@run_options("results_dir", "no_wait", "label")
 def bench_cmd(
     repeats: Annotated[int, typer.Option(min=1, help="launches per side and case")] = 3,
     only: Annotated[BenchPart, typer.Option(help="run one part only")] = BenchPart.all,
     config: Annotated[Path | None, typer.Option(help="model config (default: small-chunk)")] = None,
-    results_dir: ResultsDir = RESULTS,
-    no_wait: NoWait = False,
-    label: Label = None,
+    *,
+    opts: RunOptions,
 ) -> None:
     """Benchmarks as ratios measured side by side in one run (the machines are noisy).
 
@@ -54,21 +54,23 @@ def bench_cmd(
     try:
         if config is not None and not config.is_file():
             raise HarnessError(f"--config {config}: no such model config")
-        run_dir = RunDirectory(new_run_dir(results_dir, "bench", label), "bench")
-        run_dir.update_meta(label=label, platform=host_platform(), repeats=repeats, only=only.value)
-        scen = load_crash_repro(default_scenario("crash-repro.toml"))
+        run_dir = RunDirectory(new_run_dir(opts.results_dir, "bench", opts.label), "bench")
+        run_dir.update_meta(
+            label=opts.label, platform=host_platform(), repeats=repeats, only=only.value
+        )
+        scen = load_crash_repro(common.default_scenario("crash-repro.toml"))
         figures = run_bench(
             parts,
             repeats,
             scen,
-            default_scenario("roundtrip-cpu.toml"),
+            common.default_scenario("roundtrip-cpu.toml"),
             str(config or scen.resolve("models/llama4-small-chunk.json")),
             run_dir.path,
-            lambda msg: console.print(msg, highlight=False, markup=False),
+            lambda msg: common.console.print(msg, highlight=False, markup=False),
         )
     except HarnessError as err:
-        raise fail(err) from None
+        raise common.fail(err) from None
     write_bench(run_dir, figures)
     run_dir.finish("finished", 0)
-    show(bench_table(figures))
-    console.print(f"results: {run_dir.path}", highlight=False)
+    common.show(bench_table(figures))
+    common.console.print(f"results: {run_dir.path}", highlight=False)

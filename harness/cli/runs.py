@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli.common import console, err_console, fail
+from harness.cli.options import RunOptions
 from harness.errors import ExitCode, HarnessError
 from harness.names import REPO_ROOT
 
@@ -88,9 +89,10 @@ def lock_free() -> None:
         raise fail(err) from None
 
 
-def open_run(results_dir: Path, command: str, scenario: Any, label: str | None = None) -> Any:
-    """The run's directory, with what every run records about itself written at once
-    (``label``: the run's ``--label``, in the directory's name and ``run.json``)."""
+def open_run(opts: RunOptions, command: str, scenario: Any) -> Any:
+    """The run's directory under ``--results-dir``, with what every run records about
+    itself written at once (``--label``: in the directory's name and ``run.json``)."""
+    results_dir, label = opts.results_dir, opts.label
     from harness.commands.doctor import host_record
     from harness.results.run_directory import RunDirectory, new_run_dir
     from harness.server.interpreters import git_revision, host_platform
@@ -112,4 +114,20 @@ def open_run(results_dir: Path, command: str, scenario: Any, label: str | None =
         host=host_record(),
         git_revision=git_revision(REPO_ROOT),
     )
+    return run_dir
+
+
+def open_roundtrip_run(
+    opts: RunOptions, command: str, base: Any, scenario: Any, **meta: Any
+) -> Any:
+    """``open_run`` for the commands made of round trips (roundtrip, stress, faults) on
+    ``base``, a round-trip plan: a note when its variant is off its platform, and the
+    variant (or the attached server's URL) recorded with ``meta``."""
+    from rich.markup import escape
+
+    if base.off_platform:
+        console.print(f"[yellow]note:[/] {escape(base.off_platform)}", highlight=False)
+    run_dir = open_run(opts, command, scenario)
+    variant = base.env.as_dict() if base.env else {"url": base.url}
+    run_dir.update_meta(variant={"name": base.variant, **variant}, **meta)
     return run_dir

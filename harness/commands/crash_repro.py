@@ -383,21 +383,23 @@ def judge_row(row: Row) -> None:
 
 
 # What a launch decides, copied to every row it serves (the rest is the row's own).
-_LAUNCH_FIELDS = (
-    "outcome",
-    "seconds",
-    "signature",
-    "exception",
-    "frame",
-    "message",
-    "known_issue",
-    "answered",
-    "answer",
-    "returncode",
-    "patch_status",
-    "kernels",
-    "log",
-    "launch",
+_LAUNCH_FIELDS = frozenset(
+    {
+        "answer",
+        "answered",
+        "exception",
+        "frame",
+        "kernels",
+        "known_issue",
+        "launch",
+        "log",
+        "message",
+        "outcome",
+        "patch_status",
+        "returncode",
+        "seconds",
+        "signature",
+    }
 )
 
 

@@ -157,9 +157,10 @@ def plan_sweep(
         raise BadInput(
             f"scenario {scn.name} fixes fault = {scn.fault!r}; the sweep sets faults itself"
         )
-    if options.get("fault") not in (None, "none"):
+    if options.get("fault") not in (None, "none") or options.get("fault_control"):
         raise BadInput("the faults sweep sets each round's fault itself")
-    base = rt.plan_roundtrip(scn, fault_control=str(control_path), **options)
+    choices: rt.RoundtripOptions = {**options, "fault_control": str(control_path)}
+    base = rt.plan_roundtrip(scn, **choices)
     sweep = SweepPlan(base, faults, control_path)
     for i, fault in enumerate(faults):
         s = copy.deepcopy(base.scenario)

@@ -56,11 +56,9 @@ def _check(kind: str, path: Path) -> str:
     if kind == "roundtrip":
         from harness.commands.roundtrip import plan_roundtrip
 
-        rt_plan = plan_roundtrip(load_roundtrip(path))
-        return (
-            f"variant {rt_plan.variant}, {len(rt_plan.targets)} targets, expects "
-            f"{rt_plan.expected.stored_bytes:,} B stored"
-        )
+        rt = plan_roundtrip(load_roundtrip(path))
+        stored = f"expects {rt.expected.stored_bytes:,} B stored"
+        return f"variant {rt.variant}, {len(rt.targets)} targets, {stored}"
     from harness.commands.crash_repro import load_models
 
     scen = load_crash_repro(path)

@@ -7,6 +7,10 @@ from typing import Any
 
 from harness.results.tables import FAULT_ROUNDS, MATRIX_CELLS
 
+Rows = Sequence[Any]  # a table's records (cells, rounds, entries, transitions)
+Envs = Sequence[dict[str, Any]]  # envs.csv's records: one per build
+Meta = dict[str, Any]  # what the run says of itself (results dir, builds, order)
+
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     def cell(v: Any) -> str:
@@ -254,26 +258,24 @@ def sweep_grid(
     return [row_of, *columns], rows
 
 
-def sweep_report(
-    cells: Sequence[Any],
-    envs: Sequence[dict[str, Any]],
-    transitions: Sequence[Any],
-    meta: dict[str, Any],
-) -> str:
+def grid_report_head(
+    title: str, summary: str, meta: Meta, bad: tuple[str, list[str], list[list[Any]]]
+) -> list[str]:
+    """The head of a report over builds (sweep, bugs): its verdict, then what is not as
+    expected first (``bad``: the section's title, headers and rows)."""
+    return heading(title, meta, summary) + first_section(*bad)
+
+
+def sweep_report(cells: Rows, envs: Envs, transitions: Rows, meta: Meta) -> str:
     bad = [c for c in cells if c.matched is False]
     unjudged = [c for c in cells if c.matched is None]
     verdict = "as expected" if not bad else f"{len(bad)} not as expected"
-    lines = heading(
-        f"sweep: {verdict}",
-        meta,
-        f"checks: {len({c.check for c in cells})}; cells: {len(cells)} "
-        f"({len(cells) - len(bad) - len(unjudged)} as expected, {len(bad)} not, "
-        f"{len(unjudged)} not run)",
-    )
-    lines += first_section(
-        "Not as expected",
-        ["release", "check", "outcome", "expected", "why"],
-        [[c.release, c.check, c.state, c.expected, c.why] for c in bad],
+    counts = f"{len(cells) - len(bad) - len(unjudged)} as expected, {len(bad)} not"
+    summary = f"checks: {len({c.check for c in cells})}; cells: {len(cells)} ({counts}, "
+    rows = [[c.release, c.check, c.state, c.expected, c.why] for c in bad]
+    headers = ["release", "check", "outcome", "expected", "why"]
+    lines = grid_report_head(
+        f"sweep: {verdict}", f"{summary}{len(unjudged)} not run)", meta, ("Not as expected", headers, rows)
     )
     lines += grid_section("Release x check", "* = not as expected", cells, meta)
     lines += ["## Transitions", ""]

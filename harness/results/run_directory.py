@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from harness.errors import HarnessError
 from harness.server.launcher import finished_launches
 
 SCHEMA_VERSION = 2
@@ -53,6 +54,18 @@ def finish_unfinished(
         with contextlib.suppress(OSError):
             run.finish(status, exit_code, **fields)
     return runs
+
+
+def read_json_object(path: Path, what: str, error: type[HarnessError] = HarnessError) -> dict[str, Any]:
+    """A JSON file that must hold one object (a run's ``run.json``, a record); anything
+    else is ``error`` in one line: "<path>: not valid JSON: ..." or "<path>: not <what>"."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise error(f"{path}: not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: not {what}")
+    return data
 
 
 def utc_now() -> str:

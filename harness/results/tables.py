@@ -69,8 +69,8 @@ class TableFile:
     """One CSV file of a run: its columns, and which of them each reader uses."""
 
     name: str  # file name in the run directory
-    title: str  # heading of the table wherever it is shown
     columns: tuple[str, ...]  # every column, in file order (results/README.md)
+    title: str = ""  # heading of the table wherever it is shown; "" = the file's stem
     key: tuple[str, ...] = ()  # a row's identity across runs (``compare``); () = no rows to match
     compared: tuple[str, ...] = ()  # what ``compare`` diffs between two runs
     # Of ``compared``: pass/fail columns (True -> False is a regression: ``compare`` exits 1)
@@ -81,6 +81,10 @@ class TableFile:
     # Headers of its markdown table in report.md and the CI summary (cells rendered there).
     display: tuple[str, ...] = ()
     junit: JUnitMap | None = None  # one JUnit case per row (junit.xml), if any
+
+    def __post_init__(self) -> None:
+        if not self.title:
+            object.__setattr__(self, "title", Path(self.name).stem)
 
     def write_junit(
         self, run_dir: RunDirectory, suite: str, rows: Sequence[Any], **context: Any
@@ -117,9 +121,8 @@ def _record_fields(cls: Any, *, drop: Sequence[str] = ()) -> tuple[str, ...]:
 
 # --- crash-repro --------------------------------------------------------------------------
 OUTCOMES = TableFile(
-    name="outcomes.csv",
-    title="crash-repro",
-    columns=(
+    "outcomes.csv",
+    (
         "model",
         "variant",
         "vllm_version",
@@ -146,6 +149,7 @@ OUTCOMES = TableFile(
         "log",
         "command",
     ),
+    title="crash-repro",
     key=("model", "variant", "connector"),
     compared=("vllm_version", "outcome", "signature", "matched"),
     passes=("matched",),
@@ -181,11 +185,6 @@ OUTCOMES = TableFile(
         "matched",
     ),
 )
-CRASH_REPRO = ResultsKind(
-    command="crash-repro",
-    tables=(OUTCOMES,),
-    files=("junit.xml", "logs/<model>__<variant>__connector-<on|off>.log"),
-)
 
 
 # --- roundtrip ------------------------------------------------------------------------------
@@ -199,48 +198,33 @@ def _phase_columns() -> tuple[str, ...]:
 
 
 PHASE_TABLE = TableFile(
-    name="phases.csv",
-    title="phases",
-    columns=_phase_columns(),
+    "phases.csv",
+    _phase_columns(),
     key=("phase",),
     compared=("d_stored_bytes", "d_loaded_bytes", "d_gpu_hits", "d_ext_hits", "d_ext_queries"),
     display=("phase", "d_stored_bytes", "d_loaded_bytes", "d_gpu_hits", "d_ext_hits/d_ext_queries"),
 )
+# A check is a JUnit case by its name, failing with what it expected and saw.
 CHECKS = TableFile(
-    name="checks.csv",
-    title="checks",
-    columns=_record_fields(CheckResult),
-    key=("name",),
-    compared=("passed", "observed"),
-    passes=("passed",),
-    display=("name", "passed", "expected", "observed", "detail"),
+    "checks.csv",
+    _record_fields(CheckResult),
     junit=JUnitMap(
         "roundtrip.{scenario}",
         "{name}",
         lambda c: None if c.passed else f"expected {c.expected}, observed {c.observed}. {c.detail}",
         stdout="{why}",
     ),
-)
-ROUNDTRIP = ResultsKind(
-    command="roundtrip",
-    tables=(PHASE_TABLE, CHECKS),
-    files=(
-        "requests.jsonl",
-        "junit.xml",
-        "report.md",
-        "phases.png",
-        "metrics/<phase>.prom",
-        "logs/server.log",
-        "logs/baseline-server.log",
-    ),
+    key=("name",),
+    compared=("passed", "observed"),
+    passes=("passed",),
+    display=("name", "passed", "expected", "observed", "detail"),
 )
 
 
 # --- matrix ---------------------------------------------------------------------------------
 MATRIX_CELLS = TableFile(
-    name="matrix.csv",
-    title="KV-cache spec family matrix",
-    columns=(
+    "matrix.csv",
+    (
         "family",
         "geometry",
         "variant",
@@ -262,6 +246,7 @@ MATRIX_CELLS = TableFile(
         "seconds",
         "cell_dir",
     ),
+    title="KV-cache spec family matrix",
     key=("family", "geometry", "variant"),
     compared=("vllm_version", "spec_classes", "startup", "roundtrip", "failed_checks", "matched"),
     passes=("matched",),
@@ -303,18 +288,12 @@ MATRIX_CELLS = TableFile(
         "match",
     ),
 )
-MATRIX = ResultsKind(
-    command="matrix",
-    tables=(MATRIX_CELLS,),
-    files=("junit.xml", "report.md", "cells/<family>__<geometry>__<variant>/"),
-)
 
 
 # --- faults ---------------------------------------------------------------------------------
 FAULT_ROUNDS = TableFile(
-    name="faults.csv",
-    title="faults",
-    columns=(
+    "faults.csv",
+    (
         "round",
         "fault",
         "status",
@@ -325,7 +304,8 @@ FAULT_ROUNDS = TableFile(
         "seed",
         "reason",
     ),
-    key=("fault",),
+    # A soak repeats the clean round: a round is its number and its fault.
+    key=("round", "fault"),
     compared=("status", "failing"),
     outcomes=("status",),
     junit=JUnitMap(
@@ -337,35 +317,23 @@ FAULT_ROUNDS = TableFile(
     shown=("round", "fault", "status", "expected_failing", "failing", "reason"),
     display=("round", "fault", "must fail", "failed", "verdict", "why"),
 )
-FAULTS_KIND = ResultsKind(
-    command="faults",
-    tables=(FAULT_ROUNDS,),
-    files=("junit.xml", "report.md", "logs/server.log", "rounds/<NN>-<fault>/"),
-)
 
 
 # --- bench ------------------------------------------------------------------------------------
 BENCH_FIGURES = TableFile(
-    name="bench.csv",
-    title="bench",
-    columns=("figure", "value", "target", "ok"),
+    "bench.csv",
+    ("figure", "value", "target", "ok"),
     key=("figure",),
     compared=("value", "ok"),
     passes=("ok",),
     shown=("figure", "value", "target", "ok"),
 )
-BENCH = ResultsKind(
-    command="bench",
-    tables=(BENCH_FIGURES,),
-    files=("bench.json", "crash-repro/logs/", "roundtrip/logs/"),
-)
 
 
 # --- sweep ----------------------------------------------------------------------------------
 SWEEP_CELLS = TableFile(
-    name="sweep.csv",
-    title="sweep",
-    columns=_record_fields(SweepCell),
+    "sweep.csv",
+    _record_fields(SweepCell),
     key=("release", "check"),
     compared=("vllm_version", "outcome", "known", "matched"),
     passes=("matched",),
@@ -382,32 +350,20 @@ SWEEP_CELLS = TableFile(
     ),
 )
 SWEEP_ENVS = TableFile(
-    name="envs.csv",
+    "envs.csv",
+    ("release", "state", "reason", "seconds", "disk_bytes", "vllm_version", "python"),
     title="builds",
-    columns=("release", "state", "reason", "seconds", "disk_bytes", "vllm_version", "python"),
     key=("release",),
     compared=("state", "vllm_version"),
     outcomes=("state",),
     shown=("release", "state", "vllm_version", "seconds", "reason"),
 )
-SWEEP = ResultsKind(
-    command="sweep",
-    tables=(SWEEP_CELLS, SWEEP_ENVS),
-    files=(
-        "junit.xml",
-        "report.md",
-        "heatmap.png",
-        "transitions.json",
-        "releases/<build>/<scenario>/",
-    ),
-)
 
 
 # --- bugs -------------------------------------------------------------------------------------
 BUG_CELLS = TableFile(
-    name="bugs.csv",
-    title="bugs",
-    columns=_record_fields(BugCell),
+    "bugs.csv",
+    _record_fields(BugCell),
     key=("bug", "release"),
     compared=("vllm_version", "outcome", "matched"),
     passes=("matched",),
@@ -426,13 +382,65 @@ BUG_CELLS = TableFile(
     ),
 )
 BUG_STEPS = TableFile(
-    name="steps.csv",
-    title="steps",
-    columns=_record_fields(StepRecord),
+    "steps.csv",
+    _record_fields(StepRecord),
     key=("index",),
     compared=("http_status", "counters"),
     outcomes=("http_status",),
     shown=("index", "do", "name", "detail", "counters"),
+)
+
+
+# --- stress ---------------------------------------------------------------------------------
+# The round trip's checks table, its JUnit cases classed by the stress profile.
+assert CHECKS.junit is not None
+STRESS_CHECKS = replace(CHECKS, junit=replace(CHECKS.junit, classname="stress.{profile}"))
+
+
+# --- what each command writes: its tables and its other files --------------------------
+CRASH_REPRO = ResultsKind(
+    command="crash-repro",
+    tables=(OUTCOMES,),
+    files=("junit.xml", "logs/<model>__<variant>__connector-<on|off>.log"),
+)
+ROUNDTRIP = ResultsKind(
+    command="roundtrip",
+    tables=(PHASE_TABLE, CHECKS),
+    files=(
+        "requests.jsonl",
+        "junit.xml",
+        "report.md",
+        "phases.png",
+        "metrics/<phase>.prom",
+        "logs/server.log",
+        "logs/baseline-server.log",
+    ),
+)
+MATRIX = ResultsKind(
+    command="matrix",
+    tables=(MATRIX_CELLS,),
+    files=("junit.xml", "report.md", "cells/<family>__<geometry>__<variant>/"),
+)
+FAULTS_KIND = ResultsKind(
+    command="faults",
+    tables=(FAULT_ROUNDS,),
+    files=("junit.xml", "report.md", "logs/server.log", "rounds/<NN>-<fault>/"),
+)
+BENCH = ResultsKind(
+    command="bench",
+    tables=(BENCH_FIGURES,),
+    files=("bench.json", "crash-repro/logs/", "roundtrip/logs/"),
+)
+SWEEP = ResultsKind(
+    command="sweep",
+    tables=(SWEEP_CELLS, SWEEP_ENVS),
+    files=(
+        "junit.xml",
+        "report.md",
+        "heatmap.png",
+        "transitions.json",
+        "releases/<build>/<scenario>/",
+    ),
 )
 BUG_SCRIPT = ResultsKind(
     command="bug-steps",
@@ -444,12 +452,6 @@ BUGS = ResultsKind(
     tables=(BUG_CELLS, SWEEP_ENVS),
     files=("junit.xml", "report.md", "releases/<build>/<scenario or bug>/"),
 )
-
-
-# --- stress ---------------------------------------------------------------------------------
-# The round trip's checks table, its JUnit cases classed by the stress profile.
-assert CHECKS.junit is not None
-STRESS_CHECKS = replace(CHECKS, junit=replace(CHECKS.junit, classname="stress.{profile}"))
 STRESS = ResultsKind(
     command="stress",
     tables=(STRESS_CHECKS,),
@@ -476,5 +478,3 @@ KINDS: dict[str, ResultsKind] = {
 
 def kind_of(command: str) -> ResultsKind | None:
     return KINDS.get(command)
-
-

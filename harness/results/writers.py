@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.results.chart import sweep_heatmap
-from harness.results.markdown import faults_report, matrix_report, sweep_report
+from harness.results.markdown import Envs, Meta, Rows, faults_report, matrix_report, sweep_report
 from harness.results.run_directory import RunDirectory
 from harness.results.tables import (
     BENCH_FIGURES,
@@ -41,13 +41,7 @@ def write_faults(run_dir: RunDirectory, rounds: Sequence[Any], meta: dict[str, A
 
 
 def write_sweep(
-    run_dir: RunDirectory,
-    cells: Sequence[Any],
-    envs: Sequence[dict[str, Any]],
-    transitions: Sequence[Any],
-    meta: dict[str, Any],
-    *,
-    chart: bool = True,
+    run_dir: RunDirectory, cells: Rows, envs: Envs, transitions: Rows, meta: Meta, *, chart: bool = True
 ) -> None:
     """Every sweep file from what is known so far (rewritten after each cell)."""
 

@@ -129,22 +129,15 @@ def first_match(
     return None
 
 
-def platform_gap(
-    rules: Sequence[R],
-    facts: Mapping[str, object],
-    *,
-    fields: Sequence[str],
-    version_field: str | None = "vllm",
-    version_fact: str = "vllm_version",
-    platform_field: str = "platform",
-) -> str:
-    """When :func:`first_match` found nothing: what a plan says instead, if rules for
-    another platform would have matched: "no expectation on cuda: the rule for it holds
-    only on cpu with amx_tile (<its why>)". "" when none would (a table without its
-    catch-all, the scenario's error)."""
+def platform_gap(rules: Sequence[R], facts: Mapping[str, object], *, fields: Sequence[str]) -> str:
+    """When :func:`first_match` (with ``platform_field="platform"`` and its version
+    defaults) found nothing: what a plan says instead, if rules for another platform
+    would have matched: "no expectation on cuda: the rule for it holds only on cpu with
+    amx_tile (<its why>)". "" when none would (a table without its catch-all, the
+    scenario's error)."""
     for rule in rules:
-        platform = getattr(rule, platform_field)
-        if _matches(rule, facts, fields, version_field, version_fact) and not _holds_here(
+        platform = rule.platform  # type: ignore[attr-defined]
+        if _matches(rule, facts, fields, "vllm", "vllm_version") and not _holds_here(
             platform, facts
         ):
             flags = facts["cpu_flags"]

@@ -17,11 +17,12 @@ interpreter and every variant's run it.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from harness.server.interpreters import tagged_report
 
 # The packages every vLLM process imports; the compile of these is the launch cost.
 PACKAGES = ("vllm", "torch", "transformers")
@@ -74,13 +75,9 @@ def check(python: str, packages: Sequence[str] = PACKAGES) -> BytecodeState:
         timeout=120,
         stdin=subprocess.DEVNULL,
     )
-    line = next(
-        (ln for ln in proc.stdout.splitlines() if ln.startswith("OFFLOAD_CHECK_BYTECODE ")), None
-    )
-    if proc.returncode != 0 or line is None:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"{python} could not report its bytecode: {tail}")
-    data = json.loads(line.split(" ", 1)[1])
+    data = tagged_report(proc, "OFFLOAD_CHECK_BYTECODE")
+    if isinstance(data, str):
+        raise RuntimeError(f"{python} could not report its bytecode: {data}")
     return BytecodeState(
         python,
         str(data["site"]),

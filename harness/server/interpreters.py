@@ -16,6 +16,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from harness.errors import BadInput
 from harness.names import ENV_DEVICE
@@ -83,6 +84,16 @@ def resolve_interpreter(python: str) -> str:
     return found
 
 
+def tagged_report(proc: subprocess.CompletedProcess[str], tag: str) -> dict[str, Any] | str:
+    """What a child interpreter reported as one JSON line after ``tag`` (its other output
+    is vLLM's and torch's chatter); when it did not, the last line of its stderr."""
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(f"{tag} ")), None)
+    if proc.returncode != 0 or line is None:
+        return (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    data = json.loads(line.split(" ", 1)[1])
+    return data if isinstance(data, dict) else f"{tag}: not a JSON object"
+
+
 @cache
 def probe(python: str) -> Environment:
     """Ask ``python`` what it holds; cached per interpreter for the life of the run."""
@@ -97,13 +108,9 @@ def probe(python: str) -> Environment:
         )
     except (OSError, subprocess.TimeoutExpired) as err:
         raise BadInput(f"cannot run interpreter {exe}: {err}") from None
-    line = next(
-        (ln for ln in proc.stdout.splitlines() if ln.startswith("OFFLOAD_CHECK_PROBE ")), None
-    )
-    if proc.returncode != 0 or line is None:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BadInput(f"interpreter {exe} failed to report its environment: {tail}")
-    data = json.loads(line.split(" ", 1)[1])
+    data = tagged_report(proc, "OFFLOAD_CHECK_PROBE")
+    if isinstance(data, str):
+        raise BadInput(f"interpreter {exe} failed to report its environment: {data}")
     if data.get("error") or not data.get("vllm_version"):
         raise BadInput(f"{exe}: {data.get('error', 'no vLLM installed')}")
     device = os.environ.get(ENV_DEVICE) or data["device"]

@@ -59,13 +59,13 @@ class Snapshot:
     generation_tokens: float = 0.0
     preemptions: float = 0.0  # requests the scheduler preempted (stress: it must happen)
 
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
     def __sub__(self, other: Snapshot) -> Snapshot:
         return Snapshot(
             **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)}
         )
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
 
 
 @dataclass

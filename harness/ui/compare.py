@@ -10,7 +10,6 @@ carry their real delta, later minus earlier.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from harness.errors import BadInput
+from harness.results.run_directory import read_json_object
 from harness.results.tables import TableFile, kind_of
 
 Table = tuple[str, list[dict[str, Any]], list[str]]
@@ -114,12 +114,7 @@ def _command(run: Path) -> str:
     path = run / "run.json"
     if not path.is_file():
         raise BadInput(f"{run} is not a results directory (no run.json)")
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise BadInput(f"{path}: not valid JSON: {err}") from None
-    if not isinstance(meta, dict):
-        raise BadInput(f"{path}: not a run record")
+    meta = read_json_object(path, "a run record", BadInput)
     command = meta.get("command")
     argv = meta.get("argv")
     if not command and isinstance(argv, list) and len(argv) > 1:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import textwrap
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from harness.ui.fit import fit, grid, release_ranges
+
+if TYPE_CHECKING:
+    from harness.commands.roundtrip import RoundtripPlan
+    from harness.commands.stress.plan import StressPlan
 
 
 def say(console: Console, text: str, indent: int = 2, bold: str = "") -> None:
@@ -63,6 +67,19 @@ def host_line(console: Console) -> None:
 def _off_platform(console: Console, text: str) -> None:
     if text:
         say(console, f"note: {text}", indent=0, bold="note:")
+
+
+def _heading(console: Console, base: Any, bold: str, text: str, attached: str = "") -> None:
+    """The first lines of a plan of round trips on ``base`` (a round-trip plan): a note
+    when its variant is off its platform, ``bold`` then ``text``, and what is launched:
+    the host line, or for an attached server (``--url``) nothing (``attached``: what is
+    sent to it instead)."""
+    _off_platform(console, base.off_platform)
+    say(console, f"{bold} {text}", indent=0, bold=bold)
+    if base.url is None:
+        host_line(console)
+    else:
+        say(console, f"attach: {base.url} (a server someone else launched): nothing is {attached}")
 
 
 def crash_repro_plan(console: Console, plan: object) -> None:
@@ -160,29 +177,12 @@ def roundtrip_plan_record(plan: object) -> dict[str, Any]:
     }
 
 
-def roundtrip_plan(console: Console, plan: object) -> None:
-    from harness.commands.roundtrip import RoundtripPlan
-
-    assert isinstance(plan, RoundtripPlan)
-    d = plan.describe()
-    exp = plan.expected
-    _off_platform(console, plan.off_platform)
-    say(
-        console,
-        f"roundtrip plan {plan.scenario.name}: model {plan.model_ref}, "
-        f"variant {plan.variant}, TP {plan.tensor_parallel}",
-        indent=0,
-        bold="roundtrip plan",
-    )
-    if plan.url is not None:
-        say(
-            console,
-            f"attach: {plan.url} (a server someone else launched): nothing is launched; "
-            f"the targets, filler and replay are sent to its model {plan.served_name}, "
-            "the pool and KV block read from its /metrics",
-        )
-    else:
-        host_line(console)
+def roundtrip_plan(console: Console, plan: RoundtripPlan) -> None:
+    what = f"model {plan.model_ref}, variant {plan.variant}, TP {plan.tensor_parallel}"
+    sent = f"the targets, filler and replay are sent to its model {plan.served_name}"
+    attached = f"launched; {sent}, the pool and KV block read from its /metrics"
+    _heading(console, plan, "roundtrip plan", f"{plan.scenario.name}: {what}", attached)
+    d, exp = plan.describe(), plan.expected
     kinds = ", ".join(
         f"{k.kind} x{k.layers} {k.bytes_per_token:,} B/token"
         + (f" window {k.window}" if k.window else "")
@@ -303,15 +303,13 @@ def faults_plan(console: Console, sweep: object) -> None:
     faults = sweep.faults
     scen = sweep.base.scenario
     base = sweep.base
-    _off_platform(console, base.off_platform)
-    say(
+    _heading(
         console,
-        f"faults {scen.name}: {len(faults)} rounds on one server "
+        base,
+        "faults",
+        f"{scen.name}: {len(faults)} rounds on one server "
         f"({base.model_ref}, variant {base.variant}, TP {base.tensor_parallel})",
-        indent=0,
-        bold="faults",
     )
-    host_line(console)
     for i, (name, plan) in enumerate(zip(faults, sweep.plans, strict=True)):
         must = ", ".join(sorted(fs.CAUGHT_BY[name])) or "nothing (every check passes)"
         say(console, f"round {i}: {name} (seed {plan.scenario.workload.seed}) must fail: {must}")
@@ -552,29 +550,20 @@ def stress_plan_record(plan: object) -> dict[str, Any]:
     }
 
 
-def stress_plan(console: Console, plan: object) -> None:
-    from harness.commands.stress.plan import StressPlan, prompt_bounds
+def stress_plan(console: Console, plan: StressPlan) -> None:
+    from harness.commands.stress.plan import prompt_bounds
 
-    assert isinstance(plan, StressPlan)
     d = plan.describe()
     base = plan.base
-    _off_platform(console, base.off_platform)
-    say(
+    _heading(
         console,
-        f"stress plan {d['scenario']}: profile {plan.profile}, seed {plan.seed}, "
+        base,
+        "stress plan",
+        f"{d['scenario']}: profile {plan.profile}, seed {plan.seed}, "
         f"concurrency {plan.concurrency}, model {base.model_ref}, variant {base.variant}, "
         f"TP {base.tensor_parallel}",
-        indent=0,
-        bold="stress plan",
+        f"launched, no reference; the requests go to its model {base.served_name}",
     )
-    if base.url is not None:
-        say(
-            console,
-            f"attach: {base.url} (a server someone else launched): nothing is launched, "
-            f"no reference; the requests go to its model {base.served_name}",
-        )
-    else:
-        host_line(console)
     per = ", ".join(f"{k} {n}" for k, n in d["requests"].items())
     bounds = prompt_bounds(plan.requests)
     longest = max(bounds[r.id] + r.max_tokens for r in plan.requests)

@@ -36,6 +36,7 @@ COMMAND_ORDER = {
     "matrix": 1,
     "faults": 1,
     "stress": 1,
+    "pressure": 1,
     "bench": 1,
     "sweep": 2,
     "bugs": 3,

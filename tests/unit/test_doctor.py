@@ -495,6 +495,7 @@ def test_run_json_records_host(tmp_path):
     """Every run's ``run.json`` carries ``host`` (written by ``open_run``, no server needed)."""
     script = textwrap.dedent(f"""
         from pathlib import Path
+        from harness.cli.options import RunOptions
         from harness.cli.runs import open_run
 
         class Scenario:
@@ -502,7 +503,8 @@ def test_run_json_records_host(tmp_path):
             def model_dump(self, mode):
                 return {{}}
 
-        print(open_run(Path({str(tmp_path)!r}), "doctor-test", Scenario()).path)
+        opts = RunOptions(results_dir=Path({str(tmp_path)!r}))
+        print(open_run(opts, "doctor-test", Scenario()).path)
     """)
     proc = subprocess.run(
         [str(VENV_PY), "-c", script],

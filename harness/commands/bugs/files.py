@@ -4,15 +4,14 @@ and reproductions)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 from harness.commands.bugs.corpus import REPRODUCED, reproduction
 from harness.results.markdown import (
+    Envs,
+    Meta,
+    Rows,
     builds_table,
-    first_section,
+    grid_report_head,
     grid_section,
-    heading,
     mark,
     table,
 )
@@ -20,13 +19,7 @@ from harness.results.run_directory import RunDirectory
 from harness.results.tables import BUG_CELLS, SWEEP_ENVS
 
 
-def write_bugs(
-    run_dir: RunDirectory,
-    cells: Sequence[Any],
-    envs: Sequence[dict[str, Any]],
-    entries: Sequence[Any],
-    meta: dict[str, Any],
-) -> None:
+def write_bugs(run_dir: RunDirectory, cells: Rows, envs: Envs, entries: Rows, meta: Meta) -> None:
     """Every corpus file from what is known so far (rewritten after each cell)."""
     BUG_CELLS.write(run_dir, [c.record() for c in cells])
     SWEEP_ENVS.write(run_dir, envs)
@@ -35,27 +28,22 @@ def write_bugs(
     run_dir.write_text("report.md", report)
 
 
-def bugs_report(
-    cells: Sequence[Any],
-    envs: Sequence[dict[str, Any]],
-    entries: Sequence[Any],
-    meta: dict[str, Any],
-) -> str:
+def bugs_report(cells: Rows, envs: Envs, entries: Rows, meta: Meta) -> str:
     """``report.md`` of a bug-corpus run: unmatched cells first, the bug x release grid,
     then each entry with its upstream links, ranges and reproductions."""
     bad = [c for c in cells if c.matched is False]
     verdict = "every entry as the corpus says" if not bad else f"{len(bad)} cell(s) unmatched"
     reproduced = sorted({c.bug for c in cells if c.outcome == REPRODUCED and c.matched})
-    lines = heading(
+    lines = grid_report_head(
         f"bugs: {verdict}",
-        meta,
         f"entries: {len(entries)}; reproduced where they lived: {len(reproduced)} "
         f"({', '.join(reproduced) or '-'})",
-    )
-    lines += first_section(
-        "Unmatched",
-        ["bug", "release", "outcome", "expected", "why"],
-        [[c.bug, c.release, c.outcome, c.expected, c.why] for c in bad],
+        meta,
+        (
+            "Unmatched",
+            ["bug", "release", "outcome", "expected", "why"],
+            [[c.bug, c.release, c.outcome, c.expected, c.why] for c in bad],
+        ),
     )
     lines += grid_section(
         "Bug x release", "* = unmatched", cells, meta, row_of="bug", text_of="outcome"

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, Unpack
 
 from harness.commands.roundtrip import checks as ck
 from harness.errors import BadInput, RuntimeFailure
@@ -159,33 +159,26 @@ def _validate_lengths(scn: RoundtripScenario, c: int) -> None:
 
 
 class RoundtripOptions(TypedDict, total=False):
-    """The launch choices a command forwards to ``plan_roundtrip`` (its keywords)."""
+    """The launch choices a command forwards to ``plan_roundtrip`` (its keywords; each
+    unset or None is the scenario's own)."""
 
     variant: str | None
     patch: str | None
-    config: str | None
+    config: str | None  # a model geometry (config.json) instead of the scenario's
     tp: int | None
     fault: str | None
+    # A file the host backend takes its fault from, switchable between round trips on
+    # one server (``harness.commands.faults``).
+    fault_control: str | None
     extra_args: list[str] | None
     extra_variants: Mapping[str, Variant] | None
 
 
-def plan_roundtrip(
-    scn: RoundtripScenario,
-    *,
-    variant: str | None = None,
-    patch: str | None = None,
-    config: str | None = None,
-    tp: int | None = None,
-    fault: str | None = None,
-    fault_control: str | None = None,
-    extra_args: list[str] | None = None,
-    extra_variants: Mapping[str, Variant] | None = None,
-) -> RoundtripPlan:
-    """Everything knowable before launch; refuses impossible plans with one clear line.
-
-    ``fault_control`` (a file path) makes the host backend take its fault from that file,
-    switchable between round trips on one server (``harness.commands.faults``)."""
+def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) -> RoundtripPlan:
+    """Everything knowable before launch; refuses impossible plans with one clear line."""
+    variant, patch, config = choices.get("variant"), choices.get("patch"), choices.get("config")
+    tp, fault, fault_control = choices.get("tp"), choices.get("fault"), choices.get("fault_control")
+    extra_args, extra_variants = choices.get("extra_args"), choices.get("extra_variants")
     variants = load_variants(scn.resolve(scn.variants_file), extra_variants)
     name = variant or scn.variant
     if name not in variants:

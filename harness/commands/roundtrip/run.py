@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypedDict, Unpack
 
 from harness.commands.roundtrip import checks as ck
 from harness.commands.roundtrip.evaluate import evaluate
@@ -30,11 +30,14 @@ PHASES = ("cold", "warm", "filler", "replay")
 
 
 class EngineFailure(HarnessError):
-    """vLLM itself raised during a phase: a failed round trip, not a broken harness."""
+    """vLLM itself raised during a phase: a failed round trip, not a broken harness.
+    ``signature`` is the crash's (``crash_signatures``), ``message`` the engine's own."""
 
     def __init__(self, phase: str, signature: str, message: str) -> None:
+        self.phase = phase
+        self.signature = signature
+        self.message = message
         super().__init__(f"the engine failed during the {phase} phase: {signature}")
-        self.phase, self.signature, self.message = phase, signature, message
 
 
 class StartupFailure(RuntimeFailure):
@@ -157,22 +160,38 @@ def start_server(server: VllmServer, plan: RoundtripPlan, reporter: Status, what
     return ready.seconds
 
 
+def server_under_test(
+    plan: RoundtripPlan, out_dir: Path, url: str | None, port: int | None
+) -> VllmServer | None:
+    """The server a run launches, its log in ``out_dir/logs/``; None when it attaches to
+    ``url`` (a server someone else launched)."""
+    if url is not None:
+        return None
+    assert plan.server is not None  # a launched plan has its server's spec
+    return plan.server.server(out_dir / "logs" / "server.log", port)
+
+
+class ServerChoice(TypedDict, total=False):
+    """Where a run's server is: ``url``, one someone else launched (attach mode), else
+    one launched here on ``port`` (None: a free one)."""
+
+    url: str | None
+    port: int | None
+
+
 def execute_roundtrip(
     plan: RoundtripPlan,
     out_dir: Path,
     reporter: RoundtripReporter,
     on_record: Callable[[RoundtripResult], None],
     *,
-    url: str | None = None,
-    port: int | None = None,
     baseline: bool = False,
+    **at: Unpack[ServerChoice],
 ) -> RoundtripResult:
     """Run the four phases; ``on_record`` is called after each step to persist results."""
+    url, port = at.get("url"), at.get("port")
     result = RoundtripResult(plan)
-    server: VllmServer | None = None
-    if url is None:
-        assert plan.server is not None
-        server = plan.server.server(out_dir / "logs" / "server.log", port)
+    server = server_under_test(plan, out_dir, url, port)
     try:
         if server is not None:
             result.startup_seconds = start_server(server, plan, reporter, "server")

@@ -16,14 +16,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, Unpack
 
 from harness.commands.stress.driver import Outcome, drive, http_sender
 from harness.commands.stress.judge import StressResult, http_scorer, run_reference_side
 from harness.commands.stress.plan import StressPlan
 from harness.errors import HarnessError, RuntimeFailure
 from harness.server import engine_log, kv_layout, metrics
-from harness.server.launcher import VllmServer
+
+if TYPE_CHECKING:
+    from harness.commands.roundtrip.run import ServerChoice
 
 SAMPLE_S = 0.5  # metrics sampling period for the timeline
 # Each generated token comes back with the served top two: the floor measures how far
@@ -78,20 +80,16 @@ def execute_stress(
     out_dir: Path,
     reporter: StressReporter,
     on_record: Callable[[StressResult], None],
-    *,
-    url: str | None = None,
-    port: int | None = None,
+    **at: Unpack[ServerChoice],
 ) -> StressResult:
     """The run under test, then (launched runs) the reference, then the checks."""
-    from harness.commands.roundtrip.run import Endpoint, start_server
+    url, port = at.get("url"), at.get("port")
+    from harness.commands.roundtrip.run import Endpoint, server_under_test, start_server
     from harness.commands.stress.judge import evaluate
 
     result = StressResult(plan)
     base = plan.base
-    server: VllmServer | None = None
-    if url is None:
-        assert base.server is not None
-        server = base.server.server(out_dir / "logs" / "server.log", port)
+    server = server_under_test(base, out_dir, url, port)
     try:
         if server is not None:
             start_server(server, base, reporter, "server under test")

@@ -17,6 +17,7 @@ from typing import Any
 
 from harness.errors import HarnessError
 from harness.names import REPO_ROOT
+from harness.results.run_directory import read_json_object
 from harness.tools.gpu_rehearsal.launch import (
     STAGES,
     PlannedLaunch,
@@ -210,10 +211,6 @@ def write_record(rehearsal: ReleaseRehearsal, path: Path = RECORD) -> Path:
 
 
 def read_record(path: Path = RECORD) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise HarnessError(f"no rehearsal record at {path}: {err}") from None
-    if not isinstance(data, dict):
-        raise HarnessError(f"{path} is not a rehearsal record")
-    return data
+    if not path.is_file():
+        raise HarnessError(f"no rehearsal record at {path}")
+    return read_json_object(path, "a rehearsal record")

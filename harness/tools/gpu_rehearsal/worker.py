@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.errors import HarnessError, RuntimeFailure
+from harness.tools.gpu_rehearsal import launch as launch_types
 from harness.tools.gpu_rehearsal.homes import HOMES, api_server_parser_home, home, vllm_version
 from harness.tools.gpu_rehearsal.launch import (
-    STAGES,
-    OffloadSummary,
     PlannedLaunch,
     Rehearsal,
     RehearsalAPIError,
@@ -79,7 +78,7 @@ def rehearse_elsewhere(
 def rehearse_on(
     python: str,
     launches: Sequence[PlannedLaunch],
-    stages: Sequence[str] = STAGES,
+    stages: Sequence[str] = launch_types.STAGES,
     timeout_s: float = WORKER_TIMEOUT_S,
 ) -> tuple[list[Rehearsal | RehearsalError], dict[str, Any]]:
     """Every launch through ``python``'s vLLM in one worker process (vLLM imported once),
@@ -136,7 +135,7 @@ def _from_answer(answer: Mapping[str, Any]) -> Rehearsal | RehearsalError:
         answer["passed"],
         answer["parsed"],
         answer["engine"],
-        OffloadSummary(**offload) if offload else None,
+        launch_types.OffloadSummary(**offload) if offload else None,
         answer["stopped"],
         answer.get("platform", ""),
     )
