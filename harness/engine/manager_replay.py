@@ -32,15 +32,21 @@ def replay(
     capacity: int,
     policy: str = "lru",
     store_threshold: int = 0,
+    policy_module: str | None = None,
 ) -> list[dict[str, Any]]:
     """Each request ``(prompt, chunks)`` through one manager of ``capacity`` slots; per
     request its hit, the chunks stored, evicted and skipped, and whether the store
-    failed (chunk names as the oracle writes them: ``A1``..)."""
+    failed (chunk names as the oracle writes them: ``A1``..). ``policy_module`` loads
+    ``policy`` out of tree, as ``cache_policy_module_path`` does (the seeded mutants of
+    ``harness.engine.policies``)."""
     from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
     manager = CPUOffloadingManager(
-        num_chunks=capacity, cache_policy=policy, store_threshold=store_threshold
+        num_chunks=capacity,
+        cache_policy=policy,
+        cache_policy_module_path=policy_module,
+        store_threshold=store_threshold,
     )
     names: dict[bytes, str] = {}
     steps = []
@@ -81,7 +87,8 @@ def replay(
 
 def main(argv: Sequence[str]) -> int:
     """``python -m harness.engine.manager_replay '<json>'``: the JSON holds ``requests``
-    ([[prompt, chunks], ...]), ``capacity``, ``policy`` and ``store_threshold``."""
+    ([[prompt, chunks], ...]), ``capacity``, ``policy``, ``store_threshold`` and
+    ``policy_module``."""
     if len(argv) != 1:
         print("usage: python -m harness.engine.manager_replay '<json request>'", file=sys.stderr)
         return 2
@@ -91,6 +98,7 @@ def main(argv: Sequence[str]) -> int:
         int(spec["capacity"]),
         str(spec.get("policy", "lru")),
         int(spec.get("store_threshold", 0)),
+        spec.get("policy_module"),
     )
     print(json.dumps(steps))
     return 0

@@ -86,3 +86,33 @@ def test_the_replay_runs_as_a_child_of_any_interpreter():
     )
     steps = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [s["hit"] for s in steps] == [0, 4] and steps[0]["stored"] == ["A1", "A2", "A3", "A4"]
+
+
+# The seeded policy mutants (harness.engine.policies), loaded by vLLM's own manager as
+# out-of-tree policies: each must part from the oracle where the design says it first
+# does (docs/pressure-design.md §2.6), and nowhere earlier.
+MUTANTS = {
+    # S1 row 4: C must evict B (least recent); the mutant evicts A, just reused.
+    "LruEvictsNewest": ("lru", S1, 3, {"evicted": ["A1", "A2", "A3", "A4"]}),
+    # S1 row 4: A's reuse at row 3 must have refreshed it; FIFO evicts it anyway.
+    "LruNeverRefreshes": ("lru", S1, 3, {"evicted": ["A4", "A3", "A2", "A1"]}),
+    # S2 row 5: T2 is empty, T1 has C: #55461's early return makes the store fail.
+    "ArcNoT1Fallback": ("arc", S2, 4, {"failed": True, "stored": []}),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_each_policy_mutant_parts_from_the_oracle_where_it_should(mutant):
+    from harness.engine import policies
+
+    base, seq, row, seen = MUTANTS[mutant]
+    got = replay(seq, N, mutant, policy_module=policies.MODULE)
+    want = predict(seq, N, base)
+    first = next(
+        i
+        for i, (g, w) in enumerate(zip(got, want, strict=True))
+        if (g["hit"], g["evicted"], g["failed"]) != (w.hit, list(w.evicted), w.failed)
+    )
+    assert first == row
+    assert {k: got[row][k] for k in seen} == seen
+    assert set(MUTANTS) == set(policies.MUTANTS)
