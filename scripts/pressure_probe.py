@@ -68,6 +68,7 @@ def main() -> int:
     ap.add_argument("--sequence", default="s1", choices=sorted(SEQUENCES))
     ap.add_argument("--python", default=str(REPO_ROOT / ".venv" / "bin" / "python"))
     ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--mutant", default=None, help="a policy of harness.engine.policies")
     ap.add_argument("--out", type=Path, default=Path("/tmp/pressure-probe"))
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -76,7 +77,9 @@ def main() -> int:
     model = model_builder.build_model(geometry, "llama4-no-chunk")
     vocab = int(model_builder.text_config(geometry)["vocab_size"])
     server = ServerSettings(max_model_len=2048, block_size=128, startup_timeout_s=600)
-    extra = {"eviction_policy": a.policy}
+    extra = {"eviction_policy": a.mutant or a.policy}
+    if a.mutant:
+        extra["cache_policy_module_path"] = "harness.engine.policies"
     offload = OffloadSettings(
         block_size=CHUNK, cpu_bytes_to_use=a.slots * SLOT_BYTES, extra_config=extra
     )
@@ -99,7 +102,8 @@ def main() -> int:
     seq = SEQUENCES[a.sequence]
     expected = predict(seq, a.slots, a.policy)
     rows = []
-    with spec.server(a.out / f"server-{a.sequence}-{a.policy}.log") as srv:
+    tag = f"{a.sequence}-{a.mutant or a.policy}"
+    with spec.server(a.out / f"server-{tag}.log") as srv:
         ready = srv.wait_ready(600, 0.5)
         print(f"server {ready.state} in {ready.seconds:.1f}s (vLLM {env.vllm_version})")
         if ready.state != "started":
@@ -135,8 +139,8 @@ def main() -> int:
                 f"(oracle {r['stored_expected_B']}) loaded {r['loaded_B']:.0f} "
                 f"oracle evicts [{r['evicted_expected']}]"
             )
-    (a.out / f"{a.sequence}-{a.policy}.json").write_text(json.dumps(rows, indent=1))
-    log = (a.out / f"server-{a.sequence}-{a.policy}.log").read_text(errors="replace")
+    (a.out / f"{tag}.json").write_text(json.dumps(rows, indent=1))
+    log = (a.out / f"server-{tag}.log").read_text(errors="replace")
     start = [ln for ln in log.splitlines() if "host chunks" in ln]
     print(start[0] if start else "no host chunk line in the log")
     return 0
