@@ -361,6 +361,7 @@ SWEEP_ENVS = TableFile(
 
 
 # --- bugs -------------------------------------------------------------------------------------
+# One cell per corpus entry and build, and a scripted trigger's steps (``bug-steps``).
 BUG_CELLS = TableFile(
     "bugs.csv",
     _record_fields(BugCell),
@@ -399,14 +400,12 @@ STRESS_CHECKS = replace(CHECKS, junit=replace(CHECKS.junit, classname="stress.{p
 
 # --- what each command writes: its tables and its other files --------------------------
 CRASH_REPRO = ResultsKind(
-    command="crash-repro",
-    tables=(OUTCOMES,),
-    files=("junit.xml", "logs/<model>__<variant>__connector-<on|off>.log"),
+    "crash-repro", (OUTCOMES,), ("junit.xml", "logs/<model>__<variant>__connector-<on|off>.log")
 )
 ROUNDTRIP = ResultsKind(
-    command="roundtrip",
-    tables=(PHASE_TABLE, CHECKS),
-    files=(
+    "roundtrip",
+    (PHASE_TABLE, CHECKS),
+    (
         "requests.jsonl",
         "junit.xml",
         "report.md",
@@ -417,24 +416,18 @@ ROUNDTRIP = ResultsKind(
     ),
 )
 MATRIX = ResultsKind(
-    command="matrix",
-    tables=(MATRIX_CELLS,),
-    files=("junit.xml", "report.md", "cells/<family>__<geometry>__<variant>/"),
+    "matrix", (MATRIX_CELLS,), ("junit.xml", "report.md", "cells/<family>__<geometry>__<variant>/")
 )
 FAULTS_KIND = ResultsKind(
-    command="faults",
-    tables=(FAULT_ROUNDS,),
-    files=("junit.xml", "report.md", "logs/server.log", "rounds/<NN>-<fault>/"),
+    "faults", (FAULT_ROUNDS,), ("junit.xml", "report.md", "logs/server.log", "rounds/<NN>-<fault>/")
 )
 BENCH = ResultsKind(
-    command="bench",
-    tables=(BENCH_FIGURES,),
-    files=("bench.json", "crash-repro/logs/", "roundtrip/logs/"),
+    "bench", (BENCH_FIGURES,), ("bench.json", "crash-repro/logs/", "roundtrip/logs/")
 )
 SWEEP = ResultsKind(
-    command="sweep",
-    tables=(SWEEP_CELLS, SWEEP_ENVS),
-    files=(
+    "sweep",
+    (SWEEP_CELLS, SWEEP_ENVS),
+    (
         "junit.xml",
         "report.md",
         "heatmap.png",
@@ -443,19 +436,17 @@ SWEEP = ResultsKind(
     ),
 )
 BUG_SCRIPT = ResultsKind(
-    command="bug-steps",
-    tables=(BUG_STEPS, CHECKS),
-    files=("requests.jsonl", "metrics/", "logs/server.log"),
+    "bug-steps", (BUG_STEPS, CHECKS), ("requests.jsonl", "metrics/", "logs/server.log")
 )
 BUGS = ResultsKind(
-    command="bugs",
-    tables=(BUG_CELLS, SWEEP_ENVS),
-    files=("junit.xml", "report.md", "releases/<build>/<scenario or bug>/"),
+    "bugs",
+    (BUG_CELLS, SWEEP_ENVS),
+    ("junit.xml", "report.md", "releases/<build>/<scenario or bug>/"),
 )
 STRESS = ResultsKind(
-    command="stress",
-    tables=(STRESS_CHECKS,),
-    files=(
+    "stress",
+    (STRESS_CHECKS,),
+    (
         "requests.jsonl",
         "reference.jsonl",
         "divergence.md",
