@@ -219,6 +219,9 @@ CHECKS = TableFile(
     passes=("passed",),
     display=("name", "passed", "expected", "observed", "detail"),
 )
+# stress: the round trip's checks table, its JUnit cases classed by the stress profile.
+assert CHECKS.junit is not None
+STRESS_CHECKS = replace(CHECKS, junit=replace(CHECKS.junit, classname="stress.{profile}"))
 
 
 # --- matrix ---------------------------------------------------------------------------------
@@ -390,12 +393,6 @@ BUG_STEPS = TableFile(
     outcomes=("http_status",),
     shown=("index", "do", "name", "detail", "counters"),
 )
-
-
-# --- stress ---------------------------------------------------------------------------------
-# The round trip's checks table, its JUnit cases classed by the stress profile.
-assert CHECKS.junit is not None
-STRESS_CHECKS = replace(CHECKS, junit=replace(CHECKS.junit, classname="stress.{profile}"))
 
 
 # --- what each command writes: its tables and its other files --------------------------
