@@ -203,6 +203,11 @@ class KnownCrash(StrictModel):
     title: str = ""
     exception: str
     functions: list[str]
+    # When a fault handler dump lost the stack of the thread that ran the model (a second
+    # thread in the handler re-raised the signal and killed the process mid-dump), the
+    # crash is still this one if the process reported one of these kernels
+    # (``harness.engine.specs``' "offload-check kernel:" lines, as ``key=value``).
+    kernels: list[str] = Field(default_factory=list)
 
 
 class FileScenario(StrictModel):

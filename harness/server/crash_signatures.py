@@ -26,6 +26,7 @@ from typing import Literal
 from harness.scenario.rules import Match, first_match, platform_gap
 from harness.scenario.rules import version_matches as version_matches  # re-exported for callers
 from harness.scenario.schema import Expectation, KnownCrash
+from harness.server import engine_log
 from harness.server.fault_dumps import FatalSignal, parse_fatal_signals
 from harness.server.log_lines import Frame, split_prefix
 
@@ -183,12 +184,13 @@ def crash_signature(
     the teardown it caused.
     """
     tracebacks = parse_tracebacks(log_lines)
+    reported = frozenset(f"{k}={v}" for k, v in engine_log.kernels(log_lines).items())
     first_tb = tracebacks[0].line if tracebacks else len(log_lines)
     signals, deaths = parse_fatal_signals(log_lines), parse_worker_deaths(log_lines)
     fatal = signals[0] if signals else None
     death = deaths[0] if deaths else None
     if fatal is not None and fatal.line < first_tb and (death is None or fatal.line < death.line):
-        return _signal_signature(fatal, known)
+        return _signal_signature(fatal, known, reported)
     if death is not None and death.line < first_tb:
         return CrashSignature(
             exception="worker died",
@@ -224,15 +226,24 @@ def crash_signature(
     )
 
 
-def _signal_signature(fatal: FatalSignal, known: Sequence[KnownCrash]) -> CrashSignature:
+def _signal_signature(
+    fatal: FatalSignal, known: Sequence[KnownCrash], reported: frozenset[str] = frozenset()
+) -> CrashSignature:
     """A dump as a signature: a known crash is its signal with one of its functions
-    named anywhere in the dump (however another writer tore its frame), and the stack
-    shown is the thread calling it when one was read whole, else the dump's own pick."""
+    named anywhere in the dump (however another writer tore its frame), or, when the
+    dump holds no frame of the model code (cut before it), with one of its kernels reported by the
+    process (``reported``: "key=value"); the stack shown is the thread calling it when
+    one was read whole, else the dump's own pick (none when only helpers were read)."""
     issue, stack = None, fatal.stack
     for kc in known:
+        if kc.exception != fatal.signal:
+            continue
         functions = [f for f in kc.functions if fatal.mentions(f)]
-        if kc.exception == fatal.signal and functions:
+        if functions:
             issue, stack = kc.issue, fatal.thread_calling(functions) or stack
+            break
+        if not fatal.model_read and reported.intersection(kc.kernels):
+            issue = kc.issue
             break
     frames = stack.frames if stack else []
     frame = next((f for f in frames if f.vllm_relpath), None)

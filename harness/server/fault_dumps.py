@@ -81,13 +81,34 @@ class ThreadStack:
     @property
     def helper(self) -> bool:
         """A thread started by ``threading`` (a monitor, a pipe reader): its outermost
-        frame is threading's bootstrap. The main thread's is a ``<module>`` or a spawn."""
-        last = self.frames[-1] if self.frames else None
-        return last is not None and _bootstrap(last)
+        frame is threading's bootstrap (the main thread's is a ``<module>`` or a spawn),
+        or, for a stack cut off before its outermost frames, it sits in a blocking wait
+        or a known monitor loop: a thread blocked there takes no synchronous signal."""
+        if not self.frames:
+            return False
+        if _bootstrap(self.frames[-1]):
+            return True
+        return any(_waiting(f) for f in self.frames[:4])
 
     def calls(self, functions: Iterable[str]) -> bool:
         wanted = set(functions)
         return any(f.func in wanted for f in self.frames)
+
+
+# Where a thread waits: a pipe or socket read, a condition, a selector, a queue, and the
+# monitor loops vLLM and tqdm run in their own threads.
+_WAITS = {
+    "connection.py": ("_recv", "_recv_bytes", "recv", "poll", "_poll", "wait"),
+    "threading.py": ("wait",),
+    "selectors.py": ("select",),
+    "queue.py": ("get",),
+}
+_MONITORS = ("death_pipe_monitor", "monitor_parent_death")
+
+
+def _waiting(frame: Frame) -> bool:
+    name = frame.path.rsplit("/", 1)[-1]
+    return frame.func in _WAITS.get(name, ()) or frame.func in _MONITORS
 
 
 def _bootstrap(frame: Frame) -> bool:
@@ -149,7 +170,16 @@ class FatalSignal:
             return None
         ranked = enumerate(self.threads)
         _, best = max(ranked, key=lambda it: (_rank(it[1]), it[0]))
-        return best
+        # Only helpers read, none marked: the faulting thread's stack was lost (a helper
+        # blocked in a pipe or a wait takes no synchronous signal), so there is none.
+        return None if best.helper else best
+
+    @property
+    def model_read(self) -> bool:
+        """Whether any thread read has a frame of the code that runs the model; a dump
+        cut off before its kernel's frames has none (the crash is then named by what
+        the process reported, ``KnownCrash.kernels``)."""
+        return any(_runs_model(t) for t in self.threads)
 
     def thread_calling(self, functions: Sequence[str]) -> ThreadStack | None:
         """The thread with one of ``functions`` on its stack, the marked one first."""

@@ -393,10 +393,10 @@ def scatter(draw: st.DrawFn, base: list[str], streams: list[list[str]]) -> list[
 
 
 @st.composite
-def torn_dump(draw: st.DrawFn) -> str:
-    """One worker's output when 2-4 of its threads take SIGILL at once: the first
-    writer's stacks, the others' pieces anywhere in them; maybe a late writer that
-    dumps the stacks again once the first has finished them."""
+def torn_pieces(draw: st.DrawFn) -> list[str]:
+    """One worker's output when 2-4 of its threads take SIGILL at once, write by write:
+    the first writer's stacks, the others' pieces anywhere in them; maybe a late writer
+    that dumps the stacks again once the first has finished them."""
     blocks = draw(thread_blocks())
     marked = draw(st.booleans())
     stacks = [HEADER, NAME, "\n\n", *thread_pieces(blocks, marked)]
@@ -412,7 +412,11 @@ def torn_dump(draw: st.DrawFn) -> str:
         late = [[HEADER, NAME, "\n\n", *thread_pieces(blocks, not marked), *modules]]
     first = scatter(draw, stacks, [o[:c] for o, c in zip(others, cuts, strict=True)])
     rest = scatter(draw, modules, [o[c:] for o, c in zip(others, cuts, strict=True)] + late)
-    return "".join(first + rest)
+    return first + rest
+
+
+def torn_dump() -> st.SearchStrategy[str]:
+    return torn_pieces().map("".join)
 
 
 def cut_after(text: str, what: str, cut: int | None) -> str:
@@ -448,3 +452,31 @@ def test_a_torn_dump_cut_off_after_its_kernel_keeps_the_verdict(dump, prefix, cu
         PREFIXES[prefix],
     )
     assert sig.frame == "" or sig.frame.startswith(MODEL_CODE), sig.frame
+
+
+@SETTINGS
+@given(torn_pieces(), st.data())
+def test_a_dump_cut_off_before_the_kernel_keeps_the_verdict_by_the_kernel_report(pieces, data):
+    """The second thread in the handler skips the stacks, writes its modules and re-raises
+    the signal, which can kill the process while the first is still writing: the dump
+    ends anywhere, the kernel's frame unwritten. The worker reported its attention kernel
+    (``offload-check kernel: attention_isa=amx``, in the recorded log before the dump), so
+    the crash is still the known one, and a helper's frame is never named."""
+    assert any("attention_isa=amx" in ln for ln in PRE)
+    # The process dies between two writes (a name is one write, never cut in half).
+    start = pieces.index(NAME) + 1
+    end = pieces.index(FUNCTION)
+    cut = data.draw(st.integers(start, end))
+    sig = crash_signature([*PRE, *"".join(pieces[:cut]).splitlines()], None, KNOWN)
+    assert (sig.exception, known_label(sig.known)) == ("SIGILL", "amx-sigill")
+    assert sig.frame == "" or sig.frame.startswith(MODEL_CODE), sig.frame
+    assert sig.process in ("worker", "unknown")
+
+
+def test_a_helper_alone_is_never_the_faulting_thread():
+    """Only vLLM's death-pipe monitor read (the CI shape): no stack, not the monitor's."""
+    monitor = next(b for b in BLOCKS if "death_pipe_monitor" in "".join(b))
+    log = [*PRE, HEADER + NAME, "", *monitor]
+    sig = crash_signature(log, None, KNOWN)
+    assert (sig.frame, known_label(sig.known), sig.process) == ("", "amx-sigill", "worker")
+    assert sig.summary() == "SIGILL (worker) (known: amx-sigill)"
