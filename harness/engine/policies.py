@@ -5,7 +5,8 @@ vLLM's ``CachePolicyFactory`` imports any policy named by ``eviction_policy`` fr
 vLLM's own ``CPUOffloadingManager`` exactly where the stock policy would. Each one is a
 small, plausible bug of the kind the pressure checks exist to catch; each subclasses
 the build's own LRU or ARC and changes one decision, so everything else is vLLM's.
-They follow the 0.31-0.33 policy internals (``current``), like the other seeded faults.
+They follow the 0.31-0.33 policy internals (0.32's ``current`` and 0.33's CUDA build,
+both replayed by tests/unit/test_pressure_replay.py), like the other seeded faults.
 
 - ``LruEvictsNewest``: the heap is read from the wrong end: the most recent chunk goes.
 - ``LruNeverRefreshes``: a reuse does not count as a use (FIFO by store time).
@@ -45,6 +46,10 @@ class LruEvictsNewest(LRUCachePolicy):
 
 
 class LruNeverRefreshes(LRUCachePolicy):
+    def on_request_access(self, keys: Any, req_context: Any) -> None:
+        """0.33 ranks a request's chunks as it reads them: not here (0.31-0.32 have no
+        such hook, and never call this)."""
+
     def on_request_finished(
         self,
         key_groups: Sequence[Sequence[Any]],
