@@ -46,13 +46,14 @@ SEQUENCES = {
 
 def prompt_tokens(name: str, chunks: int, vocab: int) -> list[int]:
     """Prompt ``name``'s first ``chunks`` chunks plus 100 tokens: the same head for the
-    same name (an extended prompt shares it), disjoint across names."""
+    same name (an extended prompt shares it), seeded by the name, so no two names share
+    a chunk's hash."""
     import random
 
     rng = random.Random(f"pressure-{name}")
-    lo = 10 + (ord(name) - ord("A")) * 1000 % max(1, vocab - 1100)
-    head = [rng.randrange(lo, lo + 1000) for _ in range(8 * CHUNK)]
-    return head[: chunks * CHUNK] + [rng.randrange(lo, lo + 1000) for _ in range(100)]
+    hi = min(vocab, 1010)  # ordinary token ids of the local tokenizer
+    head = [rng.randrange(10, hi) for _ in range(8 * CHUNK)]
+    return head[: chunks * CHUNK] + [rng.randrange(10, hi) for _ in range(100)]
 
 
 def snap(url: str) -> metrics.Snapshot:

@@ -184,12 +184,12 @@ def crash_signature(
     the teardown it caused.
     """
     tracebacks = parse_tracebacks(log_lines)
-    reported = frozenset(f"{k}={v}" for k, v in engine_log.kernels(log_lines).items())
     first_tb = tracebacks[0].line if tracebacks else len(log_lines)
     signals, deaths = parse_fatal_signals(log_lines), parse_worker_deaths(log_lines)
     fatal = signals[0] if signals else None
     death = deaths[0] if deaths else None
     if fatal is not None and fatal.line < first_tb and (death is None or fatal.line < death.line):
+        reported = frozenset(f"{k}={v}" for k, v in engine_log.kernels(log_lines).items())
         return _signal_signature(fatal, known, reported)
     if death is not None and death.line < first_tb:
         return CrashSignature(
@@ -246,7 +246,7 @@ def _signal_signature(
             issue = kc.issue
             break
     frames = stack.frames if stack else []
-    frame = next((f for f in frames if f.vllm_relpath), None)
+    frame = stack.innermost_vllm_frame() if stack else None
     return CrashSignature(
         exception=fatal.signal,
         message=fatal.message[:300],

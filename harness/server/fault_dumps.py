@@ -90,6 +90,9 @@ class ThreadStack:
             return True
         return any(_waiting(f) for f in self.frames[:4])
 
+    def innermost_vllm_frame(self) -> Frame | None:
+        return next((f for f in self.frames if f.vllm_relpath), None)
+
     def calls(self, functions: Iterable[str]) -> bool:
         wanted = set(functions)
         return any(f.func in wanted for f in self.frames)
@@ -159,9 +162,9 @@ class FatalSignal:
         The handler marks it "Current thread" only when a thread Python knows took the
         signal and won the race to dump; otherwise the thread that ran the model is
         taken (a kernel runs in the main thread of a worker, whatever OpenMP thread
-        faulted), by its own frames rather than by where it was printed: helper threads
-        such as tqdm's monitor or vLLM's death-pipe monitor start in threading's
-        bootstrap. Ties go to the last printed (the main thread is printed last).
+        faulted), by its own frames rather than by where it was printed, never a helper
+        (``ThreadStack.helper``: tqdm's monitor, vLLM's death-pipe monitor). Ties go to
+        the last printed (the main thread is printed last).
         """
         current = [t for t in self.threads if t.current]
         if current:
@@ -199,7 +202,7 @@ class FatalSignal:
 
     def innermost_vllm_frame(self) -> Frame | None:
         stack = self.stack
-        return next((f for f in stack.frames if f.vllm_relpath), None) if stack else None
+        return stack.innermost_vllm_frame() if stack else None
 
 
 def _rank(thread: ThreadStack) -> int:
