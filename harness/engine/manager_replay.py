@@ -92,13 +92,16 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m harness.engine.manager_replay '<json request>'", file=sys.stderr)
         return 2
-    spec = json.loads(argv[0])
+    try:
+        spec = json.loads(argv[0])
+        requests = [(str(p), int(n)) for p, n in spec["requests"]]
+        capacity = int(spec["capacity"])
+        threshold = int(spec.get("store_threshold", 0))
+    except (ValueError, KeyError, TypeError) as err:
+        print(f"manager_replay: bad request {argv[0]!r}: {err!r}", file=sys.stderr)
+        return 2
     steps = replay(
-        [(str(p), int(n)) for p, n in spec["requests"]],
-        int(spec["capacity"]),
-        str(spec.get("policy", "lru")),
-        int(spec.get("store_threshold", 0)),
-        spec.get("policy_module"),
+        requests, capacity, str(spec.get("policy", "lru")), threshold, spec.get("policy_module")
     )
     print(json.dumps(steps))
     return 0

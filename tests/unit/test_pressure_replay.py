@@ -123,3 +123,17 @@ def test_each_policy_mutant_parts_from_the_oracle_where_it_should(mutant):
     assert first == row
     assert {k: got[row][k] for k in seen} == seen
     assert set(MUTANTS) == set(policies.MUTANTS)
+
+
+@pytest.mark.parametrize(
+    "bad", ["not json", '{"requests": [["A", 4]]}', '{"requests": 3, "capacity": 8}']
+)
+def test_a_bad_replay_request_is_one_line_and_exit_2(bad):
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.engine.manager_replay", bad],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "bad request" in proc.stderr
