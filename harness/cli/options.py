@@ -28,7 +28,7 @@ def generated_lists() -> dict[str, str]:
     """The lists help texts name, from where the code keeps them (``{faults}`` in
     help.toml): the seeded faults and patches (``harness.names``), the stress profiles,
     and the shipped bug corpus's ids (its files' stems, as ``load_corpus`` names them)."""
-    from harness.names import FAULTS, PATCHES
+    from harness.names import FAULTS, PATCHES, POLICY_MUTANTS
     from harness.scenario.stress_profiles import PROFILES
 
     def words(items: Any, last: str = "or") -> str:
@@ -42,6 +42,7 @@ def generated_lists() -> dict[str, str]:
         "patches": words([*PATCHES, "none"]),
         "profiles": words(PROFILES),
         "bugs": ", ".join(bugs),
+        "mutants": words(POLICY_MUTANTS),
     }
 
 

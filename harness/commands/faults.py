@@ -206,7 +206,7 @@ def execute_faults(
     write_control(sweep.control_path, names.FAULT_NONE)
     server = base.server.server(out_dir / "logs" / "server.log", port)
     try:
-        rt.start_server(server, base, reporter, "server")
+        rt.start_server(server, base.scenario.server, reporter, "server")
         ep = rt.Endpoint(server.url, server)
         alive = True
         for rnd, plan in zip(rounds, sweep.plans, strict=True):

@@ -45,6 +45,16 @@ def _check(kind: str, path: Path) -> str:
             f"profile {splan.profile}: {len(splan.requests)} requests at concurrency "
             f"{splan.concurrency}, variant {splan.base.variant}"
         )
+    if kind == "pressure":
+        from harness.commands.pressure.plan import plan_pressure
+        from harness.scenario.schema import load_pressure
+
+        pplan = plan_pressure(load_pressure(path))
+        n = sum(len(s.requests) for s in pplan.servers)
+        return (
+            f"{len(pplan.servers)} servers, {n} requests on {pplan.tier.slots} slots of "
+            f"{pplan.tier.slot_bytes:,} B, every one predicted"
+        )
     if kind == "variants":
         return f"{len(load_variants(path))} variants"
     if kind == "matrix":

@@ -22,8 +22,11 @@ from typing import Any
 from vllm.v1.kv_offload.cpu.policies.arc import ARCCachePolicy
 from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
 
+from harness.names import POLICY_MODULE, POLICY_MUTANTS
+
 MODULE = __name__  # ``cache_policy_module_path`` for every mutant here
-MUTANTS = ("LruEvictsNewest", "LruNeverRefreshes", "ArcNoT1Fallback")
+assert MODULE == POLICY_MODULE
+MUTANTS = tuple(cls for cls, _ in POLICY_MUTANTS.values())  # each class defined below
 
 
 class LruEvictsNewest(LRUCachePolicy):

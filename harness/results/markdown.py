@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from harness.results.tables import FAULT_ROUNDS, MATRIX_CELLS
+from harness.results.tables import FAULT_ROUNDS, MATRIX_CELLS, PRESSURE_REQUESTS
 
 Rows = Sequence[Any]  # a table's records (cells, rounds, entries, transitions)
 Envs = Sequence[dict[str, Any]]  # envs.csv's records: one per build
@@ -303,3 +303,48 @@ def builds_table(envs: Sequence[dict[str, Any]]) -> str:
             for e in envs
         ],
     )
+
+
+def pressure_report(
+    servers: Sequence[Any], checks: Sequence[Any], requests: Sequence[Any], meta: dict[str, Any]
+) -> str:
+    """``report.md`` of a pressure run: each server's settings and verdict, the checks
+    not as expected first, then every request beside the oracle's figures."""
+    bad = [c for c in checks if not c.matched]
+    verdict = "every request as the oracle says" if not bad else f"{len(bad)} checks NOT as expected"
+    lines = [
+        f"# offload-check pressure: {verdict}",
+        "",
+        f"- model `{meta.get('model', '')}`, variant `{meta.get('variant', '')}` "
+        f"(vLLM {meta.get('vllm_version', '')})",
+        f"- tier: {meta.get('slots', '')} slots of {meta.get('slot_bytes', '')} B, "
+        f"chunk {meta.get('chunk_tokens', '')} tokens",
+        f"- results: `{meta.get('results_dir', '')}`",
+        "",
+        table(
+            ("server", "policy", "store_threshold", "deviations", "mutant", "verdict"),
+            [
+                [s["name"], s["policy"], s["store_threshold"], ", ".join(s["deviations"]) or "-",
+                 s["mutant"] or "-", s["verdict"]]
+                for s in servers
+            ],
+        ),  # fmt: skip
+        "",
+    ]
+    if bad:
+        lines += ["## Not as expected", ""]
+        lines.append(
+            table(
+                ("server", "check", "expected", "observed", "where"),
+                [[c.server, c.check, c.expected, c.observed, c.detail] for c in bad],
+            )
+        )
+        lines.append("")
+    lines += ["## Requests", ""]
+    lines.append(
+        table(
+            PRESSURE_REQUESTS.display,
+            [[getattr(r, k) for k in PRESSURE_REQUESTS.shown] for r in requests],
+        )
+    )
+    return "\n".join(lines) + "\n"

@@ -108,3 +108,52 @@ class StepRecord:
         data = csv_row(self, blank_if_none=("http_status",), seconds_digits=3)
         data["counters"] = json.dumps({k: int(v) for k, v in self.counters.items() if v})
         return data
+
+
+@dataclass
+class PressureRequest:
+    """One request of a pressure run against the oracle: a row of ``pressure.csv``
+    (results/README.md). Token and byte figures are the request's own counter deltas."""
+
+    server: str
+    index: int
+    request: str  # prompt name and chunk count, e.g. "A4"
+    policy: str
+    store_threshold: int
+    prompt_tokens: int
+    hit_expected: int  # tokens: the oracle's hit chunks x chunk tokens
+    cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens
+    ext_hits: int  # Δ vllm:external_prefix_cache_hits
+    gpu_hits: int
+    stored_expected: int  # bytes
+    stored_bytes: int
+    loaded_expected: int
+    loaded_bytes: int
+    skipped_expected: int  # keys under the store threshold
+    stores_skipped: int
+    store_fails_expected: bool
+    store_failures: int
+    evicted_expected: str  # the oracle's victims, in eviction order
+    failing: str  # checks this request failed, ";"-joined
+    seconds: float = 0.0
+
+    def record(self) -> dict[str, Any]:
+        return csv_row(self, blank_if_none=("cached_tokens",), seconds_digits=3)
+
+
+@dataclass
+class PressureCheck:
+    """One check over one server's requests: a row of ``pressure-checks.csv``."""
+
+    server: str
+    check: str
+    passed: bool
+    expected: str
+    observed: str
+    why: str
+    detail: str = ""
+    known: str = ""  # the rule's issue when the scenario expects this check to fail here
+    matched: bool = True  # passed, or failed where a rule expects it
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)

@@ -395,6 +395,42 @@ BUG_STEPS = TableFile(
 )
 
 
+# --- pressure -------------------------------------------------------------------------------
+def _pressure_columns() -> tuple[str, ...]:
+    from harness.results.records import PressureRequest
+
+    return _record_fields(PressureRequest)
+
+
+PRESSURE_REQUESTS = TableFile(
+    "pressure.csv",
+    _pressure_columns(),
+    title="requests against the oracle",
+    key=("server", "index"),
+    compared=("ext_hits", "stored_bytes", "loaded_bytes", "failing"),
+    shown=("server", "index", "request", "hit_expected", "ext_hits", "stored_bytes",
+           "loaded_bytes", "evicted_expected", "failing"),
+    display=("server", "#", "request", "hit (oracle)", "hit", "stored B", "loaded B",
+             "oracle evicts", "failed"),
+)  # fmt: skip
+PRESSURE_CHECKS = TableFile(
+    "pressure-checks.csv",
+    ("server", "check", "passed", "expected", "observed", "why", "detail", "known", "matched"),
+    title="checks",
+    key=("server", "check"),
+    compared=("passed", "matched"),
+    passes=("matched",),
+    shown=("server", "check", "passed", "known", "detail"),
+    display=("server", "check", "passed", "known bug", "where"),
+    junit=JUnitMap(
+        "pressure.{server}",
+        "{check}",
+        lambda r: None if r.matched else f"expected {r.expected}; observed {r.observed}. {r.detail}",
+        properties=("known",),
+    ),
+)
+
+
 # --- what each command writes: its tables and its other files --------------------------
 CRASH_REPRO = ResultsKind(
     "crash-repro", (OUTCOMES,), ("junit.xml", "logs/<model>__<variant>__connector-<on|off>.log")
@@ -457,10 +493,20 @@ STRESS = ResultsKind(
 )
 
 
+PRESSURE = ResultsKind(
+    "pressure",
+    (PRESSURE_REQUESTS, PRESSURE_CHECKS),
+    ("requests.jsonl", "junit.xml", "report.md", "logs/<server>.log"),
+)
+
+
 KINDS: dict[str, ResultsKind] = {
     k.command: k
-    for k in (CRASH_REPRO, ROUNDTRIP, MATRIX, FAULTS_KIND, BENCH, SWEEP, BUGS, BUG_SCRIPT, STRESS)
-}
+    for k in (
+        CRASH_REPRO, ROUNDTRIP, MATRIX, FAULTS_KIND, BENCH, SWEEP, BUGS, BUG_SCRIPT, STRESS,
+        PRESSURE,
+    )
+}  # fmt: skip
 """Every command that writes a results directory, by its ``run.json`` ``command``."""
 
 

@@ -11,6 +11,7 @@ from harness.scenario.schema import (
     load_bug,
     load_crash_repro,
     load_matrix,
+    load_pressure,
     load_roundtrip,
     load_stress,
     load_variants,
@@ -20,6 +21,7 @@ from harness.scenario.schema import (
 
 def scenario_kind(data: dict[str, Any]) -> str:
     """``bug`` (a trigger), ``stress`` (names a round trip), ``matrix`` (has entries),
+    ``pressure`` (has servers),
     ``roundtrip`` (a geometry), ``variants`` (a variants table) or ``crash-repro``."""
     if "trigger" in data:
         return "bug"
@@ -27,6 +29,8 @@ def scenario_kind(data: dict[str, Any]) -> str:
         return "stress"
     if "entries" in data:
         return "matrix"
+    if "servers" in data:
+        return "pressure"
     if "geometry" in data:
         return "roundtrip"
     if isinstance(data.get("variants"), dict):
@@ -41,6 +45,7 @@ def load_any(path: Path) -> tuple[str, Any]:
         "bug": load_bug,
         "stress": load_stress,
         "matrix": load_matrix,
+        "pressure": load_pressure,
         "roundtrip": load_roundtrip,
         "crash-repro": load_crash_repro,
         "variants": load_variants,

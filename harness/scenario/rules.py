@@ -129,6 +129,23 @@ def first_match(
     return None
 
 
+def all_matches(
+    rules: Sequence[R],
+    facts: Mapping[str, object],
+    *,
+    fields: Sequence[str],
+    platform_field: str | None = "platform",
+) -> list[Match[R]]:
+    """Every rule that matches, in order: for tables whose rules add up instead of the
+    first one deciding (a release with two known bugs matches two pressure rules)."""
+    return [
+        Match(index, rule)
+        for index, rule in enumerate(rules)
+        if _matches(rule, facts, fields, "vllm", "vllm_version")
+        and (platform_field is None or _holds_here(getattr(rule, platform_field), facts))
+    ]
+
+
 def platform_gap(rules: Sequence[R], facts: Mapping[str, object], *, fields: Sequence[str]) -> str:
     """When :func:`first_match` (with ``platform_field="platform"`` and its version
     defaults) found nothing: what a plan says instead, if rules for another platform

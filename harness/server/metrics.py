@@ -40,6 +40,12 @@ COUNTERS: dict[str, Sources] = {
     "prompt_tokens": [("vllm:prompt_tokens", {})],
     "generation_tokens": [("vllm:generation_tokens", {})],
     "preemptions": [("vllm:num_preemptions", {})],
+    # The CPU tier under pressure (commands/pressure): keys the store threshold turned
+    # away (registered only with store_threshold >= 2), and prepare_store calls that
+    # found no room (counted per attempt, retried each step).
+    "stores_skipped": [("vllm:kv_offload_stores_skipped", {})],
+    "store_failures": [("vllm:kv_offload_allocation_failure", {})],
+    "local_compute_tokens": [("vllm:prompt_tokens_by_source", {"source": "local_compute"})],
 }
 
 
@@ -58,6 +64,9 @@ class Snapshot:
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
     preemptions: float = 0.0  # requests the scheduler preempted (stress: it must happen)
+    stores_skipped: float = 0.0
+    store_failures: float = 0.0
+    local_compute_tokens: float = 0.0  # prompt tokens the engine computed itself
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)

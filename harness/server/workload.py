@@ -76,6 +76,10 @@ class Completion:
     seconds: float = 0.0
     started_at: float = 0.0
     error: str = ""
+    # usage.prompt_tokens_details.cached_tokens: the prompt tokens served from a cache
+    # (GPU prefix cache or connector); None when the server does not report it
+    # (--enable-prompt-tokens-details).
+    cached_tokens: int | None = None
 
     def record(self) -> dict[str, Any]:
         req = dict(self.request)
@@ -91,6 +95,7 @@ class Completion:
             "seconds": round(self.seconds, 4),
             "started_at": self.started_at,
             "error": self.error,
+            "cached_tokens": self.cached_tokens,
         }
 
     def canonical(self, field_name: str) -> str:
@@ -130,6 +135,9 @@ def complete(
     out.text = choice.get("text", "")
     out.token_ids = list(choice.get("token_ids") or [])
     out.logprobs = choice.get("logprobs")
+    details = (resp.get("usage") or {}).get("prompt_tokens_details") or {}
+    if details.get("cached_tokens") is not None:
+        out.cached_tokens = int(details["cached_tokens"])
     return out
 
 

@@ -607,3 +607,60 @@ def stress_plan(console: Console, plan: StressPlan) -> None:
         console.print(
             "  reference argv: " + json.dumps(d["reference_argv"]), highlight=False, markup=False
         )
+
+
+def pressure_plan_record(plan: object) -> dict[str, Any]:
+    from harness.commands.pressure.plan import PressurePlan
+
+    assert isinstance(plan, PressurePlan)
+    return {
+        "command": "pressure",
+        "launches": len(plan.servers),
+        "host": host_state(),
+        **plan.describe(),
+        "argv": {s.name: s.spec.argv(0) for s in plan.servers},
+    }
+
+
+def pressure_plan(console: Console, plan: object) -> None:
+    from harness.commands.pressure.plan import PressurePlan
+
+    assert isinstance(plan, PressurePlan)
+    t = plan.tier
+    say(
+        console,
+        f"pressure plan {plan.scenario.name}: {len(plan.servers)} servers, one at a time; "
+        f"model {plan.geometry_path}, variant {plan.variant} (vLLM {plan.env.vllm_version})",
+        indent=0,
+        bold="pressure plan",
+    )
+    host_line(console)
+    say(
+        console,
+        f"tier: {t.slots} slots x {t.slot_bytes:,} B (cpu_bytes_to_use {t.cpu_bytes:,}), "
+        f"chunk {t.chunk_tokens} tokens = {t.chunk_bytes:,} B moved; the GPU prefix cache off",
+    )
+    for s in plan.servers:
+        rules = ", ".join(s.deviations) or "none"
+        extra = f", mutant {s.mutant}" if s.mutant else ""
+        known = f"; may fail: {', '.join(s.failing_checks)}" if s.failing_checks else ""
+        say(
+            console,
+            f"server {s.name}: {s.policy}, store_threshold {s.store_threshold}{extra}; "
+            f"deviations for vLLM {plan.env.vllm_version}: {rules}{known}",
+            bold=f"server {s.name}:",
+        )
+        for r in s.requests:
+            e = r.expected
+            what = f"hit {e.hit}, store {len(e.stored)}"
+            if e.evicted:
+                what += f", evict {' '.join(e.evicted)}"
+            if e.skipped:
+                what += f", skip {len(e.skipped)}"
+            if e.failed:
+                what += ", the store fails"
+            say(
+                console,
+                f"#{r.index} {r.label} ({len(r.prompt.token_ids)} tokens): {what}",
+                indent=4,
+            )

@@ -747,3 +747,25 @@ class StressProgress:
             f"    \\[{done}/{total}] {outcome.ended_s:6.1f}s {outcome.id}: {what}",
             highlight=False,
         )
+
+
+class PressureProgress:
+    """A line per request: what it hit, stored and loaded against the oracle, and the
+    checks it failed (a pressure server is a dozen requests, each one decisive)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def status(self, message: str) -> None:
+        self.console.print(f"  {message}", highlight=False, markup=False)
+
+    def request_done(self, server: str, judged: Any) -> None:
+        r = judged.row
+        mark = "[red]x[/]" if judged.failing else "[green]ok[/]"
+        failed = f" [red]{', '.join(judged.failing)}[/]" if judged.failing else ""
+        self.console.print(
+            f"    {mark} {server} #{r.index} {r.request}: hit {r.ext_hits} (oracle "
+            f"{r.hit_expected}), stored {_mb(r.stored_bytes)}, loaded {_mb(r.loaded_bytes)}"
+            f"{failed}",
+            highlight=False,
+        )

@@ -113,3 +113,39 @@ def test_groups_take_a_slot_each():
     assert chunks_of("A", 2, groups=2) == ["A1g0", "A1g1", "A2g0", "A2g1"]
     with pytest.raises(ValueError):
         Tier(0)
+
+
+# --- upstream behaviours, modelled exactly (harness.names.DEVIATIONS) -------------------
+
+
+def test_access_at_finish_evicts_the_prefix_a_request_just_loaded():
+    """0.31-0.32 LRU (and ARC from 0.31): S1 row 8 hits D1-D3 and evicts D3 for D4, so
+    row 9 hits two chunks and stores D3 again (replayed on vLLM's own manager)."""
+    for policy, second in (("lru", ("A4",)), ("arc", ("E1",))):
+        steps = predict(S1, N, policy, deviations=["access-at-finish"])
+        assert [(s.hit, s.stored, s.evicted) for s in steps[7:]] == [
+            (3, ("D4",), ("D3",)),
+            (2, ("D3",), second),
+        ]
+
+
+def test_arc_without_t1_fallback_fails_the_store_of_s2():
+    """#55461 (0.27-0.29): S2 row 5 finds T2 empty and gives up; B is never stored and
+    row 6 hits nothing."""
+    s2 = [("A", 4), ("B", 4), ("C", 4), ("A", 4), ("B", 4), ("B", 4)]
+    steps = predict(s2, N, "arc", deviations=["arc-no-t1-fallback"])
+    assert [(s.hit, len(s.stored), s.failed) for s in steps[4:]] == [(0, 0, True), (0, 0, True)]
+    assert not any(s.failed for s in predict(s2, N, "arc"))
+
+
+def test_threshold_at_lookup_takes_two_n_plus_one_requests():
+    """#52022/PR #52227 (0.27-0.28): offers counted in lookup(), which stops at the first
+    miss, so A reaches a full hit only at the 9th request (the PR's 2N+1)."""
+    steps = predict([("A", 4)] * 9, N, "lru", 2, deviations=["threshold-at-lookup"])
+    assert [s.hit for s in steps] == [0, 0, 1, 1, 2, 2, 3, 3, 4]
+    assert [len(s.skipped) for s in steps] == [4, 3, 3, 2, 2, 1, 1, 0, 0]
+
+
+def test_an_unknown_deviation_is_refused():
+    with pytest.raises(ValueError, match="unknown deviation 'nope'"):
+        predict(S1, N, "lru", deviations=["nope"])

@@ -137,3 +137,37 @@ def test_a_bad_replay_request_is_one_line_and_exit_2(bad):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "bad request" in proc.stderr
+
+
+def _scenario_servers():
+    from harness.names import REPO_ROOT
+    from harness.scenario.schema import load_pressure
+
+    scn = load_pressure(REPO_ROOT / "scenarios" / "pressure.toml")
+    return scn, scn.servers
+
+
+@pytest.mark.parametrize("server", [s.name for s in _scenario_servers()[1]])
+def test_the_shipped_rules_make_the_oracle_this_builds_manager_exactly(server):
+    """Every server of scenarios/pressure.toml, fed to this build's own manager: with the
+    deviations the scenario's rules give this version, the oracle predicts every hit,
+    store, eviction, skip and failure (so a live run's exact checks hold here)."""
+    from harness.scenario.rules import all_matches
+
+    scn, servers = _scenario_servers()
+    srv = next(s for s in servers if s.name == server)
+    facts = {
+        "policy": srv.policy,
+        "threshold": srv.store_threshold >= 2,
+        "vllm_version": str(VLLM),
+        "device": "cpu",
+        "cpu_flags": set(),
+    }
+    deviations = {d for m in all_matches(scn.expectations, facts, fields=("policy", "threshold"))
+                  for d in m.rule.deviations}  # fmt: skip
+    seq = srv.sequence()
+    got = replay(seq, scn.slots, srv.policy, srv.store_threshold)
+    want = predict(seq, scn.slots, srv.policy, srv.store_threshold, deviations)
+    assert [(g["hit"], g["stored"], g["evicted"], g["failed"], g["skipped"]) for g in got] == [
+        (w.hit, list(w.stored), list(w.evicted), w.failed, len(w.skipped)) for w in want
+    ]

@@ -367,7 +367,7 @@ def run_steps(job: Job) -> list[SweepCell]:
     t0 = time.perf_counter()
     try:
         job.reporter.status(f"bug {entry.id}: starting the server")
-        start_server(server, plan, job.reporter, "server")
+        start_server(server, plan.scenario.server, job.reporter, "server")
         ep = Endpoint(server.url, server)
         job.reporter.status(f"bug {entry.id}: {len(trig.steps)} steps")
         run_script(script, ep, trig.steps, run_dir.path)

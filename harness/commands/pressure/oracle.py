@@ -35,6 +35,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from harness.names import DEVIATIONS
+
 Policy = Literal["lru", "arc"]
 POLICIES: tuple[Policy, ...] = ("lru", "arc")
 
@@ -74,7 +76,7 @@ class _Lru:
         for key in reversed(keys):
             self.order[key] = None
 
-    def victims(self, n: int, protected: set[str]) -> list[str] | None:
+    def victims(self, n: int, protected: set[str], fallback: bool = True) -> list[str] | None:
         found = [k for k in self.order if k not in protected][:n]
         return found if len(found) == n else None
 
@@ -133,8 +135,9 @@ class _Arc:
             self.b1.pop(key, None)
             self.b2.pop(key, None)
 
-    def victims(self, n: int, protected: set[str]) -> list[str] | None:
-        """T1's oldest while T1 holds at least ``p``, else T2's, falling back to T1."""
+    def victims(self, n: int, protected: set[str], fallback: bool = True) -> list[str] | None:
+        """T1's oldest while T1 holds at least ``p``, else T2's, falling back to T1
+        (``fallback``: PR #55461's fix)."""
         t1 = [k for k in self.t1 if k not in protected]
         t2 = [k for k in self.t2 if k not in protected]
         size, out = len(self.t1), []
@@ -144,7 +147,7 @@ class _Arc:
                 size -= 1
             elif t2:
                 out.append(t2.pop(0))
-            elif t1:
+            elif t1 and fallback:
                 out.append(t1.pop(0))
                 size -= 1
             else:
@@ -175,28 +178,34 @@ class Tier:
     capacity: int
     policy: Policy = "lru"
     store_threshold: int = 0
+    deviations: frozenset[str] = frozenset()  # names of ``DEVIATIONS`` this build has
     offers: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
             raise ValueError(f"a tier needs at least one slot, not {self.capacity}")
+        unknown = sorted(set(self.deviations) - set(DEVIATIONS))
+        if unknown:
+            raise ValueError(f"unknown deviation {unknown[0]!r}; known: {', '.join(DEVIATIONS)}")
         self._lists: _Lru | _Arc = _Lru() if self.policy == "lru" else _Arc(self.capacity)
 
     def serve(self, request: str, chunks: Sequence[str]) -> Step:
         """One request whose prompt fills ``chunks`` (head first); what it does."""
-        lists = self._lists
+        lists, dev = self._lists, self.deviations
         hit = next((i for i, key in enumerate(chunks) if key not in lists), len(chunks))
-        lists.use(chunks[:hit])
+        if "access-at-finish" not in dev:
+            lists.use(chunks[:hit])
         offered = [key for key in chunks[hit:] if key not in lists]
         if isinstance(lists, _Arc):
             lists.offered(offered)
         admitted, skipped = offered, []
         if self.store_threshold >= 2:
-            self.offers.update(offered)
+            self.offers.update(offered[:1] if "threshold-at-lookup" in dev else offered)
             admitted = [k for k in offered if self.offers[k] >= self.store_threshold]
             skipped = [k for k in offered if self.offers[k] < self.store_threshold]
         need = len(admitted) - (self.capacity - len(lists))
-        victims = lists.victims(max(0, need), set(offered)) if admitted else []
+        fallback = "arc-no-t1-fallback" not in dev
+        victims = lists.victims(max(0, need), set(chunks[hit:]), fallback) if admitted else []
         if victims is None:
             return Step(request, hit, (), (), tuple(skipped), True, lists.listing())
         lists.evict(victims)
@@ -219,8 +228,9 @@ def predict(
     capacity: int,
     policy: Policy = "lru",
     store_threshold: int = 0,
+    deviations: Iterable[str] = (),
 ) -> list[Step]:
     """Each request ``(prompt, chunks)`` in turn on a fresh tier (prompts that share a
     name share their chunks: ``("A", 6)`` after ``("A", 4)`` extends A)."""
-    tier = Tier(capacity, policy, store_threshold)
+    tier = Tier(capacity, policy, store_threshold, frozenset(deviations))
     return [tier.serve(name, chunks_of(name, n)) for name, n in requests]

@@ -16,6 +16,7 @@ from harness.commands.roundtrip.plan import RoundtripPlan, size_filler
 from harness.commands.roundtrip.result import PhaseResult, RoundtripResult
 from harness.errors import HarnessError, RuntimeFailure
 from harness.results.records import CheckResult
+from harness.scenario.schema import ServerSettings
 from harness.server import engine_log, kv_layout, metrics
 from harness.server.launcher import VllmServer, http_json
 from harness.server.workload import (
@@ -133,12 +134,14 @@ class Endpoint:
             raise self.failure(phase, err) from None
 
 
-def start_server(server: VllmServer, plan: RoundtripPlan, reporter: Status, what: str) -> float:
+def start_server(
+    server: VllmServer, settings: ServerSettings, reporter: Status, what: str
+) -> float:
+    """Start ``server`` and wait for ``/health``; a server that crashes or never answers
+    raises ``StartupFailure`` with the crash's signature. The seconds it took."""
     reporter.status(f"starting {what} ...")
     server.start()
-    ready = server.wait_ready(
-        plan.scenario.server.startup_timeout_s, plan.scenario.server.health_poll_s
-    )
+    ready = server.wait_ready(settings.startup_timeout_s, settings.health_poll_s)
     if ready.state != "started":
         from harness.server.crash_signatures import crash_signature
 
@@ -194,7 +197,7 @@ def execute_roundtrip(
     server = server_under_test(plan, out_dir, url, port)
     try:
         if server is not None:
-            result.startup_seconds = start_server(server, plan, reporter, "server")
+            result.startup_seconds = start_server(server, plan.scenario.server, reporter, "server")
             base = server.url
         else:
             assert url is not None  # server is None only in attach mode, which gives url
@@ -325,7 +328,7 @@ def _run_baseline(
     sp = plan.server
     server = sp.without_offload().server(out_dir / "logs" / "baseline-server.log")
     try:
-        start_server(server, plan, reporter, "baseline server (connector off)")
+        start_server(server, plan.scenario.server, reporter, "baseline server (connector off)")
         ep = Endpoint(server.url, server)
         for prompt in plan.targets:
             comp = ep.complete(plan, prompt, "baseline", plan.scenario.workload.max_tokens)

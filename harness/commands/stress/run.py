@@ -92,7 +92,7 @@ def execute_stress(
     server = server_under_test(base, out_dir, url, port)
     try:
         if server is not None:
-            start_server(server, base, reporter, "server under test")
+            start_server(server, base.scenario.server, reporter, "server under test")
             where = server.url
         else:
             assert url is not None
@@ -115,7 +115,9 @@ def execute_stress(
 
         rserver = reference_spec(plan).server(out_dir / "logs" / "reference-server.log", port)
         try:
-            start_server(rserver, base, reporter, "reference server (connector off)")
+            start_server(
+                rserver, base.scenario.server, reporter, "reference server (connector off)"
+            )
             reporter.status(
                 f"reference: round 0 at concurrency {plan.concurrency} (the noise floor), "
                 f"then {result.compared_count()} requests scored alone"

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from harness.commands.sweep.targets import ERROR, KIND_CRASH_REPRO, KIND_MATRIX, Target
+from harness.commands.sweep.targets import (
+    ERROR,
+    KIND_CRASH_REPRO,
+    KIND_MATRIX,
+    KIND_PRESSURE,
+    Target,
+)
 from harness.results.records import SweepCell
 from harness.scenario.schema import RoundtripExpectation
 
@@ -100,6 +106,13 @@ def expected_for(target: Target, check: str, build: str, version: str, device: s
         if isinstance(m, str):
             return m
         return Cell(family, geometry, build, version, m.rule).expected_text()
+    if target.kind == KIND_PRESSURE:
+        from harness.commands.pressure.plan import deviation_visible, rules_for
+
+        server = check.split("/", 1)[1]
+        srv = next(s for s in target.scenario.servers if s.name == server)
+        rules = rules_for(target.scenario, srv, version, device, flags)
+        return rules.expected(deviation_visible(target.scenario, srv, rules))
     cell = SweepCell(build, check, target.kind, target.name, "", vllm_version=version)
     judge_roundtrip(cell, target.scenario.expectations, [], device=device, flags=flags)
     return cell.expected

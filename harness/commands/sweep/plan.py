@@ -12,14 +12,14 @@ from harness.errors import HarnessError
 
 
 def load_targets(paths: Sequence[Path], selectors: Sequence[str]) -> list[Target]:
-    """The scenario files (crash-repro, roundtrip or matrix), each with the checks
+    """The scenario files (crash-repro, roundtrip, matrix or pressure), each with the checks
     ``selectors`` pick (all when none); any other kind of file is bad input."""
     from harness.scenario.kinds import load_any
 
     loaded = []
     for path in paths:
         kind, scenario = load_any(path)
-        if kind not in ("crash-repro", "roundtrip", "matrix"):
+        if kind not in ("crash-repro", "roundtrip", "matrix", "pressure"):
             raise HarnessError(f"{path}: a {kind} file is not a scenario to sweep")
         loaded.append((kind, scenario))
     return plan_targets(loaded, selectors)

@@ -13,6 +13,7 @@ from harness.commands.sweep.targets import (
     ERROR,
     KIND_CRASH_REPRO,
     KIND_MATRIX,
+    KIND_PRESSURE,
     KIND_ROUNDTRIP,
     Target,
     unrun_cells,
@@ -293,6 +294,96 @@ def _run_roundtrip(job: Job) -> list[SweepCell]:
     return [cell]
 
 
+class _PressureStatus:
+    """A pressure run's progress as the sweep's status lines."""
+
+    def __init__(self, reporter: SweepReporter) -> None:
+        self.reporter = reporter
+
+    def status(self, message: str) -> None:
+        self.reporter.status(message)
+
+    def request_done(self, server: str, judged: Any) -> None:
+        if judged.failing:
+            r = judged.row
+            self.reporter.status(f"{server} #{r.index} {r.request}: {', '.join(judged.failing)}")
+
+
+def _run_pressure(job: Job) -> list[SweepCell]:
+    """Each selected server a cell: ``pass`` (every request as the oracle's own
+    semantics say), ``deviates`` (as the exact model of a known upstream behaviour says,
+    which the clean semantics would not have predicted for this sequence: ``known``
+    names it) or ``fail``; matched when every check is as the scenario's rules expect."""
+    from harness.commands.pressure.files import write_pressure
+    from harness.commands.pressure.plan import (
+        build_local_model,
+        deviation_visible,
+        plan_pressure,
+        rules_for,
+    )
+    from harness.commands.pressure.run import ServerResult, run_server
+    from harness.results.run_directory import RunDirectory
+
+    target, build = job.target, job.build
+    servers = [c.split("/", 1)[1] for c in target.checks]
+    plan = plan_pressure(
+        target.scenario, variant=build.label, servers=servers, extra_variants=job.variants
+    )
+    build_local_model(plan)
+    run_dir = RunDirectory(job.out_dir, "pressure")
+    run_dir.update_meta(
+        scenario_file=str(target.scenario.source), sweep_build=build.label, plan=plan.describe()
+    )
+    done: list[ServerResult] = []
+    cells = []
+    sp_scenario = {s.name: s for s in target.scenario.servers}
+    for sp in plan.servers:
+        check = f"pressure/{sp.name}"
+        cell = SweepCell(
+            build.label, check, target.kind, target.name, "", vllm_version=plan.env.vllm_version
+        )
+        cell.run_dir = str(run_dir.path)
+
+        def update(result: ServerResult) -> None:
+            write_pressure(run_dir, plan, [*done, result])
+
+        try:
+            res = run_server(
+                plan, sp, run_dir.path, _PressureStatus(job.reporter), update, job.port
+            )
+        except HarnessError as err:
+            cell.outcome, cell.why, cell.matched = ERROR, str(err), False
+            job.on_cell(cell)
+            cells.append(cell)
+            continue
+        done.append(res)
+        srv = sp_scenario[sp.name]
+        rules = rules_for(target.scenario, srv, plan.env.vllm_version, plan.env.device)
+        visible = deviation_visible(target.scenario, srv, rules)
+        failing = sorted(c.check for c in res.checks if not c.passed)
+        if failing and not set(failing) <= rules.failing_checks:
+            cell.outcome = "fail"
+        elif failing or visible:
+            cell.outcome, cell.known = "deviates", rules.known()
+        else:
+            cell.outcome = "pass"
+        cell.failing = ",".join(failing)
+        cell.signature = ("fails " + ", ".join(failing)) if failing else ""
+        cell.expected = rules.expected(visible)
+        cell.matched = res.matched
+        cell.seconds = res.startup_seconds + sum(r.seconds for r in res.rows)
+        hits = sum(r.ext_hits for r in res.rows)
+        cell.detail = (
+            f"{len(res.rows)} requests, {hits} hit tokens, rules: {', '.join(sp.issues) or 'none'}"
+        )
+        if not res.matched:
+            cell.why = "; ".join(f"{c.check}: {c.detail}" for c in res.checks if not c.matched)
+        job.on_cell(cell)
+        cells.append(cell)
+    run_dir.finish("finished", 0 if all(c.matched for c in cells) else 1)
+    return cells
+
+
 Runner = Callable[[Job], list[SweepCell]]
 # How each kind of target runs on one build. The bug corpus's scripted entries
 # (``KIND_STEPS``) are run by ``harness.commands.bugs.steps``, which registers itself here:
@@ -301,4 +392,5 @@ RUNNERS: dict[str, Runner] = {
     KIND_CRASH_REPRO: _run_crash_repro,
     KIND_MATRIX: _run_matrix,
     KIND_ROUNDTRIP: _run_roundtrip,
+    KIND_PRESSURE: _run_pressure,
 }

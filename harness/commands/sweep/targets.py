@@ -10,11 +10,17 @@ from typing import Any
 from harness.commands.sweep.builds import Build
 from harness.errors import BadInput
 from harness.results.records import SweepCell
-from harness.scenario.schema import CrashReproScenario, MatrixScenario, RoundtripScenario
+from harness.scenario.schema import (
+    CrashReproScenario,
+    MatrixScenario,
+    PressureScenario,
+    RoundtripScenario,
+)
 
 KIND_CRASH_REPRO = "crash-repro"
 KIND_ROUNDTRIP = "roundtrip"
 KIND_MATRIX = "matrix"
+KIND_PRESSURE = "pressure"
 KIND_STEPS = "bug-steps"  # a bug entry's own script (harness.commands.bugs.steps)
 
 # Outcomes a cell may have besides its command's own.
@@ -22,7 +28,7 @@ UNAVAILABLE = "unavailable"  # the build could not be installed (the cell was ne
 NOT_RUN = "not-run"  # interrupted before this cell's turn
 ERROR = "error"  # the harness could not judge it (a plan refused for this build, ...)
 
-Scenario = CrashReproScenario | RoundtripScenario | MatrixScenario
+Scenario = CrashReproScenario | RoundtripScenario | MatrixScenario | PressureScenario
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ def scenario_checks(kind: str, scenario: Any) -> list[str]:
     """Every check a scenario defines, by the id the sweep tables use.
 
     crash-repro: ``<model>/connector-<on|off>``; matrix: ``<family>/<geometry>``;
-    roundtrip: ``roundtrip/<scenario name>``.
+    roundtrip: ``roundtrip/<scenario name>``; pressure: ``pressure/<server>``.
     """
     if kind == KIND_CRASH_REPRO:
         from harness.commands.crash_repro import load_models
@@ -60,6 +66,8 @@ def scenario_checks(kind: str, scenario: Any) -> list[str]:
         ]
     if kind == KIND_MATRIX:
         return [f"{e.family}/{Path(e.geometry).stem}" for e in scenario.entries]
+    if kind == KIND_PRESSURE:
+        return [f"pressure/{s.name}" for s in scenario.servers]
     return [f"roundtrip/{scenario.name}"]
 
 

@@ -1,0 +1,85 @@
+"""``offload-check pressure``: a CPU tier smaller than its traffic, every request judged
+against the harness's model of the eviction policy and the store threshold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from harness.cli import common
+from harness.cli.options import EngineArgs, RunOptions, VariantName, opt, run_options, scenario_opt
+from harness.cli.runs import guard, open_run
+from harness.errors import ExitCode
+
+
+@run_options(dry_run="pressure.dry-run")
+def pressure_cmd(
+    scenario: Annotated[Path | None, scenario_opt("pressure")] = None,
+    server: Annotated[list[str] | None, opt("pressure.server", "--server")] = None,
+    mutant: Annotated[str | None, opt("pressure.mutant")] = None,
+    variant: VariantName = None,
+    engine_arg: EngineArgs = None,
+    *,
+    opts: RunOptions,
+) -> None:
+    """A CPU tier under eviction: LRU, ARC and store thresholds, every hit accounted for.
+
+    Each server has a tier of a few slots and serves its requests one at a time with the
+    GPU prefix cache off; each request's hit, stored, loaded and skipped figures must be
+    exactly what the harness's model of the policy predicts (releases with known policy
+    bugs are judged by an exact model of the bug). Exit 0 when every check is as
+    expected; 1 when one is not.
+    """
+    from harness.commands.pressure.plan import plan_pressure
+    from harness.scenario.schema import load_pressure
+
+    def make_plan() -> Any:
+        scen = load_pressure(scenario or common.default_scenario("pressure.toml"))
+        return plan_pressure(
+            scen, variant=variant, servers=server, mutant=mutant, extra_args=engine_arg
+        )
+
+    common.plan_and_run(
+        make_plan, "pressure_plan", lambda planned: run_pressure(planned, opts), opts
+    )
+
+
+def run_pressure(plan: object, opts: RunOptions) -> int:
+    from harness.commands.pressure.files import server_verdict, write_pressure
+    from harness.commands.pressure.plan import PressurePlan, build_local_model
+    from harness.commands.pressure.run import ServerResult, execute_pressure
+    from harness.results.tables import PRESSURE_CHECKS
+    from harness.ui.terminal import PressureProgress, frame_table
+
+    assert isinstance(plan, PressurePlan)
+    run_dir = open_run(opts, "pressure", plan.scenario)
+    run_dir.update_meta(plan=plan.describe(), variant=plan.env.as_dict())
+    t = plan.tier
+    common.console.print(
+        f"[bold]pressure[/] {len(plan.servers)} servers, {t.slots} slots of "
+        f"{t.slot_bytes:,} B each: {plan.geometry_path.name} (variant {plan.variant}, vLLM "
+        f"{plan.env.vllm_version})",
+        highlight=False,
+    )
+    results: list[ServerResult] = []
+
+    def on_update(done: list[ServerResult]) -> None:
+        results[:] = done
+        write_pressure(run_dir, plan, done)
+
+    with guard() as outcome:
+        build_local_model(plan)
+        execute_pressure(plan, run_dir.path, PressureProgress(common.console), on_update, opts.port)
+        if not all(r.matched for r in results):
+            outcome.code = ExitCode.MISMATCH
+    code = outcome.code
+    ok = bool(results) and len(results) == len(plan.servers) and all(r.matched for r in results)
+    run_dir.finish(outcome.status, int(code), passed=ok)
+    checks = [c.record() for r in results for c in r.checks]
+    if checks:
+        common.show(frame_table(PRESSURE_CHECKS.title, checks, PRESSURE_CHECKS.shown))
+    for r in results:
+        common.console.print(f"  server {r.plan.name}: {server_verdict(r)}", highlight=False)
+    verdict = "[green]every request as the oracle says[/]" if ok else "[red]not as expected[/]"
+    common.console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
+    return int(code)

@@ -1,0 +1,264 @@
+"""Judging a pressure server: each request's counters against the oracle's step, and the
+run's totals against the sum of its requests.
+
+Every figure is exact (no tolerance): with one request at a time, the GPU prefix cache
+off and one store decision per request, vLLM's counters move by exactly what the tier
+did, so a policy that evicts one wrong chunk shows as a hit one chunk short, and a
+store that fails shows as stored bytes missing (docs/pressure-design.md §2.5). Only the
+output comparison allows the bf16 noise of a prefill split differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from harness.commands.pressure.plan import PlannedRequest, ServerPlan, TierGeometry
+from harness.results.records import PressureCheck, PressureRequest
+from harness.server.metrics import Snapshot
+from harness.server.workload import Completion, within_tolerance
+
+WHY = {
+    "capacity": "the tier must hold the slots the plan sized (a wrong slot size, #56871's "
+    "class, changes every later eviction)",
+    "gpu-tier-silent": "with the GPU prefix cache off every hit must be the CPU tier's",
+    "hit-tokens": "a hit is served only for chunks the policy kept: the wrong victim shows "
+    "as a hit too short (or too long: an evicted chunk loaded)",
+    "loaded-bytes": "a hit loads exactly its chunks' bytes, nothing of an evicted chunk",
+    "stored-bytes": "admission, eviction room and the store threshold decide what is written",
+    "stores-skipped": "the threshold turns away exactly the chunks offered fewer times "
+    "than it asks (#52227)",
+    "no-store-failure": "a store with evictable room must not fail (#55461); one without room must",
+    "evictions": "the tier must really evict (stored chunks beyond its slots), or the "
+    "run proved nothing about eviction",
+    "output-after-hit": "a request served from the tier must answer as its cold run did",
+    "ledger": "the requests' deltas must add up to the whole run's, and every prompt "
+    "token be either computed or hit",
+}
+
+
+@dataclass
+class Observed:
+    """What one request did, from its completion and its counter delta."""
+
+    completion: Completion
+    delta: Snapshot
+
+
+@dataclass
+class Judged:
+    row: PressureRequest
+    failing: list[str] = field(default_factory=list)
+
+
+def judge_request(
+    server: ServerPlan, tier: TierGeometry, req: PlannedRequest, obs: Observed
+) -> Judged:
+    """One request's row and the per-request checks it fails."""
+    exp, d, c = req.expected, obs.delta, obs.completion
+    hit_tokens = exp.hit * tier.chunk_tokens
+    stored_exp = len(exp.stored) * tier.chunk_bytes
+    loaded_exp = exp.hit * tier.chunk_bytes
+    failing = []
+    if d.gpu_hits:
+        failing.append("gpu-tier-silent")
+    cached = c.cached_tokens
+    if int(d.ext_hits) != hit_tokens or (cached is not None and cached != hit_tokens):
+        failing.append("hit-tokens")
+    if int(d.loaded_bytes) != loaded_exp:
+        failing.append("loaded-bytes")
+    if int(d.stored_bytes) != stored_exp:
+        failing.append("stored-bytes")
+    if server.store_threshold >= 2 and int(d.stores_skipped) != len(exp.skipped):
+        failing.append("stores-skipped")
+    if bool(d.store_failures) != exp.failed:
+        failing.append("no-store-failure")
+    row = PressureRequest(
+        server=server.name,
+        index=req.index,
+        request=req.label,
+        policy=server.policy,
+        store_threshold=server.store_threshold,
+        prompt_tokens=len(req.prompt.token_ids),
+        hit_expected=hit_tokens,
+        cached_tokens=cached,
+        ext_hits=int(d.ext_hits),
+        gpu_hits=int(d.gpu_hits),
+        stored_expected=stored_exp,
+        stored_bytes=int(d.stored_bytes),
+        loaded_expected=loaded_exp,
+        loaded_bytes=int(d.loaded_bytes),
+        skipped_expected=len(exp.skipped),
+        stores_skipped=int(d.stores_skipped),
+        store_fails_expected=exp.failed,
+        store_failures=int(d.store_failures),
+        evicted_expected=" ".join(exp.evicted),
+        failing=";".join(failing),
+        seconds=c.seconds,
+    )
+    return Judged(row, failing)
+
+
+def _first(rows: Sequence[PressureRequest], check: str) -> PressureRequest | None:
+    return next((r for r in rows if check in r.failing.split(";")), None)
+
+
+def _row_detail(check: str, r: PressureRequest) -> str:
+    at = f"request {r.index} ({r.request})"
+    if check == "hit-tokens":
+        return (
+            f"{at}: hit {r.ext_hits} tokens (cached_tokens {r.cached_tokens}), the oracle "
+            f"{r.hit_expected}"
+        )
+    if check == "loaded-bytes":
+        return f"{at}: loaded {r.loaded_bytes} B, the oracle {r.loaded_expected} B"
+    if check == "stored-bytes":
+        return f"{at}: stored {r.stored_bytes} B, the oracle {r.stored_expected} B"
+    if check == "stores-skipped":
+        return f"{at}: {r.stores_skipped} keys skipped, the oracle {r.skipped_expected}"
+    if check == "no-store-failure":
+        want = "a failed store" if r.store_fails_expected else "none"
+        return f"{at}: {r.store_failures} failed store attempts, the oracle {want}"
+    if check == "gpu-tier-silent":
+        return f"{at}: {r.gpu_hits} GPU prefix-cache hit tokens"
+    return at
+
+
+PER_REQUEST = (
+    "gpu-tier-silent",
+    "hit-tokens",
+    "loaded-bytes",
+    "stored-bytes",
+    "stores-skipped",
+    "no-store-failure",
+)
+
+
+def _check(
+    server: ServerPlan, name: str, passed: bool, expected: str, observed: str, detail: str = ""
+) -> PressureCheck:
+    known = name in server.failing_checks
+    return PressureCheck(
+        server=server.name,
+        check=name,
+        passed=passed,
+        expected=expected,
+        observed=observed,
+        why=WHY[name],
+        detail=detail,
+        known=", ".join(server.issues) if known and not passed else "",
+        matched=passed or known,
+    )
+
+
+def judge_server(
+    server: ServerPlan,
+    tier: TierGeometry,
+    rows: Sequence[PressureRequest],
+    completions: Sequence[Completion],
+    whole: Snapshot,
+    capacity: tuple[int, int] | None,
+    logprob_tolerance: float,
+) -> list[PressureCheck]:
+    """Every check of one server, after its last request (``whole`` is the counters'
+    delta from before the first request to after the last; ``capacity`` the engine's
+    (slots, slot bytes), None when this backend does not report it)."""
+    out = []
+    if capacity is None:
+        out.append(
+            _check(server, "capacity", True, f"{tier.slots} x {tier.slot_bytes} B",
+                   "not reported by this backend", "judged by the requests alone")
+        )  # fmt: skip
+    else:
+        want = (tier.slots, tier.slot_bytes)
+        out.append(
+            _check(server, "capacity", capacity == want, f"{want[0]} x {want[1]} B",
+                   f"{capacity[0]} x {capacity[1]} B")
+        )  # fmt: skip
+    for name in PER_REQUEST:
+        if name == "stores-skipped" and server.store_threshold < 2:
+            continue
+        bad = [r for r in rows if name in r.failing.split(";")]
+        first = _first(rows, name)
+        out.append(
+            _check(
+                server,
+                name,
+                not bad,
+                "every request as the oracle says",
+                f"{len(rows) - len(bad)} of {len(rows)} requests agree",
+                _row_detail(name, first) if first else "",
+            )
+        )
+    stored_chunks = sum(r.stored_bytes for r in rows) // max(1, tier.chunk_bytes)
+    oracle_evicts = sum(len(p.expected.evicted) for p in server.requests)
+    at_least = max(0, stored_chunks - tier.slots)
+    out.append(
+        _check(
+            server,
+            "evictions",
+            at_least > 0 or oracle_evicts == 0,
+            f"{oracle_evicts} evictions (the oracle)",
+            f"at least {at_least}: {stored_chunks} chunks stored into {tier.slots} slots",
+        )
+    )
+    out.append(_outputs(server, completions, logprob_tolerance))
+    out.append(_ledger(server, rows, whole))
+    return out
+
+
+def _outputs(
+    server: ServerPlan, completions: Sequence[Completion], tolerance: float
+) -> PressureCheck:
+    """Each request that hit, against the first run of the same tokens (they repeat
+    exactly: a name's chunks and tail are the same tokens each time)."""
+    first: dict[tuple[int, ...], tuple[int, Completion]] = {}
+    compared, worst, bad = 0, 0.0, ""
+    for req, comp in zip(server.requests, completions, strict=False):
+        key = tuple(req.prompt.token_ids)
+        if key not in first:
+            first[key] = (req.index, comp)
+            continue
+        if not comp.cached_tokens and not req.expected.hit:
+            continue
+        ref_index, ref = first[key]
+        compared += 1
+        close = within_tolerance(ref, comp, tolerance)
+        worst = max(worst, close.max_delta)
+        if close.divergence and not bad:
+            dv = close.divergence
+            bad = (
+                f"request {req.index} ({req.label}) vs request {ref_index}: {dv.field} differ "
+                f"at {dv.position}: {dv.left} vs {dv.right}"
+            )
+    return _check(
+        server,
+        "output-after-hit",
+        not bad,
+        f"token ids equal, logprobs within {tolerance}",
+        f"{compared} repeats compared, largest logprob delta {worst:.4g}",
+        bad,
+    )
+
+
+def _ledger(server: ServerPlan, rows: Sequence[PressureRequest], whole: Snapshot) -> PressureCheck:
+    sums = {
+        "stored bytes": (sum(r.stored_bytes for r in rows), whole.stored_bytes),
+        "loaded bytes": (sum(r.loaded_bytes for r in rows), whole.loaded_bytes),
+        "hit tokens": (sum(r.ext_hits for r in rows), whole.ext_hits),
+    }
+    prompt = sum(r.prompt_tokens for r in rows)
+    computed = prompt - sum(r.ext_hits for r in rows)
+    off = [f"{k}: requests {a} vs run {b:.0f}" for k, (a, b) in sums.items() if a != int(b)]
+    if whole.local_compute_tokens and int(whole.local_compute_tokens) != computed:
+        off.append(
+            f"computed tokens: {whole.local_compute_tokens:.0f}, prompts minus hits {computed}"
+        )
+    return _check(
+        server,
+        "ledger",
+        not off,
+        "requests add up to the run; prompt tokens = computed + hit",
+        f"{prompt} prompt tokens, {prompt - computed} hit, {computed} computed",
+        "; ".join(off),
+    )
