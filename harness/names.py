@@ -31,7 +31,13 @@ FAULT_PARTIAL_STORE, FAULT_PARTIAL_LOAD, FAULT_OVERCOUNT_LOAD, FAULT_SEGV = FAUL
 PATCH_FIX = "chunked-local-fix"  # PR #51161's fix, on a stock build
 PATCH_FLOOR = "chunked-local-floor"  # a mutant of the fix: the window rounded down
 PATCH_HITS_MINUS_CHUNK = "hits-minus-chunk"  # a mutant connector admitting a chunk fewer
-PATCHES: tuple[str, ...] = (PATCH_FIX, PATCH_FLOOR, PATCH_HITS_MINUS_CHUNK)
+PATCH_THRESHOLD_PLUS_ONE = "store-threshold-plus-one"  # a mutant manager asking one offer more
+PATCHES: tuple[str, ...] = (
+    PATCH_FIX,
+    PATCH_FLOOR,
+    PATCH_HITS_MINUS_CHUNK,
+    PATCH_THRESHOLD_PLUS_ONE,
+)
 PATCH_NONE = "none"
 
 # --- kv_connector_extra_config keys the host backend reads ------------------------------
@@ -87,6 +93,11 @@ DEVIATIONS: dict[str, str] = {
 # Seeded eviction-policy mutants (harness.engine.policies, loaded by vLLM through
 # cache_policy_module_path): the CLI's name -> (the class, the policy it mutates).
 POLICY_MODULE = "harness.engine.policies"
+# One server, several policies in turn (``offload-check pressure --mutant``): vLLM loads
+# ``SWITCHABLE_POLICY`` from ``POLICY_MODULE``; it reads the policy to be (``lru``, ``arc``
+# or a mutant's class) from the file this variable names whenever the tier is reset.
+SWITCHABLE_POLICY = "SwitchablePolicy"
+ENV_POLICY_CONTROL = "OFFLOAD_CHECK_POLICY_CONTROL"
 POLICY_MUTANTS: dict[str, tuple[str, str]] = {
     "lru-evicts-newest": ("LruEvictsNewest", "lru"),
     "lru-never-refreshes": ("LruNeverRefreshes", "lru"),

@@ -16,7 +16,9 @@ from harness.errors import ExitCode
 def pressure_cmd(
     scenario: Annotated[Path | None, scenario_opt("pressure")] = None,
     server: Annotated[list[str] | None, opt("pressure.server", "--server")] = None,
-    mutant: Annotated[str | None, opt("pressure.mutant")] = None,
+    mutant: Annotated[list[str] | None, opt("pressure.mutant", "--mutant")] = None,
+    fault: Annotated[list[str] | None, opt("pressure.fault", "--fault")] = None,
+    patch: Annotated[str | None, opt("pressure.patch")] = None,
     variant: VariantName = None,
     engine_arg: EngineArgs = None,
     *,
@@ -27,8 +29,9 @@ def pressure_cmd(
     Each server has a tier of a few slots and serves its requests one at a time with the
     GPU prefix cache off; each request's hit, stored, loaded and skipped figures must be
     exactly what the harness's model of the policy predicts (releases with known policy
-    bugs are judged by an exact model of the bug). Exit 0 when every check is as
-    expected; 1 when one is not.
+    bugs are judged by an exact model of the bug). Each --mutant or --fault adds a round
+    on the same server after a reset of the tier, which must fail exactly the checks
+    that are for it. Exit 0 when every round is as expected; 1 when one is not.
     """
     from harness.commands.pressure.plan import plan_pressure
     from harness.scenario.schema import load_pressure
@@ -36,7 +39,13 @@ def pressure_cmd(
     def make_plan() -> Any:
         scen = load_pressure(scenario or common.default_scenario("pressure.toml"))
         return plan_pressure(
-            scen, variant=variant, servers=server, mutant=mutant, extra_args=engine_arg
+            scen,
+            variant=variant,
+            servers=server,
+            mutants=mutant or (),
+            faults=fault or (),
+            patch=patch,
+            extra_args=engine_arg,
         )
 
     common.plan_and_run(
@@ -55,8 +64,9 @@ def run_pressure(plan: object, opts: RunOptions) -> int:
     run_dir = open_run(opts, "pressure", plan.scenario)
     run_dir.update_meta(plan=plan.describe(), variant=plan.env.as_dict())
     t = plan.tier
+    rounds = sum(len(s.all_rounds()) for s in plan.servers)
     common.console.print(
-        f"[bold]pressure[/] {len(plan.servers)} servers, {t.slots} slots of "
+        f"[bold]pressure[/] {len(plan.servers)} servers ({rounds} rounds), {t.slots} slots of "
         f"{t.slot_bytes:,} B each: {plan.geometry_path.name} (variant {plan.variant}, vLLM "
         f"{plan.env.vllm_version})",
         highlight=False,
@@ -73,13 +83,14 @@ def run_pressure(plan: object, opts: RunOptions) -> int:
         if not all(r.matched for r in results):
             outcome.code = ExitCode.MISMATCH
     code = outcome.code
-    ok = bool(results) and len(results) == len(plan.servers) and all(r.matched for r in results)
+    ok = len(results) == rounds and all(r.matched for r in results)
     run_dir.finish(outcome.status, int(code), passed=ok)
-    checks = [c.record() for r in results for c in r.checks]
-    if checks:
-        common.show(frame_table(PRESSURE_CHECKS.title, checks, PRESSURE_CHECKS.shown))
+    bad = [c.record() for r in results for c in r.checks if not c.matched]
+    if bad:
+        common.show(frame_table("checks not as expected", bad, PRESSURE_CHECKS.shown))
     for r in results:
-        common.console.print(f"  server {r.plan.name}: {server_verdict(r)}", highlight=False)
-    verdict = "[green]every request as the oracle says[/]" if ok else "[red]not as expected[/]"
+        where = r.plan.name if r.plan.round == "clean" else f"{r.plan.name} / {r.plan.round}"
+        common.console.print(f"  {where}: {server_verdict(r)}", highlight=False)
+    verdict = "[green]every round as expected[/]" if ok else "[red]not as expected[/]"
     common.console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
     return int(code)

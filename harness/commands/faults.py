@@ -16,8 +16,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import shutil
-import tempfile
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +25,7 @@ from harness import names
 from harness.commands import roundtrip as rt
 from harness.errors import BadInput, ExitCode
 from harness.scenario.schema import RoundtripScenario
+from harness.server import control_files
 from harness.server.workload import make_prompts
 
 CAUGHT_BY: dict[str, frozenset[str]] = {
@@ -172,16 +171,11 @@ def plan_sweep(
 
 
 def control_path() -> Path:
-    """A fresh path for the control file, outside the results (it is scratch, not evidence;
-    every round's fault is in faults.csv). Created at launch, removed after."""
-    return Path(tempfile.gettempdir()) / f"offload-check-faults-{uuid.uuid4().hex[:12]}" / "fault"
+    """A fresh path for the fault control file (``harness.server.control_files``)."""
+    return control_files.control_path("faults")
 
 
-def write_control(path: Path, fault: str) -> None:
-    """Switch the server's fault: written whole, then renamed, so no rank reads half."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(fault + "\n")
-    tmp.replace(path)
+write_control = control_files.write_control
 
 
 def execute_faults(

@@ -85,25 +85,39 @@ def replay(
     return steps
 
 
+Parsed = tuple[list[tuple[str, int]], int, str, int, str | None]
+
+
+def _parse(spec: Any) -> Parsed:
+    """One replay's request, or ValueError/KeyError/TypeError naming what is wrong."""
+    requests = [(str(p), int(n)) for p, n in spec["requests"]]
+    module = spec.get("policy_module")
+    return (
+        requests,
+        int(spec["capacity"]),
+        str(spec.get("policy", "lru")),
+        int(spec.get("store_threshold", 0)),
+        None if module is None else str(module),
+    )
+
+
 def main(argv: Sequence[str]) -> int:
     """``python -m harness.engine.manager_replay '<json>'``: the JSON holds ``requests``
     ([[prompt, chunks], ...]), ``capacity``, ``policy``, ``store_threshold`` and
-    ``policy_module``."""
+    ``policy_module``; or is a list of such, answered by a list (one interpreter start
+    for many replays)."""
     if len(argv) != 1:
         print("usage: python -m harness.engine.manager_replay '<json request>'", file=sys.stderr)
         return 2
     try:
         spec = json.loads(argv[0])
-        requests = [(str(p), int(n)) for p, n in spec["requests"]]
-        capacity = int(spec["capacity"])
-        threshold = int(spec.get("store_threshold", 0))
-    except (ValueError, KeyError, TypeError) as err:
+        many = isinstance(spec, list)
+        parsed = [_parse(one) for one in (spec if many else [spec])]
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
         print(f"manager_replay: bad request {argv[0]!r}: {err!r}", file=sys.stderr)
         return 2
-    steps = replay(
-        requests, capacity, str(spec.get("policy", "lru")), threshold, spec.get("policy_module")
-    )
-    print(json.dumps(steps))
+    results = [replay(*one) for one in parsed]
+    print(json.dumps(results if many else results[0]))
     return 0
 
 

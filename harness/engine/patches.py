@@ -14,6 +14,9 @@ attention) at start: vLLM issue #51150. PR #51161 adds a chunked-local branch.
 - ``hits-minus-chunk``: a mutant whose connector admits one offload chunk fewer than it
   could serve on every external hit (an off-by-one-chunk lookup, the shape of vLLM
   #54362). Output stays right, so only the hit and byte checks can catch it.
+- ``store-threshold-plus-one``: a mutant CPU manager that, given ``store_threshold`` N >=
+  2, admits a chunk only at its (N+1)-th offer (an off-by-one in the admission count).
+  Only the threshold's own figures move: stores, skips, and the hits they feed.
 """
 
 from __future__ import annotations
@@ -25,7 +28,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.names import LOG_PATCH, PATCH_FIX, PATCH_FLOOR, PATCH_HITS_MINUS_CHUNK
+from harness.names import (
+    LOG_PATCH,
+    PATCH_FIX,
+    PATCH_FLOOR,
+    PATCH_HITS_MINUS_CHUNK,
+    PATCH_THRESHOLD_PLUS_ONE,
+)
 
 # Where the function has lived: 0.33 moved it to offloading/config.py and imports it
 # into the scheduler; 0.26-0.32 define it in offloading/scheduler.py; up to 0.25 it was
@@ -126,10 +135,34 @@ def _apply_hits_minus_chunk() -> PatchReport:
     return PatchReport(PATCH_HITS_MINUS_CHUNK, "applied", target)
 
 
+MANAGER_MODULE = "vllm.v1.kv_offload.cpu.manager"
+
+
+def _apply_threshold_plus_one() -> PatchReport:
+    module = importlib.import_module(MANAGER_MODULE)
+    cls = module.CPUOffloadingManager
+    orig = cls.__init__
+    target = [f"{MANAGER_MODULE}.CPUOffloadingManager.__init__"]
+    if getattr(orig, MARK, None) == PATCH_THRESHOLD_PLUS_ONE:
+        return PatchReport(PATCH_THRESHOLD_PLUS_ONE, "applied", target, "(already)")
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        if self.store_threshold >= 2:
+            # The seeded fault: one offer more than the configuration asks for.
+            self.store_threshold += 1
+
+    setattr(__init__, MARK, PATCH_THRESHOLD_PLUS_ONE)
+    cls.__init__ = __init__
+    return PatchReport(PATCH_THRESHOLD_PLUS_ONE, "applied", target)
+
+
 def apply(patch: str) -> PatchReport:
     """Apply ``patch`` in this process; idempotent (vLLM may load plugins twice)."""
     if patch == PATCH_HITS_MINUS_CHUNK:
         return _apply_hits_minus_chunk()
+    if patch == PATCH_THRESHOLD_PLUS_ONE:
+        return _apply_threshold_plus_one()
     if patch not in (PATCH_FIX, PATCH_FLOOR):
         raise ValueError(f"unknown patch {patch!r}")
     from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec

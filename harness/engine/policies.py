@@ -12,17 +12,26 @@ both replayed by tests/unit/test_pressure_replay.py), like the other seeded faul
 - ``LruNeverRefreshes``: a reuse does not count as a use (FIFO by store time).
 - ``ArcNoT1Fallback``: PR #55461 reintroduced: with T2 out of candidates ARC gives up
   although T1 holds evictable chunks, so the store fails.
+
+``SwitchablePolicy`` runs them all on one server, as ``offload-check faults`` runs the
+host backend's faults: it is whichever policy its control file names (``lru``, ``arc``
+or a mutant's class), read at start and again whenever the manager resets the tier
+(``POST /reset_prefix_cache?reset_external=true`` calls ``policy.clear()`` on an empty
+tier), so a new policy starts on an empty tier, as a fresh server's would.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from vllm.v1.kv_offload.cpu.policies.arc import ARCCachePolicy
+from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
 
-from harness.names import POLICY_MODULE, POLICY_MUTANTS
+from harness.names import ENV_POLICY_CONTROL, POLICY_MODULE, POLICY_MUTANTS
 
 MODULE = __name__  # ``cache_policy_module_path`` for every mutant here
 assert MODULE == POLICY_MODULE
@@ -89,3 +98,49 @@ class ArcNoT1Fallback(ARCCachePolicy):
             while len(ghost) > self.cache_capacity:
                 ghost.popitem(last=False)
         return out
+
+
+# The attributes a SwitchablePolicy keeps for itself; everything else is its inner policy's.
+_OWN = frozenset({"_inner", "_capacity", "_mode", "_build", "clear", "__class__", "__dict__"})
+
+
+class SwitchablePolicy(CachePolicy):
+    """The policy its control file names, rebuilt empty at every ``clear()``. Every other
+    attribute is the inner policy's, so vLLM's manager talks to LRU, ARC or a mutant
+    exactly as it would if that policy had been configured at launch."""
+
+    def __init__(self, cache_capacity: int, *args: Any, **kwargs: Any) -> None:
+        object.__setattr__(self, "_capacity", (cache_capacity, args, kwargs))
+        self._build()
+
+    def _build(self) -> None:
+        path = os.environ.get(ENV_POLICY_CONTROL, "")
+        try:
+            with open(path) as f:
+                mode = f.read().strip() or "lru"
+        except OSError:
+            mode = "lru"
+        classes: dict[str, type[CachePolicy]] = {"lru": LRUCachePolicy, "arc": ARCCachePolicy}
+        cls = classes.get(mode) or getattr(sys.modules[__name__], mode, None)
+        if cls is None or not (isinstance(cls, type) and issubclass(cls, CachePolicy)):
+            raise ValueError(f"{path}: unknown policy {mode!r}")
+        capacity, args, kwargs = object.__getattribute__(self, "_capacity")
+        object.__setattr__(self, "_inner", cls(capacity, *args, **kwargs))
+        object.__setattr__(self, "_mode", mode)
+        print(f"offload-check policy: {mode}", file=sys.stderr, flush=True)
+
+    def clear(self) -> None:
+        self._build()
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in _OWN:
+            return object.__getattribute__(self, name)
+        return getattr(object.__getattribute__(self, "_inner"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(object.__getattribute__(self, "_inner"), name, value)
+
+
+# Every abstract method is served by the inner policy (``__getattribute__``), whichever
+# methods this release's CachePolicy declares.
+SwitchablePolicy.__abstractmethods__ = frozenset()

@@ -311,7 +311,7 @@ def pressure_report(
     """``report.md`` of a pressure run: each server's settings and verdict, the checks
     not as expected first, then every request beside the oracle's figures."""
     bad = [c for c in checks if not c.matched]
-    verdict = "every request as the oracle says" if not bad else f"{len(bad)} checks NOT as expected"
+    verdict = "every round as expected" if not bad else f"{len(bad)} checks NOT as expected"
     lines = [
         f"# offload-check pressure: {verdict}",
         "",
@@ -322,10 +322,12 @@ def pressure_report(
         f"- results: `{meta.get('results_dir', '')}`",
         "",
         table(
-            ("server", "policy", "store_threshold", "deviations", "mutant", "verdict"),
+            ("server", "round", "policy", "store_threshold", "deviations", "must fail",
+             "verdict"),
             [
-                [s["name"], s["policy"], s["store_threshold"], ", ".join(s["deviations"]) or "-",
-                 s["mutant"] or "-", s["verdict"]]
+                [s["name"], s["round"], s["policy"], s["store_threshold"],
+                 ", ".join(s["deviations"]) or "-", ", ".join(s["must_fail"]) or "-",
+                 s["verdict"]]
                 for s in servers
             ],
         ),  # fmt: skip
@@ -335,8 +337,9 @@ def pressure_report(
         lines += ["## Not as expected", ""]
         lines.append(
             table(
-                ("server", "check", "expected", "observed", "where"),
-                [[c.server, c.check, c.expected, c.observed, c.detail] for c in bad],
+                ("server", "round", "check", "passed", "expected", "observed", "where"),
+                [[c.server, c.round, c.check, c.passed, c.expected, c.observed, c.detail]
+                 for c in bad],  # fmt: skip
             )
         )
         lines.append("")

@@ -116,6 +116,7 @@ class PressureRequest:
     (results/README.md). Token and byte figures are the request's own counter deltas."""
 
     server: str
+    round: str  # "clean", or the seeded mutant's or fault's round
     index: int
     request: str  # prompt name and chunk count, e.g. "A4"
     policy: str
@@ -146,6 +147,7 @@ class PressureCheck:
     """One check over one server's requests: a row of ``pressure-checks.csv``."""
 
     server: str
+    round: str
     check: str
     passed: bool
     expected: str

@@ -406,26 +406,33 @@ PRESSURE_REQUESTS = TableFile(
     "pressure.csv",
     _pressure_columns(),
     title="requests against the oracle",
-    key=("server", "index"),
+    key=("server", "round", "index"),
     compared=("ext_hits", "stored_bytes", "loaded_bytes", "failing"),
-    shown=("server", "index", "request", "hit_expected", "ext_hits", "stored_bytes",
+    shown=("server", "round", "index", "request", "hit_expected", "ext_hits", "stored_bytes",
            "loaded_bytes", "evicted_expected", "failing"),
-    display=("server", "#", "request", "hit (oracle)", "hit", "stored B", "loaded B",
-             "oracle evicts", "failed"),
+    display=("server", "round", "#", "request", "hit (oracle)", "hit", "stored B",
+             "loaded B", "oracle evicts", "failed"),
 )  # fmt: skip
 PRESSURE_CHECKS = TableFile(
     "pressure-checks.csv",
-    ("server", "check", "passed", "expected", "observed", "why", "detail", "known", "matched"),
+    ("server", "round", "check", "passed", "expected", "observed", "why", "detail", "known",
+     "matched"),
     title="checks",
-    key=("server", "check"),
+    key=("server", "round", "check"),
     compared=("passed", "matched"),
     passes=("matched",),
-    shown=("server", "check", "passed", "known", "detail"),
-    display=("server", "check", "passed", "known bug", "where"),
+    shown=("server", "round", "check", "passed", "matched", "known", "detail"),
+    display=("server", "round", "check", "passed", "as expected", "known bug", "where"),
     junit=JUnitMap(
-        "pressure.{server}",
+        "pressure.{server}.{round}",
         "{check}",
-        lambda r: None if r.matched else f"expected {r.expected}; observed {r.observed}. {r.detail}",
+        lambda r: None
+        if r.matched
+        else (
+            "passed, but this round's mutant or fault must fail it"
+            if r.passed
+            else f"expected {r.expected}; observed {r.observed}. {r.detail}"
+        ),
         properties=("known",),
     ),
 )

@@ -486,7 +486,7 @@ class CheckTrigger(StrictModel):
     matrix cell or a round trip, named by the id ``offload-check sweep`` uses."""
 
     kind: Literal["check"] = "check"
-    scenario: str = Field(description="crash-repro, matrix or roundtrip scenario file")
+    scenario: str = Field(description="crash-repro, matrix, roundtrip or pressure scenario")
     check: str = Field(description="the check's id, e.g. llama4-issue-51150/connector-on")
     # The AMX permission fix off in the engine (reproduces vLLM's CPU-attention SIGILL).
     amx: Literal["auto", "off"] = "auto"
@@ -565,8 +565,10 @@ class Symptom(StrictModel):
     given must hold (the crash's known issue, text in its signature, the exact set of
     failing checks), so a different failure is an error, not a reproduction."""
 
-    outcome: Literal["crashed", "crashed-on-first-request", "fail", "unsupported"]
-    known: int | str | None = Field(None, description="the known crash (scenario's list)")
+    # deviates: a pressure check judged by the exact model of the known behaviour
+    # ``known`` names (the scenario's rules), not by the oracle's own semantics.
+    outcome: Literal["crashed", "crashed-on-first-request", "fail", "unsupported", "deviates"]
+    known: int | str | None = Field(None, description="the known crash or deviation")
     error: str | None = Field(None, description="text the crash signature must contain")
     failing_checks: list[str] = Field(default_factory=list)
 

@@ -650,6 +650,16 @@ def pressure_plan(console: Console, plan: object) -> None:
             f"deviations for vLLM {plan.env.vllm_version}: {rules}{known}",
             bold=f"server {s.name}:",
         )
+        for note in s.notes:
+            say(console, f"no round {note}", indent=4)
+        for rnd in s.rounds:
+            say(
+                console,
+                f"then round {rnd.round} on the same server (the tier reset, "
+                + (f"policy {rnd.policy_mode}" if rnd.mutant else f"fault {rnd.fault}")
+                + f", fresh prompts): must fail exactly {', '.join(sorted(rnd.must_fail))}",
+                indent=4,
+            )
         for r in s.requests:
             e = r.expected
             what = f"hit {e.hit}, store {len(e.stored)}"

@@ -14,7 +14,6 @@ from harness.commands.pressure.oracle import predict
 from harness.commands.pressure.plan import (
     PlannedRequest,
     ServerPlan,
-    deviation_visible,
     prompts_for,
     rules_for,
     tier_geometry,
@@ -81,8 +80,7 @@ def test_a_deviation_the_sequence_never_reaches_leaves_the_cell_a_plain_pass():
     scn = load_pressure(SCENARIO)
     by = {s.name: s for s in scn.servers}
     for name, want in (("threshold-2", "pass"), ("lru", "deviates self-eviction")):
-        rules = rules_for(scn, by[name], "0.32.0", "cpu", set())
-        assert rules.expected(deviation_visible(scn, by[name], rules)) == want
+        assert rules_for(scn, by[name], "0.32.0", "cpu", set()).expected() == want
 
 
 def test_the_shipped_scenario_is_a_pressure_file():
@@ -211,3 +209,66 @@ def test_a_bad_request_word_is_refused_at_load(tmp_path):
     bad.write_text(text.replace('geometry = "models/', f'geometry = "{MODELS}/'))
     with pytest.raises(BadInput, match="request 'B' is not NAME then a chunk count"):
         load_pressure(bad)
+
+
+def _step(hit, stored=0, failed=False, skipped=0, evicted=0):
+    from harness.commands.pressure.oracle import Step
+
+    return Step("A", hit, ("x",) * stored, ("y",) * evicted, ("z",) * skipped, failed)
+
+
+def test_a_mutant_must_fail_what_its_replay_parts_on_and_stops_there():
+    """vLLM's manager running the mutant (the replay) against the oracle: the round must
+    fail the checks of every figure that parts, and ends at the request by which all of
+    them have (the rest of the sequence would cost time and show nothing new)."""
+    from harness.commands.pressure.plan import mutant_must_fail
+
+    want = [_step(0, 4), _step(4), _step(0, 4, evicted=4), _step(4)]
+    got = [
+        {"hit": 0, "stored": [1] * 4, "failed": False, "skipped": 0},
+        {"hit": 4, "stored": [], "failed": False, "skipped": 0},
+        {"hit": 0, "stored": [], "failed": True, "skipped": 0},  # the store fails
+        {"hit": 0, "stored": [1] * 4, "failed": False, "skipped": 0},  # then a miss
+    ]
+    must, needed = mutant_must_fail(want, got, slots=8)
+    # 8 chunks stored into 8 slots: the round no longer proves an eviction either.
+    assert must == {"stored-bytes", "no-store-failure", "hit-tokens", "loaded-bytes", "evictions"}
+    assert needed == 4
+    assert "evictions" not in mutant_must_fail(want, got, slots=7)[0]
+    assert mutant_must_fail(want, [*got[:3], got[1]], slots=8)[1] == 3
+    assert mutant_must_fail(want, [*got[:2], got[1], got[1]], slots=8) == (
+        frozenset({"hit-tokens", "loaded-bytes", "stored-bytes", "evictions"}),
+        3,
+    )
+    same = [
+        {"hit": w.hit, "stored": list(w.stored), "failed": w.failed, "skipped": 0} for w in want
+    ]
+    assert mutant_must_fail(want, same, slots=8) == (frozenset(), 0)
+
+
+def test_a_fault_round_needs_a_request_that_can_show_it():
+    from harness.commands.pressure.plan import fault_must_fail
+
+    s = _server()  # A4 B4 A4 C4 D4 A4: request 2 repeats request 0 and hits
+    assert fault_must_fail("corrupt-load", s.requests) == ({"output-after-hit"}, 3)
+    assert fault_must_fail("overcount-load", s.requests) == ({"loaded-bytes"}, 3)
+    assert fault_must_fail("corrupt-load", s.requests[:2]) == (frozenset(), 0)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--fault", "drop-store"], "fault 'drop-store' has no pressure round"),
+        (["--fault", "corrupt-load", "--patch", "hits-minus-chunk"], "--patch applies to"),
+        (["--fault", "corrupt-load", "--fault", "corrupt-load"], "corrupt-load is given twice"),
+        (["--server", "arc", "--mutant", "lru-evicts-newest"], "mutates lru, and no chosen"),
+        (["--patch", "nope"], "unknown patch 'nope'"),
+    ],
+)
+def test_bad_rounds_are_one_line_and_exit_2(args, says):
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "pressure", "--dry-run", *args],
+        capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert says in proc.stderr and proc.stderr.strip().count("\n") == 0

@@ -171,3 +171,47 @@ def test_the_shipped_rules_make_the_oracle_this_builds_manager_exactly(server):
     assert [(g["hit"], g["stored"], g["evicted"], g["failed"], g["skipped"]) for g in got] == [
         (w.hit, list(w.stored), list(w.evicted), w.failed, len(w.skipped)) for w in want
     ]
+
+
+def test_the_switchable_policy_is_each_policy_and_switches_at_a_reset(tmp_path, monkeypatch):
+    """``SwitchablePolicy`` in vLLM's own manager: the policy its control file names,
+    exactly (the same steps as that policy configured directly), and another one after
+    ``reset_cache`` (what ``/reset_prefix_cache?reset_external=true`` calls)."""
+    from harness.engine import policies
+    from harness.names import ENV_POLICY_CONTROL, SWITCHABLE_POLICY
+
+    control = tmp_path / "policy"
+    monkeypatch.setenv(ENV_POLICY_CONTROL, str(control))
+    for mode in ("lru", "arc", *policies.MUTANTS):
+        control.write_text(mode)
+        direct = replay(
+            S1, N, mode, policy_module=None if mode in ("lru", "arc") else policies.MODULE
+        )
+        assert replay(S1, N, SWITCHABLE_POLICY, policy_module=policies.MODULE) == direct, mode
+
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+    control.write_text("lru")
+    manager = CPUOffloadingManager(
+        num_chunks=N, cache_policy=SWITCHABLE_POLICY, cache_policy_module_path=policies.MODULE
+    )
+    assert type(manager._policy._inner).__name__ == "LRUCachePolicy"
+    control.write_text("ArcNoT1Fallback")
+    manager.reset_cache()
+    assert type(manager._policy._inner).__name__ == "ArcNoT1Fallback"
+
+
+def test_the_threshold_mutant_patch_asks_one_offer_more():
+    """``store-threshold-plus-one`` in this build's manager: with threshold 2 a prompt is
+    stored at its third offer, so it hits whole only at the fourth request."""
+    code = (
+        "from harness.engine.patches import apply; print(apply('store-threshold-plus-one').line());"
+        "from harness.engine.manager_replay import replay;"
+        "print([s['hit'] for s in replay([('A', 4)] * 5, 8, 'lru', 2)])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert "store-threshold-plus-one applied" in lines[0]
+    assert lines[-1] == "[0, 0, 0, 4, 4]"

@@ -84,7 +84,7 @@ def plan_targets_for(entries: Sequence[BugEntry]) -> list[Target]:
         by_file.setdefault((path, e.trigger.amx), []).append(e.trigger.check)
     for (path, amx), checks in by_file.items():
         kind, scenario = load_any(path)
-        if kind not in ("crash-repro", "matrix", "roundtrip"):
+        if kind not in ("crash-repro", "matrix", "roundtrip", "pressure"):
             raise BadInput(f"{path}: a {kind} file has no checks to trigger a bug")
         try:
             (target,) = plan_targets([(kind, scenario)], checks)

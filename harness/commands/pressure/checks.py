@@ -75,6 +75,7 @@ def judge_request(
         failing.append("no-store-failure")
     row = PressureRequest(
         server=server.name,
+        round=server.round,
         index=req.index,
         request=req.label,
         policy=server.policy,
@@ -138,8 +139,10 @@ def _check(
     server: ServerPlan, name: str, passed: bool, expected: str, observed: str, detail: str = ""
 ) -> PressureCheck:
     known = name in server.failing_checks
+    must = name in server.must_fail  # a mutant's or fault's round must fail it
     return PressureCheck(
         server=server.name,
+        round=server.round,
         check=name,
         passed=passed,
         expected=expected,
@@ -147,7 +150,7 @@ def _check(
         why=WHY[name],
         detail=detail,
         known=", ".join(server.issues) if known and not passed else "",
-        matched=passed or known,
+        matched=(not passed) if must else (passed or known),
     )
 
 

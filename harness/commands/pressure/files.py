@@ -16,11 +16,19 @@ from harness.results.tables import PRESSURE_CHECKS, PRESSURE_REQUESTS
 
 
 def server_verdict(result: ServerResult) -> str:
+    """A round's verdict in words: as expected (the clean round passed, a mutant's or a
+    fault's round failed exactly its checks), or how it was not."""
     if result.error:
         return f"error: {result.error}"
     if not result.checks:
         return f"running: {len(result.rows)} of {len(result.plan.requests)} requests"
-    return "as expected" if result.matched else "NOT as expected"
+    if result.matched:
+        return "as expected" if result.plan.round == "clean" else "caught by exactly its checks"
+    if result.plan.round == "clean":
+        return "NOT as expected"
+    must = ", ".join(sorted(result.plan.must_fail))
+    got = ", ".join(sorted(result.failing)) or "nothing"
+    return f"NOT as expected: must fail {must}, failed {got}"
 
 
 def write_pressure(
@@ -35,7 +43,8 @@ def write_pressure(
     lines = []
     for res in results:
         for comp in res.completions:
-            lines.append(json.dumps({"server": res.plan.name, **comp.record()}))
+            lines.append(json.dumps({"server": res.plan.name, "round": res.plan.round,
+                                     **comp.record()}))  # fmt: skip
     run_dir.write_text("requests.jsonl", "\n".join(lines) + ("\n" if lines else ""))
     t = plan.tier
     servers: list[dict[str, Any]] = [
@@ -51,4 +60,6 @@ def write_pressure(
         "results_dir": str(run_dir.path),
     }
     run_dir.write_text("report.md", pressure_report(servers, checks, rows, meta))
-    run_dir.update_meta(servers=[{"name": s["name"], "verdict": s["verdict"]} for s in servers])
+    run_dir.update_meta(
+        servers=[{"name": s["name"], "round": s["round"], "verdict": s["verdict"]} for s in servers]
+    )

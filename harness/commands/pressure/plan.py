@@ -9,26 +9,40 @@ costs a minute.
 
 from __future__ import annotations
 
+import json
 import mmap
 import random
-from collections.abc import Collection
-from dataclasses import dataclass, field
+import subprocess
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from packaging.version import Version
 
 from harness.commands.pressure.oracle import Policy, Step, predict
 from harness.engine.amx import cpu_flags
 from harness.errors import BadInput
-from harness.names import POLICY_MODULE, POLICY_MUTANTS
+from harness.names import (
+    ENV_POLICY_CONTROL,
+    FAULT_CORRUPT_LOAD,
+    FAULT_NONE,
+    FAULT_OVERCOUNT_LOAD,
+    PATCHES,
+    POLICY_MODULE,
+    POLICY_MUTANTS,
+    SWITCHABLE_POLICY,
+)
 from harness.scenario.rules import all_matches
 from harness.scenario.schema import (
     OffloadSettings,
+    PressureRule,
     PressureScenario,
     PressureServer,
     load_model_config,
     load_variants,
 )
-from harness.server import kv_layout, model_builder
+from harness.server import control_files, kv_layout, model_builder
 from harness.server.arguments import server_spec
 from harness.server.interpreters import Environment, probe, require_plugin
 from harness.server.launcher import ServerSpec
@@ -72,9 +86,86 @@ class PlannedRequest:
         return f"{self.prompt.name}{self.chunks}"
 
 
+# The host-backend faults a pressure round can run, and what each must fail when its
+# round can show it: corrupt-load reports success and the right count with wrong bytes,
+# so only the answer of a request that hit a repeated prompt can show it; overcount-load
+# loads the right bytes and reports twice as many.
+FAULT_MUST_FAIL: dict[str, frozenset[str]] = {
+    FAULT_CORRUPT_LOAD: frozenset({"output-after-hit"}),
+    FAULT_OVERCOUNT_LOAD: frozenset({"loaded-bytes"}),
+}
+PRESSURE_FAULTS = tuple(FAULT_MUST_FAIL)
+
+
+def fault_must_fail(fault: str, requests: Sequence[PlannedRequest]) -> tuple[frozenset[str], int]:
+    """What a fault's round must fail on this sequence, and how many of its requests it
+    needs to (up to the first that can show the fault); nothing when none can."""
+    seen: set[tuple[int, ...]] = set()
+    for i, r in enumerate(requests):
+        key = tuple(r.prompt.token_ids)
+        repeat = key in seen
+        seen.add(key)
+        if r.expected.hit and (repeat or fault != FAULT_CORRUPT_LOAD):
+            return FAULT_MUST_FAIL[fault], i + 1
+    return frozenset(), 0
+
+
+def mutant_must_fail(
+    expected: Sequence[Step], replayed: Sequence[dict[str, Any]], slots: int
+) -> tuple[frozenset[str], int]:
+    """The checks a policy mutant's round must fail, and how many of its requests it
+    needs to: where vLLM's own manager, running the mutant on this sequence
+    (``harness.engine.manager_replay``), parts from the oracle, up to the first request
+    by which every such check has parted. Calibrated per scenario and build, so a mutant
+    is held to exactly what it changes, at the least cost."""
+    per: list[set[str]] = []
+    for w, g in zip(expected, replayed, strict=True):
+        out: set[str] = set()
+        if g["hit"] != w.hit:
+            out |= {"hit-tokens", "loaded-bytes"}
+        if len(g["stored"]) != len(w.stored):
+            out.add("stored-bytes")
+        if bool(g["failed"]) != w.failed:
+            out.add("no-store-failure")
+        if int(g["skipped"]) != len(w.skipped):
+            out.add("stores-skipped")
+        per.append(out)
+    full = set().union(*per) if per else set()
+    seen: set[str] = set()
+    for n, checks in enumerate(per, 1):
+        seen |= checks
+        if seen == full and full:
+            evicts = sum(len(w.evicted) for w in expected[:n])
+            if evicts and sum(len(g["stored"]) for g in replayed[:n]) <= slots:
+                seen.add("evictions")
+            return frozenset(seen), n
+    return frozenset(), 0
+
+
+def replay_mutants(env: Environment, specs: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """vLLM's own manager with each mutant, in the variant's interpreter (one start)."""
+    if not specs:
+        return []
+    proc = subprocess.run(
+        [env.python, "-m", "harness.engine.manager_replay", json.dumps(list(specs))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BadInput(f"cannot replay the mutants in {env.python}: {tail}")
+    result: list[list[dict[str, Any]]] = json.loads(lines[-1])
+    return result
+
+
 @dataclass
 class ServerPlan:
-    """One launch: its settings, the rules that hold for its build, its requests."""
+    """One launch: its settings, the rules that hold for its build, its requests; with
+    ``rounds``, more rounds on the same server after a reset of the tier, each under a
+    seeded mutant or fault (switched by control files)."""
 
     name: str
     policy: Policy
@@ -85,13 +176,24 @@ class ServerPlan:
     issues: tuple[str, ...]
     requests: list[PlannedRequest]
     spec: ServerSpec
+    round: str = "clean"  # the round's name: "clean", a mutant's or a fault's
+    must_fail: frozenset[str] = frozenset()  # what this round must fail (exactly)
+    policy_mode: str = ""  # the SwitchablePolicy's mode this round ("" = no switching)
+    fault: str = FAULT_NONE  # the host backend's fault this round
+    rounds: list[ServerPlan] = field(default_factory=list)
+    policy_control: Path | None = None
+    fault_control: Path | None = None
+    notes: list[str] = field(default_factory=list)
 
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "round": self.round,
             "policy": self.policy,
             "store_threshold": self.store_threshold,
             "mutant": self.mutant,
+            "fault": self.fault,
+            "must_fail": sorted(self.must_fail),
             "deviations": list(self.deviations),
             "expected_failing_checks": list(self.failing_checks),
             "issues": list(self.issues),
@@ -107,7 +209,12 @@ class ServerPlan:
                 }
                 for r in self.requests
             ],
+            "rounds": [r.describe() for r in self.rounds],
+            "notes": list(self.notes),
         }
+
+    def all_rounds(self) -> list[ServerPlan]:
+        return [self, *self.rounds]
 
 
 @dataclass
@@ -193,40 +300,64 @@ def prompts_for(
     return out
 
 
+def _label(issue: int | str | None) -> str:
+    text = str(issue) if issue is not None else "unnamed"
+    return f"#{text}" if text.isdigit() else text
+
+
 @dataclass(frozen=True)
 class Rules:
-    """What the scenario's rules say of one server on one build (every matching rule)."""
+    """What the scenario's rules say of one server on one build: every matching rule."""
 
-    deviations: frozenset[str]
-    failing_checks: frozenset[str]
-    issues: tuple[str, ...]
+    scenario: PressureScenario
+    server: PressureServer
+    matched: tuple[PressureRule, ...]
 
-    def known(self) -> str:
-        return ", ".join(f"#{i}" if i.isdigit() else i for i in self.issues)
+    @property
+    def deviations(self) -> frozenset[str]:
+        return frozenset(d for r in self.matched for d in r.deviations)
 
-    def expected(self, visible: bool) -> str:
-        """The sweep's expected cell: ``pass`` (the oracle's own semantics), ``deviates``
-        and the known behaviours when a deviation changes this sequence's figures
-        (``visible``), or either where a rule only lets checks fail (a set-order bug)."""
-        if self.deviations and visible:
-            return f"deviates {self.known()}"
-        if self.failing_checks:
-            return f"pass, or deviates {self.known()}"
-        return "pass"
+    @property
+    def failing_checks(self) -> frozenset[str]:
+        return frozenset(c for r in self.matched for c in r.failing_checks)
 
+    @property
+    def issues(self) -> tuple[str, ...]:
+        return tuple(str(r.issue) for r in self.matched if r.issue is not None)
 
-def deviation_visible(scn: PressureScenario, srv: PressureServer, rules: Rules) -> bool:
-    """Whether the rules' deviations change any figure of this server's sequence (a
-    deviation the sequence never reaches leaves the build judged as the clean one)."""
-    if not rules.deviations:
-        return False
-    seq = srv.sequence()
-
-    def figures(deviations: frozenset[str]) -> list[tuple[int, int, bool, int]]:
-        steps = predict(seq, scn.slots, srv.policy, srv.store_threshold, sorted(deviations))
+    def _figures(self, deviations: Collection[str]) -> list[tuple[int, int, bool, int]]:
+        srv, scn = self.server, self.scenario
+        steps = predict(srv.sequence(), scn.slots, srv.policy, srv.store_threshold, deviations)
         return [(s.hit, len(s.stored), s.failed, len(s.skipped)) for s in steps]
 
-    return figures(frozenset()) != figures(rules.deviations)
+    def visible(self) -> list[PressureRule]:
+        """The rules whose deviations change this server's figures (a deviation its
+        sequence never reaches leaves the build judged as the clean one)."""
+        every = self.deviations
+        if not every:
+            return []
+        full = self._figures(sorted(every))
+        return [
+            r
+            for r in self.matched
+            if r.deviations and self._figures(sorted(every - set(r.deviations))) != full
+        ]
+
+    def shown(self, failing: Collection[str]) -> str:
+        """The known behaviours a run showed: visible deviations, and rules whose
+        expected failures failed; as the sweep's ``known`` ("#55461, self-eviction")."""
+        loose = [r for r in self.matched if set(r.failing_checks) & set(failing)]
+        return ", ".join(dict.fromkeys(_label(r.issue) for r in [*self.visible(), *loose]))
+
+    def expected(self) -> str:
+        """The sweep's expected cell: ``pass`` (the oracle's own semantics), ``deviates``
+        and the behaviours a visible deviation shows, or either where a rule only lets
+        checks fail (a set-order bug)."""
+        visible = ", ".join(_label(r.issue) for r in self.visible())
+        loose = ", ".join(_label(r.issue) for r in self.matched if r.failing_checks)
+        if visible:
+            return f"deviates {visible}" + (f" (or also {loose})" if loose else "")
+        return f"pass, or deviates {loose}" if loose else "pass"
 
 
 def rules_for(
@@ -243,15 +374,44 @@ def rules_for(
         "device": device,
         "cpu_flags": cpu_flags() if flags is None else flags,
     }
-    deviations: set[str] = set()
-    failing: set[str] = set()
-    issues: list[str] = []
-    for m in all_matches(scn.expectations, facts, fields=("policy", "threshold")):
-        deviations.update(m.rule.deviations)
-        failing.update(m.rule.failing_checks)
-        if m.rule.issue is not None:
-            issues.append(str(m.rule.issue))
-    return Rules(frozenset(deviations), frozenset(failing), tuple(issues))
+    matched = all_matches(scn.expectations, facts, fields=("policy", "threshold"))
+    return Rules(scn, srv, tuple(m.rule for m in matched))
+
+
+def _rounds(
+    mutants: Sequence[str], faults: Sequence[str], patch: str | None
+) -> list[tuple[str, str, str]]:
+    """(round, policy mutant's class or "", fault) per round after the clean one; bad
+    names are one line each."""
+    for m in mutants:
+        if m not in POLICY_MUTANTS:
+            raise BadInput(f"unknown mutant {m!r}; known: {', '.join(POLICY_MUTANTS)}")
+    for f in faults:
+        if f not in PRESSURE_FAULTS:
+            raise BadInput(
+                f"fault {f!r} has no pressure round; known: {', '.join(PRESSURE_FAULTS)}"
+            )
+    named = [*mutants, *faults]
+    dup = next((n for n in named if named.count(n) > 1), None)
+    if dup:
+        raise BadInput(f"{dup} is given twice")
+    if named and patch:
+        raise BadInput("--patch applies to the whole server: give it without --mutant or --fault")
+    return [(m, POLICY_MUTANTS[m][0], FAULT_NONE) for m in mutants] + [(f, "", f) for f in faults]
+
+
+def _requests(
+    scn: PressureScenario, srv: PressureServer, steps: list[Step], vocab: int, round_name: str
+) -> list[PlannedRequest]:
+    """A round's requests: its own prompts (no chunk of one round can hit another's),
+    the oracle's steps (every round starts on an empty tier)."""
+    seq = srv.sequence()
+    seed = srv.name if round_name == "clean" else f"{srv.name}/{round_name}"
+    prompts = prompts_for(seq, scn.chunk_tokens, scn.tail_tokens, vocab, scn.seed, seed)
+    return [
+        PlannedRequest(i, p, n, st)
+        for i, (p, (_, n), st) in enumerate(zip(prompts, seq, steps, strict=True))
+    ]
 
 
 def plan_pressure(
@@ -259,22 +419,29 @@ def plan_pressure(
     *,
     variant: str | None = None,
     servers: list[str] | None = None,
-    mutant: str | None = None,
+    mutants: Sequence[str] = (),
+    faults: Sequence[str] = (),
+    patch: str | None = None,
     extra_args: list[str] | None = None,
     extra_variants: Any = None,
 ) -> PressurePlan:
-    """Everything knowable before launch. ``mutant`` (a ``POLICY_MUTANTS`` name) runs the
-    servers of the policy it mutates with it instead; their checks must then fail."""
+    """Everything knowable before launch. Each of ``mutants`` (``POLICY_MUTANTS``) adds a
+    round on every chosen server of the policy it mutates, each of ``faults`` a round on
+    every chosen server: after the clean round, the tier is reset and the mutant or fault
+    switched in by a control file; each such round must fail exactly its checks (where
+    vLLM's own manager, replaying the mutant, parts from the oracle; ``fault_must_fail``).
+    ``patch`` (``harness.names.PATCHES``) is applied for the servers' whole life."""
     variants = load_variants(scn.resolve(scn.variants_file), extra_variants)
     name = variant or scn.variant
     if name not in variants:
         raise BadInput(f"unknown variant {name!r}; known: {', '.join(variants)}")
     var = variants[name]
+    extra_rounds = _rounds(mutants, faults, patch)
+    if patch is not None and patch not in PATCHES:
+        raise BadInput(f"unknown patch {patch!r}; known: {', '.join(PATCHES)}")
     env = probe(var.python)
-    if mutant is not None:
-        if mutant not in POLICY_MUTANTS:
-            raise BadInput(f"unknown mutant {mutant!r}; known: {', '.join(POLICY_MUTANTS)}")
-        require_plugin(name, mutant, env)
+    if extra_rounds or patch:
+        require_plugin(name, patch or "the rounds' policy and faults", env)
     geometry_path = scn.resolve(scn.geometry)
     geometry = load_model_config(geometry_path)
     model_builder.check_buildable(geometry, str(geometry_path))
@@ -292,15 +459,20 @@ def plan_pressure(
         if unknown:
             raise BadInput(f"unknown server {unknown[0]!r}; known: {', '.join(known)}")
         chosen = [s for s in scn.servers if s.name in servers]
-    if mutant is not None:
-        base = POLICY_MUTANTS[mutant][1]
-        chosen = [s for s in chosen if s.policy == base]
-        if not chosen:
-            raise BadInput(f"mutant {mutant} mutates {base}, and no chosen server runs {base}")
+    for m in mutants:
+        base = POLICY_MUTANTS[m][1]
+        if not any(s.policy == base for s in chosen):
+            raise BadInput(f"mutant {m} mutates {base}, and no chosen server runs {base}")
     model_path = model_builder.model_dir(
         geometry, geometry_path.stem, weights=scn.weights, seed=scn.weight_seed
     )
     plan = PressurePlan(scn, name, env, geometry_path, geometry, geometry_path.stem, tier)
+    if mutants and Version(env.vllm_version) < Version("0.31"):
+        raise BadInput(
+            f"the policy mutants follow the 0.31+ policies; variant {name} is vLLM "
+            f"{env.vllm_version}"
+        )
+    pending: list[tuple[ServerPlan, list[Step]]] = []
     for srv in chosen:
         seq = srv.sequence()
         longest = max(n for _, n in seq) * scn.chunk_tokens + scn.tail_tokens + scn.max_tokens
@@ -311,17 +483,20 @@ def plan_pressure(
             )
         rules = rules_for(scn, srv, env.vllm_version, env.device)
         steps = predict(seq, scn.slots, srv.policy, srv.store_threshold, sorted(rules.deviations))
-        prompts = prompts_for(seq, scn.chunk_tokens, scn.tail_tokens, vocab, scn.seed, srv.name)
-        requests = [
-            PlannedRequest(i, p, n, st)
-            for i, (p, (_, n), st) in enumerate(zip(prompts, seq, steps, strict=True))
-        ]
+
+        mine = [r for r in extra_rounds if not r[1] or POLICY_MUTANTS[r[0]][1] == srv.policy]
         extra: dict[str, Any] = {"eviction_policy": srv.policy}
-        if mutant is not None:
+        policy_control = fault_control = None
+        penv: dict[str, str] = {}
+        if mine:
+            policy_control = control_files.control_path("policy")
+            fault_control = control_files.control_path("fault")
             extra = {
-                "eviction_policy": POLICY_MUTANTS[mutant][0],
+                "eviction_policy": SWITCHABLE_POLICY,
                 "cache_policy_module_path": POLICY_MODULE,
             }
+            # The tier is reset between rounds (POST /reset_prefix_cache?reset_external).
+            penv = {ENV_POLICY_CONTROL: str(policy_control), "VLLM_SERVER_DEV_MODE": "1"}
         if srv.store_threshold:
             extra["store_threshold"] = srv.store_threshold
         offload = OffloadSettings(
@@ -329,23 +504,56 @@ def plan_pressure(
         )
         batched = ["--max-num-batched-tokens", str(scn.server.max_model_len)]
         block = ["--block-size", str(scn.server.block_size)] if scn.server.block_size else []
+        settings = scn.server.model_copy(update={"env": {**scn.server.env, **penv}})
         spec = server_spec(
             env=env,
             model_path=str(model_path),
             served_model_name=plan.served_name,
-            server=scn.server,
+            server=settings,
             offload=offload,
-            patch=None,
+            patch=patch,
+            fault_control=str(fault_control) if fault_control else None,
             extra_args=[*ENGINE_ARGS, *batched, *block, *(extra_args or [])],
             amx=var.amx,
         )
-        plan.servers.append(
-            ServerPlan(
-                srv.name, srv.policy, srv.store_threshold, mutant,
-                tuple(sorted(rules.deviations)), tuple(sorted(rules.failing_checks)),
-                rules.issues, requests, spec,
-            )
+        clean = ServerPlan(
+            srv.name, srv.policy, srv.store_threshold, None,
+            tuple(sorted(rules.deviations)), tuple(sorted(rules.failing_checks)),
+            rules.issues, _requests(scn, srv, steps, vocab, "clean"), spec,
+            policy_mode=srv.policy if mine else "",
+            policy_control=policy_control, fault_control=fault_control,
         )  # fmt: skip
+        for round_name, mode, fault in mine:
+            reqs = _requests(scn, srv, steps, vocab, round_name)
+            must, needed = (frozenset(), len(reqs)) if mode else fault_must_fail(fault, reqs)
+            rnd = replace(
+                clean, round=round_name, requests=reqs[:needed], must_fail=must,
+                mutant=round_name if mode else None, policy_mode=mode or srv.policy,
+                fault=fault, rounds=[],
+            )  # fmt: skip
+            clean.rounds.append(rnd)
+            if mode:
+                pending.append((rnd, steps))
+        plan.servers.append(clean)
+    specs = [
+        {
+            "requests": [[r.prompt.name, r.chunks] for r in rnd.requests],
+            "capacity": scn.slots,
+            "policy": rnd.policy_mode,
+            "store_threshold": rnd.store_threshold,
+            "policy_module": POLICY_MODULE,
+        }
+        for rnd, _ in pending
+    ]
+    for (rnd, steps), replayed in zip(pending, replay_mutants(env, specs), strict=True):
+        rnd.must_fail, needed = mutant_must_fail(steps, replayed, scn.slots)
+        # The round stops at the request by which every check it must fail has failed.
+        rnd.requests = rnd.requests[:needed]
+    for sp in plan.servers:
+        # A round that cannot show its mutant or fault on this sequence is left out.
+        dropped = [r.round for r in sp.rounds if not r.must_fail]
+        sp.rounds = [r for r in sp.rounds if r.must_fail]
+        sp.notes.extend(f"{d}: this sequence cannot show it (no round)" for d in dropped)
     return plan
 
 

@@ -107,12 +107,11 @@ def expected_for(target: Target, check: str, build: str, version: str, device: s
             return m
         return Cell(family, geometry, build, version, m.rule).expected_text()
     if target.kind == KIND_PRESSURE:
-        from harness.commands.pressure.plan import deviation_visible, rules_for
+        from harness.commands.pressure.plan import rules_for
 
         server = check.split("/", 1)[1]
         srv = next(s for s in target.scenario.servers if s.name == server)
-        rules = rules_for(target.scenario, srv, version, device, flags)
-        return rules.expected(deviation_visible(target.scenario, srv, rules))
+        return rules_for(target.scenario, srv, version, device, flags).expected()
     cell = SweepCell(build, check, target.kind, target.name, "", vllm_version=version)
     judge_roundtrip(cell, target.scenario.expectations, [], device=device, flags=flags)
     return cell.expected

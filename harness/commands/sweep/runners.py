@@ -315,12 +315,7 @@ def _run_pressure(job: Job) -> list[SweepCell]:
     which the clean semantics would not have predicted for this sequence: ``known``
     names it) or ``fail``; matched when every check is as the scenario's rules expect."""
     from harness.commands.pressure.files import write_pressure
-    from harness.commands.pressure.plan import (
-        build_local_model,
-        deviation_visible,
-        plan_pressure,
-        rules_for,
-    )
+    from harness.commands.pressure.plan import build_local_model, plan_pressure, rules_for
     from harness.commands.pressure.run import ServerResult, run_server
     from harness.results.run_directory import RunDirectory
 
@@ -344,11 +339,11 @@ def _run_pressure(job: Job) -> list[SweepCell]:
         )
         cell.run_dir = str(run_dir.path)
 
-        def update(result: ServerResult) -> None:
-            write_pressure(run_dir, plan, [*done, result])
+        def update(results: list[ServerResult]) -> None:
+            write_pressure(run_dir, plan, [*done, *results])
 
         try:
-            res = run_server(
+            (res,) = run_server(
                 plan, sp, run_dir.path, _PressureStatus(job.reporter), update, job.port
             )
         except HarnessError as err:
@@ -359,17 +354,17 @@ def _run_pressure(job: Job) -> list[SweepCell]:
         done.append(res)
         srv = sp_scenario[sp.name]
         rules = rules_for(target.scenario, srv, plan.env.vllm_version, plan.env.device)
-        visible = deviation_visible(target.scenario, srv, rules)
         failing = sorted(c.check for c in res.checks if not c.passed)
+        shown = rules.shown(failing)
         if failing and not set(failing) <= rules.failing_checks:
             cell.outcome = "fail"
-        elif failing or visible:
-            cell.outcome, cell.known = "deviates", rules.known()
+        elif shown:
+            cell.outcome, cell.known = "deviates", shown
         else:
             cell.outcome = "pass"
         cell.failing = ",".join(failing)
         cell.signature = ("fails " + ", ".join(failing)) if failing else ""
-        cell.expected = rules.expected(visible)
+        cell.expected = rules.expected()
         cell.matched = res.matched
         cell.seconds = res.startup_seconds + sum(r.seconds for r in res.rows)
         hits = sum(r.ext_hits for r in res.rows)
