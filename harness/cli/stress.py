@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,6 +24,13 @@ from harness.cli.runs import guard, open_roundtrip_run
 from harness.errors import ExitCode
 
 
+class EvictionPolicy(str, Enum):
+    """vLLM's CPU tier policies (``kv_connector_extra_config``'s ``eviction_policy``)."""
+
+    lru = "lru"
+    arc = "arc"
+
+
 @run_options()
 def stress_cmd(
     scenario: Annotated[Path | None, scenario_opt("stress")] = None,
@@ -31,6 +39,10 @@ def stress_cmd(
     duration: Annotated[float | None, opt("stress.duration", callback=check_duration)] = None,
     concurrency: Annotated[int | None, opt("stress.concurrency", min=1, max=64)] = None,
     seed: Annotated[int | None, opt("stress.seed", min=0)] = None,
+    tier_fraction: Annotated[float | None, opt("stress.tier-fraction", min=0.01, max=0.99)] = None,
+    eviction_policy: Annotated[
+        EvictionPolicy | None, opt("stress.eviction-policy", case_sensitive=False)
+    ] = None,
     tp: TensorParallel = None,
     variant: VariantName = None,
     python: OnePython = None,
@@ -54,7 +66,7 @@ def stress_cmd(
     def make_plan() -> Any:
         common.refuse_on_attach(
             url, variant=variant, python=python, patch=patch, fault=fault, tp=tp,
-            engine_arg=engine_arg,
+            engine_arg=engine_arg, tier_fraction=tier_fraction, eviction_policy=eviction_policy,
         )  # fmt: skip
         scen = load_stress(scenario or common.default_scenario("stress.toml"))
         common.known_fault(fault)
@@ -69,6 +81,8 @@ def stress_cmd(
             concurrency=concurrency,
             seed=seed,
             url=url,
+            tier_fraction=tier_fraction,
+            eviction_policy=eviction_policy.value if eviction_policy else None,
             **launch,
         )
         return plan

@@ -660,6 +660,13 @@ class StressScenario(FileScenario):
     # later turns then hit on KV stored during decode. False keeps vLLM's default
     # (prompt blocks only); the byte ledger follows either.
     offload_decode: bool = True
+    # Pressure: a CPU tier holding only this fraction of what the plan can store, so it
+    # evicts while requests run concurrently (docs/stress.md). Prefix reuse and the store
+    # count are then the policy's choice, not judged; outputs, loads and survival are.
+    cpu_tier_fraction: float | None = Field(None, gt=0, lt=1)
+    # The tier's eviction policy (kv_connector_extra_config's eviction_policy); none
+    # keeps the round trip's (vLLM's default: lru).
+    eviction_policy: Literal["lru", "arc"] | None = None
     profiles: dict[str, ProfileTable] = Field(default_factory=dict)  # type: ignore[valid-type]
 
     @field_validator("profile")

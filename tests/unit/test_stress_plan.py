@@ -126,3 +126,34 @@ def test_later_wins_reads_flags_values_and_negations():
         "--x", "2", "--middleware", "b",
     ]  # fmt: skip
     assert later_wins(["--a", "1", "--b", "--a", "-3"]) == ["--b", "--a", "-3"]
+
+
+def test_under_pressure_the_tier_holds_its_fraction_and_the_policy_is_set(tmp_path):
+    """``--tier-fraction``: the tier is that fraction of every byte the plan can store
+    (not the round trip's larger default), with the chosen eviction policy; the scenario
+    can say the same."""
+    import math
+
+    plan = plan_stress(load_stress(SCENARIO), tier_fraction=0.3, eviction_policy="arc")
+    extra = plan.base.server.kv_transfer["kv_connector_extra_config"]
+    assert extra["cpu_bytes_to_use"] == math.ceil(plan.storable_tokens * 1024 * 0.3)
+    assert extra["eviction_policy"] == "arc" and plan.under_pressure
+    assert plan.describe()["cpu_tier_fraction"] == 0.3
+    scn = load_stress(write(tmp_path, 'cpu_tier_fraction = 0.5\neviction_policy = "lru"\n'))
+    assert plan_stress(scn).connector_config["eviction_policy"] == "lru"
+    assert not plan_stress(load_stress(SCENARIO)).under_pressure
+    with pytest.raises(BadInput, match="cpu_tier_fraction"):
+        load_stress(write(tmp_path, "cpu_tier_fraction = 1.5\n"))
+
+
+def test_under_pressure_reuse_and_store_counts_give_way_to_a_tier_evicted_check():
+    from harness.commands.stress.judge import check_tier_evicted
+    from harness.commands.stress.run import StressResult
+
+    plan = plan_stress(load_stress(SCENARIO), tier_fraction=0.3)
+    tier = plan.connector_config["cpu_bytes_to_use"]
+    result = StressResult(plan)
+    result.counters = {"stored_bytes": float(tier + 1)}
+    assert check_tier_evicted(result).passed
+    result.counters = {"stored_bytes": float(tier)}
+    assert not check_tier_evicted(result).passed

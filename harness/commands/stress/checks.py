@@ -173,11 +173,12 @@ class Ledger:
         return self.preemptions * self.longest
 
 
-def check_ledger(ledger: Ledger) -> list[CheckResult]:
+def check_ledger(ledger: Ledger, stores: bool = True) -> list[CheckResult]:
     """Every byte accounted for. Loads: a full-attention layer loads every hit token, so
     its loaded bytes are hits x its bytes per token exactly; a chunked-local or sliding
     layer loads only its window's part, so at most that. Stores: each distinct chunk the
-    requests filled is stored once per layer. The trace and vLLM's counters must agree."""
+    requests filled is stored once per layer (``stores``: judged only when the tier never
+    evicts). The trace and vLLM's counters must agree."""
     fulls = [v for k, v in ledger.kinds.items() if k in FULL_KINDS]
     full = (
         {"stored": sum(v["stored"] for v in fulls), "loaded": sum(v["loaded"] for v in fulls)}
@@ -233,6 +234,8 @@ def check_ledger(ledger: Ledger) -> list[CheckResult]:
             "computed on KV that was never there",
         )
     )
+    if not stores:
+        return out
     stored_full = full["stored"] if full is not None else None
     per_chunk = ledger.chunk * ledger.full_bpt
     low, high = ledger.chunks_low * per_chunk, ledger.chunks_high * per_chunk

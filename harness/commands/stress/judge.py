@@ -450,7 +450,7 @@ def evaluate(result: StressResult) -> None:
         checks.append(check_log(result.log_lines))
     logprob_ids = [r.id for r in result.sent if r.prompt_logprobs is not None]
     if result.counters:
-        if plan.profile in REUSING and reuse_is_modelled(plan):
+        if plan.profile in REUSING and reuse_is_modelled(plan) and not plan.under_pressure:
             checks.append(
                 check_prefix_reuse(
                     result.outcomes,
@@ -460,6 +460,8 @@ def evaluate(result: StressResult) -> None:
                 )
             )
         checks += check_ledger_for(result)
+        if plan.under_pressure:
+            checks.append(check_tier_evicted(result))
         checks += [
             check_happened(name, what, result.counters.get(counter, 0.0), why)
             for profiles, name, what, counter, why in HAPPENED
@@ -480,7 +482,24 @@ def reuse_is_modelled(plan: StressPlan) -> bool:
 def check_ledger_for(result: StressResult) -> list[Any]:
     from harness.commands.stress.checks import check_ledger
 
-    return check_ledger(ledger_of(result))
+    # Under pressure a chunk may be stored again after its eviction, or not at all when
+    # the tier has no room: the store count is the policy's choice, not judged.
+    return check_ledger(ledger_of(result), stores=not result.plan.under_pressure)
+
+
+def check_tier_evicted(result: StressResult) -> Any:
+    """Under pressure the tier must really have evicted: more bytes stored than it holds."""
+    from harness.results.records import CheckResult
+
+    tier = int(result.plan.connector_config.get("cpu_bytes_to_use") or 0)
+    stored = float(result.counters.get("stored_bytes", 0.0))
+    return CheckResult(
+        "tier-evicted",
+        stored > tier > 0,
+        f"stored > the tier's {tier:,} B ({result.plan.tier_fraction:g} of what the plan stores)",
+        f"stored {stored:,.0f} B",
+        "a tier under pressure that never evicted proved nothing about eviction",
+    )
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,12 @@ class StressPlan:
     duration_s: float | None = None  # repeat the plan with new seeds until this elapses
     request_limit: int | None = None
     storable_tokens: int = 0  # what one round can store at most (sizes the CPU tier)
+    # Pressure: the tier holds this fraction of what the plan can store (None: all of it).
+    tier_fraction: float | None = None
+
+    @property
+    def under_pressure(self) -> bool:
+        return self.tier_fraction is not None
 
     @property
     def connector_config(self) -> dict[str, Any]:
@@ -92,6 +98,8 @@ class StressPlan:
             "offload_tokens_per_chunk": self.base.tokens_per_chunk,
             "kv_bytes_per_token": self.base.expected.kv_bytes_per_token,
             "cpu_bytes_to_use": self.connector_config.get("cpu_bytes_to_use"),
+            "cpu_tier_fraction": self.tier_fraction,
+            "eviction_policy": self.connector_config.get("eviction_policy", "lru"),
             "server_argv": self.base.server.argv() if self.base.server else None,
             "reference_argv": reference_spec(self).argv() if self.base.server else None,
         }
@@ -169,6 +177,8 @@ def plan_stress(
     concurrency: int | None = None,
     seed: int | None = None,
     url: str | None = None,
+    tier_fraction: float | None = None,
+    eviction_policy: str | None = None,
     **launch: Unpack[RoundtripOptions],
 ) -> StressPlan:
     """Everything known before launch; refuses what cannot run with one clear line.
@@ -214,19 +224,22 @@ def plan_stress(
     storable = sum(bounds[r.id] + r.max_tokens for r in reqs)
     # Size the CPU tier to hold every byte the plan can store (twice for --duration,
     # whose rounds never share prefixes): a prefix evicted from the tier would make a
-    # missed hit the tier's choice, not a bug.
+    # missed hit the tier's choice, not a bug. Under pressure, a fraction of that.
     duration = duration_s if duration_s is not None else scenario.duration_s
     rounds = 2 if duration else 1
-    tier = math.ceil(
-        storable * rounds * base.expected.kv_bytes_per_token * (1 + scenario.cpu_tier_margin)
-    )
+    fraction = tier_fraction if tier_fraction is not None else scenario.cpu_tier_fraction
+    policy = eviction_policy or scenario.eviction_policy
+    need = storable * rounds * base.expected.kv_bytes_per_token
+    tier = math.ceil(need * fraction if fraction else need * (1 + scenario.cpu_tier_margin))
     server = base.server
     if server is not None:
         kv = dict(server.kv_transfer or {})
         if kv:
             extra_cfg = dict(kv.get("kv_connector_extra_config") or {})
             given = extra_cfg.get("cpu_bytes_to_use")
-            extra_cfg["cpu_bytes_to_use"] = max(int(given or 0), tier)
+            extra_cfg["cpu_bytes_to_use"] = tier if fraction else max(int(given or 0), tier)
+            if policy:
+                extra_cfg["eviction_policy"] = policy
             extra_cfg.setdefault("offload_prompt_only", not scenario.offload_decode)
             kv["kv_connector_extra_config"] = extra_cfg
         server = replace(server, kv_transfer=kv or None, env={**server.env, ENV_TRACE: "1"})
@@ -242,6 +255,7 @@ def plan_stress(
         duration_s=duration,
         request_limit=limit,
         storable_tokens=storable,
+        tier_fraction=fraction,
     )
 
 
