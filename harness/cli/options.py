@@ -111,6 +111,15 @@ def check_duration(value: float | None) -> float | None:
     return value
 
 
+def check_fraction(value: float | None) -> float | None:
+    """A fraction strictly between 0 and 1 (the range said in the help text)."""
+    if value is None:
+        return None
+    if not math.isfinite(value) or not 0 < value < 1:
+        raise typer.BadParameter(f"{value} is not between 0 and 1")
+    return value
+
+
 def check_results_dir(value: Path) -> Path:
     """A directory, or a path one can be created at (not a file, nor under one)."""
     if value.exists():

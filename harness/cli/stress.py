@@ -15,6 +15,7 @@ from harness.cli.options import (
     TensorParallel,
     VariantName,
     check_duration,
+    check_fraction,
     check_url,
     opt,
     run_options,
@@ -39,9 +40,11 @@ def stress_cmd(
     duration: Annotated[float | None, opt("stress.duration", callback=check_duration)] = None,
     concurrency: Annotated[int | None, opt("stress.concurrency", min=1, max=64)] = None,
     seed: Annotated[int | None, opt("stress.seed", min=0)] = None,
-    tier_fraction: Annotated[float | None, opt("stress.tier-fraction", min=0.01, max=0.99)] = None,
+    tier_fraction: Annotated[
+        float | None, opt("stress.tier", "--tier", callback=check_fraction)
+    ] = None,
     eviction_policy: Annotated[
-        EvictionPolicy | None, opt("stress.eviction-policy", case_sensitive=False)
+        EvictionPolicy | None, opt("stress.policy", "--policy", case_sensitive=False)
     ] = None,
     tp: TensorParallel = None,
     variant: VariantName = None,

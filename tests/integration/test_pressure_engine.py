@@ -110,9 +110,7 @@ def test_stress_under_pressure_with_arc_evicts_and_every_answer_matches(tmp_path
     on a CPU tier holding 30% of what it stores, under ARC: the tier evicts while
     requests run concurrently, and every answer still matches the reference, every load
     its hit (prefix reuse and the store count are the policy's choice there)."""
-    code, run, out = run_cli(
-        tmp_path, "stress", "--tier-fraction", "0.3", "--eviction-policy", "arc", timeout=1500
-    )
+    code, run, out = run_cli(tmp_path, "stress", "--tier", "0.3", "--policy", "arc", timeout=1500)
     assert code == 0, out
     df = pd.read_csv(run / "checks.csv")
     assert df["passed"].all(), df[~df["passed"]].to_string()

@@ -129,7 +129,7 @@ def test_later_wins_reads_flags_values_and_negations():
 
 
 def test_under_pressure_the_tier_holds_its_fraction_and_the_policy_is_set(tmp_path):
-    """``--tier-fraction``: the tier is that fraction of every byte the plan can store
+    """``--tier``: the tier is that fraction of every byte the plan can store
     (not the round trip's larger default), with the chosen eviction policy; the scenario
     can say the same."""
     import math
