@@ -109,14 +109,22 @@ def _wrap(orig: Callable[..., Any], patch: str, chunked_cls: type[Any]) -> Calla
     return window
 
 
-def _apply_hits_minus_chunk() -> PatchReport:
-    module = importlib.import_module(SCHEDULER_MODULE)
-    cls = module.OffloadingConnectorScheduler
-    orig = cls.get_num_new_matched_tokens
-    target = [f"{SCHEDULER_MODULE}.OffloadingConnectorScheduler.get_num_new_matched_tokens"]
-    if getattr(orig, MARK, None) == PATCH_HITS_MINUS_CHUNK:
-        return PatchReport(PATCH_HITS_MINUS_CHUNK, "applied", target, "(already)")
+def _patch_method(
+    patch: str, module_name: str, cls_name: str, attr: str, wrap: Callable[[Any], Any]
+) -> PatchReport:
+    """Replace ``module.cls.attr`` with ``wrap(original)``, marked, once per process."""
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    orig = getattr(cls, attr)
+    target = [f"{module_name}.{cls_name}.{attr}"]
+    if getattr(orig, MARK, None) == patch:
+        return PatchReport(patch, "applied", target, "(already)")
+    new = wrap(orig)
+    setattr(new, MARK, patch)
+    setattr(cls, attr, new)
+    return PatchReport(patch, "applied", target)
 
+
+def _hits_minus_chunk(orig: Any) -> Any:
     def get_num_new_matched_tokens(
         self: Any, request: Any, num_computed_tokens: int, *args: Any, **kwargs: Any
     ) -> Any:
@@ -130,39 +138,33 @@ def _apply_hits_minus_chunk() -> PatchReport:
             is_async = bool(hits) and is_async
         return hits, is_async
 
-    setattr(get_num_new_matched_tokens, MARK, PATCH_HITS_MINUS_CHUNK)
-    cls.get_num_new_matched_tokens = get_num_new_matched_tokens
-    return PatchReport(PATCH_HITS_MINUS_CHUNK, "applied", target)
+    return get_num_new_matched_tokens
 
 
 MANAGER_MODULE = "vllm.v1.kv_offload.cpu.manager"
 
 
-def _apply_threshold_plus_one() -> PatchReport:
-    module = importlib.import_module(MANAGER_MODULE)
-    cls = module.CPUOffloadingManager
-    orig = cls.__init__
-    target = [f"{MANAGER_MODULE}.CPUOffloadingManager.__init__"]
-    if getattr(orig, MARK, None) == PATCH_THRESHOLD_PLUS_ONE:
-        return PatchReport(PATCH_THRESHOLD_PLUS_ONE, "applied", target, "(already)")
-
+def _threshold_plus_one(orig: Any) -> Any:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         orig(self, *args, **kwargs)
         if self.store_threshold >= 2:
             # The seeded fault: one offer more than the configuration asks for.
             self.store_threshold += 1
 
-    setattr(__init__, MARK, PATCH_THRESHOLD_PLUS_ONE)
-    cls.__init__ = __init__
-    return PatchReport(PATCH_THRESHOLD_PLUS_ONE, "applied", target)
+    return __init__
 
 
 def apply(patch: str) -> PatchReport:
     """Apply ``patch`` in this process; idempotent (vLLM may load plugins twice)."""
     if patch == PATCH_HITS_MINUS_CHUNK:
-        return _apply_hits_minus_chunk()
+        return _patch_method(
+            patch, SCHEDULER_MODULE, "OffloadingConnectorScheduler",
+            "get_num_new_matched_tokens", _hits_minus_chunk,
+        )  # fmt: skip
     if patch == PATCH_THRESHOLD_PLUS_ONE:
-        return _apply_threshold_plus_one()
+        return _patch_method(
+            patch, MANAGER_MODULE, "CPUOffloadingManager", "__init__", _threshold_plus_one
+        )
     if patch not in (PATCH_FIX, PATCH_FLOOR):
         raise ValueError(f"unknown patch {patch!r}")
     from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec

@@ -20,7 +20,7 @@ This module is the single implementation of that matching, so every table treats
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -121,12 +121,22 @@ def first_match(
     ``fields`` that a rule lacks raises AttributeError, and a fact a rule needs but
     ``facts`` lacks raises KeyError, rather than matching by accident.
     """
+    return next(_matching(rules, facts, fields, version_field, version_fact, platform_field), None)
+
+
+def _matching(
+    rules: Sequence[R],
+    facts: Mapping[str, object],
+    fields: Sequence[str],
+    version_field: str | None,
+    version_fact: str,
+    platform_field: str | None,
+) -> Iterator[Match[R]]:
     for index, rule in enumerate(rules):
         if _matches(rule, facts, fields, version_field, version_fact) and (
             platform_field is None or _holds_here(getattr(rule, platform_field), facts)
         ):
-            return Match(index, rule)
-    return None
+            yield Match(index, rule)
 
 
 def all_matches(
@@ -138,12 +148,7 @@ def all_matches(
 ) -> list[Match[R]]:
     """Every rule that matches, in order: for tables whose rules add up instead of the
     first one deciding (a release with two known bugs matches two pressure rules)."""
-    return [
-        Match(index, rule)
-        for index, rule in enumerate(rules)
-        if _matches(rule, facts, fields, "vllm", "vllm_version")
-        and (platform_field is None or _holds_here(getattr(rule, platform_field), facts))
-    ]
+    return list(_matching(rules, facts, fields, "vllm", "vllm_version", platform_field))
 
 
 def platform_gap(rules: Sequence[R], facts: Mapping[str, object], *, fields: Sequence[str]) -> str:
