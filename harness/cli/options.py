@@ -111,6 +111,13 @@ def check_duration(value: float | None) -> float | None:
     return value
 
 
+class EvictionPolicy(str, Enum):
+    """vLLM's CPU tier policies (``kv_connector_extra_config``'s ``eviction_policy``)."""
+
+    lru = "lru"
+    arc = "arc"
+
+
 def check_fraction(value: float | None) -> float | None:
     """A fraction strictly between 0 and 1 (the range said in the help text)."""
     if value is None:

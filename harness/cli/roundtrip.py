@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from harness.cli import common
 from harness.cli.options import (
     EngineArgs,
+    EvictionPolicy,
     Geometry,
     OnePython,
     RoundtripScenarioFile,
@@ -35,6 +36,9 @@ def roundtrip_cmd(
     baseline: Annotated[bool, opt("roundtrip.baseline", "--baseline")] = False,
     engine_arg: EngineArgs = None,
     python: OnePython = None,
+    policy: Annotated[
+        EvictionPolicy | None, opt("roundtrip.policy", "--policy", case_sensitive=False)
+    ] = None,
     *,
     opts: RunOptions,
 ) -> None:
@@ -49,7 +53,7 @@ def roundtrip_cmd(
     def make_plan() -> Any:
         common.refuse_on_attach(
             url, variant=variant, python=python, patch=patch, fault=fault, tp=tp,
-            engine_arg=engine_arg, baseline=baseline,
+            engine_arg=engine_arg, baseline=baseline, policy=policy,
         )  # fmt: skip
         scen = load_roundtrip(scenario or common.default_scenario("roundtrip-cpu.toml"))
         common.known_fault(fault)
@@ -60,9 +64,9 @@ def roundtrip_cmd(
         if url:
             plan = rt.attach_plan(scen, url, str(config) if config else None)
         else:
-            plan = rt.plan_roundtrip(
-                scen, **common.launch_options(variant, python, patch, config, tp, fault, engine_arg)
-            )
+            launch = common.launch_options(variant, python, patch, config, tp, fault, engine_arg)
+            launch["policy"] = policy.value if policy else None
+            plan = rt.plan_roundtrip(scen, **launch)
         return plan
 
     common.plan_and_run(

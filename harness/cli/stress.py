@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 from harness.cli import common
 from harness.cli.options import (
     EngineArgs,
+    EvictionPolicy,
     Geometry,
     OnePython,
     RunOptions,
@@ -23,13 +23,6 @@ from harness.cli.options import (
 )
 from harness.cli.runs import guard, open_roundtrip_run
 from harness.errors import ExitCode
-
-
-class EvictionPolicy(str, Enum):
-    """vLLM's CPU tier policies (``kv_connector_extra_config``'s ``eviction_policy``)."""
-
-    lru = "lru"
-    arc = "arc"
 
 
 @run_options()

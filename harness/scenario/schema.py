@@ -148,14 +148,16 @@ class OffloadSettings(StrictModel):
     block_size: int | None = Field(None, gt=0)
     # Host tier size in bytes, or "auto" (round trips whose server.pool_tokens is set):
     # targets plus the planned filler with a margin, so the tier holds what the plan
-    # needs whatever pool the engine builds.
-    cpu_bytes_to_use: int | Literal["auto"] = Field(512 * 1024**2)
+    # needs whatever pool the engine builds; or "targets" (a round trip under pressure):
+    # exactly the targets' chunks, so the filler's stores evict them and the replay must
+    # load nothing (no evicted chunk is ever loaded).
+    cpu_bytes_to_use: int | Literal["auto", "targets"] = Field(512 * 1024**2)
 
     @field_validator("cpu_bytes_to_use")
     @classmethod
     def _positive_bytes(cls, value: int | str) -> int | str:
         if isinstance(value, int) and value <= 0:
-            raise ValueError('must be a positive number of bytes or "auto"')
+            raise ValueError('must be a positive number of bytes, "auto" or "targets"')
         return value
 
     extra_config: dict[str, Any] = Field(default_factory=dict)

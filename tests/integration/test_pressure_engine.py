@@ -2,7 +2,7 @@
 and store thresholds 2 and 3, every request's hit, store, load and skip exactly as the
 oracle predicts (with this release's known deviations, modelled exactly), evictions
 shown; each seeded fault, on the same servers after a reset of the tier, failing
-exactly the checks that are for it; and stress traffic on a tier under pressure. Seven
+exactly the checks that are for it; and stress traffic on a tier under pressure. Six
 launches: nightly.
 """
 
@@ -32,7 +32,7 @@ MUST_FAIL = {
     ("threshold-2", "lru-evicts-newest"): {"hit-tokens", "loaded-bytes", "stored-bytes"},
     **{
         (server, fault): must
-        for server in ("lru", "arc", "threshold-2", "threshold-3")
+        for server in ("lru", "arc", "threshold-2")
         for fault, must in (
             ("corrupt-load", {"output-after-hit"}),
             ("overcount-load", {"loaded-bytes"}),
@@ -49,16 +49,17 @@ def checks(run):
     return pd.read_csv(run / "pressure-checks.csv", keep_default_na=False)
 
 
-@pytest.mark.launches(4)
+@pytest.mark.launches(3)
 def test_every_server_as_the_oracle_says_and_every_fault_caught_on_it(tmp_path):
-    code, run, out = run_cli(tmp_path, "pressure", *ROUNDS, timeout=1500)
+    # threshold-3 is left to the replay's check against vLLM's manager (no launch): its
+    # live path is threshold-2's.
+    servers = ("--server", "lru", "--server", "arc", "--server", "threshold-2")
+    code, run, out = run_cli(tmp_path, "pressure", *servers, *ROUNDS, timeout=1500)
     assert code == 0, out
     df = checks(run)
     assert df["matched"].all(), df[~df["matched"]].to_string()
     clean = df[df["round"] == "clean"]
-    assert clean["passed"].all() and set(clean["server"]) == {
-        "lru", "arc", "threshold-2", "threshold-3",
-    }  # fmt: skip
+    assert clean["passed"].all() and set(clean["server"]) == {"lru", "arc", "threshold-2"}
     failed = {
         (s, r): set(g[~g["passed"]]["check"])
         for (s, r), g in df[df["round"] != "clean"].groupby(["server", "round"])
@@ -66,7 +67,7 @@ def test_every_server_as_the_oracle_says_and_every_fault_caught_on_it(tmp_path):
     assert failed == MUST_FAIL
     reqs = pd.read_csv(run / "pressure.csv", keep_default_na=False)
     cr = reqs[reqs["round"] == "clean"]
-    assert len(cr) == 18 + 15 + 13 + 8
+    assert len(cr) == 18 + 15 + 13
     assert (cr["ext_hits"] == cr["hit_expected"]).all()
     assert (cr["cached_tokens"] == cr["hit_expected"]).all()
     thr = cr[cr["server"].str.startswith("threshold")]

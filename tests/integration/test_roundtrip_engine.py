@@ -136,11 +136,10 @@ def test_every_fault_is_caught_by_exactly_its_checks_on_one_server(tmp_path):
     assert meta["status"] == "finished" and meta["rounds_matched"] == len(CAUGHT_BY)
 
 
-# Faults fixed at launch (`roundtrip --fault`, the extra config's `offload_check_fault`),
-# one server each: nightly. Every fault's detection is proven on one server in the PR tier
-# (the control file, above); these two prove the fixed-at-launch path itself, for a
-# fault in every group's bytes and one that leaves groups out.
-FIXED_AT_LAUNCH = ("corrupt-load", "partial-store")
+# A fault fixed at launch (`roundtrip --fault`, the extra config's `offload_check_fault`):
+# nightly. Every fault's detection is proven on one server in the PR tier (the control
+# file, above); this proves the fixed-at-launch path itself.
+FIXED_AT_LAUNCH = ("corrupt-load",)
 
 
 @nightly
@@ -284,3 +283,25 @@ def test_unreachable_url_is_one_line(tmp_path):
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "cannot reach" in lines[0]
+
+
+@nightly
+@pytest.mark.launches(1)
+def test_a_round_trip_under_pressure_loads_no_evicted_chunk(tmp_path):
+    """A tier of exactly the targets' chunks, under ARC: the filler's stores evict every
+    target, so the replay must hit and load nothing, answer as the warm pass did, and
+    the tier must really have evicted."""
+    code, run, out = roundtrip(
+        tmp_path,
+        "--scenario",
+        str(ROOT / "scenarios" / "roundtrip-pressure.toml"),
+        "--policy",
+        "arc",
+    )
+    assert code == 0, out
+    df = pd.read_csv(run / "checks.csv").set_index("name")
+    assert df["passed"].all(), df.to_string()
+    assert "tier-evicted" in df.index
+    phases = pd.read_csv(run / "phases.csv").set_index("phase")
+    assert phases.loc["replay", "d_ext_hits"] == 0 and phases.loc["replay", "d_loaded_bytes"] == 0
+    assert phases.loc["cold", "d_stored_bytes"] > 0

@@ -150,3 +150,21 @@ def test_each_vllm_build_gets_its_own_cache(monkeypatch, tmp_path):
     assert stock.server.env["VLLM_CACHE_ROOT"] != plan.server.env["VLLM_CACHE_ROOT"]
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "mine"))
     assert "VLLM_CACHE_ROOT" not in rt.plan_roundtrip(scenario()).server.env
+
+
+def test_a_round_trip_under_pressure_holds_exactly_its_targets_and_expects_no_hit():
+    """``cpu_bytes_to_use = "targets"``: the tier is the targets' stored bytes (whole
+    slots: each chunk of each group one), the filler must evict them all, so the plan
+    expects no replay hit and no load, and refuses no eviction plan for it; ``--policy``
+    sets the tier's policy."""
+    scn = load_roundtrip(ROOT / "scenarios" / "roundtrip-pressure.toml")
+    plan = rt.plan_roundtrip(scn, policy="arc")
+    extra = plan.server.kv_transfer["kv_connector_extra_config"]
+    assert extra["cpu_bytes_to_use"] == plan.expected.stored_bytes > 0
+    assert extra["eviction_policy"] == "arc"
+    assert plan.evicts_targets and plan.expected.hit_tokens == plan.expected.loaded_bytes == 0
+    assert plan.cpu_capacity_tokens is None  # the filler may (must) evict the targets
+    with pytest.raises(BadInput, match="one rank"):
+        rt.plan_roundtrip(scn, tp=2)
+    plain = rt.plan_roundtrip(load_roundtrip(ROOT / "scenarios" / "roundtrip-cpu.toml"))
+    assert not plain.evicts_targets and plain.expected.hit_tokens > 0

@@ -239,6 +239,28 @@ def _must_be_zero(name: str, value: float, observed: str, expected: str, why: st
     return CheckResult(name, value == 0, expected, observed, why)
 
 
+def evicted_by_filler(exp: Expected) -> None:
+    """Under pressure (a tier of exactly the targets' chunks) the filler's stores evict
+    every target chunk: the replay hits and loads nothing, and a hit or a byte loaded
+    is an evicted chunk served."""
+    for t in exp.targets:
+        t.hit_tokens = t.chunked_needed_tokens = t.loaded_bytes = 0
+        t.loaded_by_kind = {}
+
+
+def check_tier_evicted(tier_bytes: int, stored: float) -> CheckResult:
+    """Under pressure (a tier of exactly the targets' chunks) the filler must have stored
+    past the tier's size, or the targets were never evicted and the replay proves
+    nothing about eviction."""
+    return CheckResult(
+        "tier-evicted",
+        stored > tier_bytes,
+        f"cold + filler stored > the tier's {_fmt_bytes(tier_bytes)}",
+        f"stored {_fmt_bytes(stored)}",
+        "a tier under pressure that never evicted proved nothing about eviction",
+    )
+
+
 def check_filler_loaded_nothing(filler_loaded: float) -> CheckResult:
     return _must_be_zero(
         "filler-loaded-nothing",

@@ -46,6 +46,8 @@ def derive_expected(plan: RoundtripPlan, result: RoundtripResult) -> ck.Expected
         exp.kv_bytes_per_token = exp.full_bytes_per_token = bpt
         exp.layout = [kv_layout.KindLayout("full", 0, bpt)]
         exp.recompute(lengths, max_tokens)
+    if plan.evicts_targets:
+        ck.evicted_by_filler(exp)  # again: a recompute above restores the hits
     return exp
 
 
@@ -87,8 +89,13 @@ def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[CheckResult]:
     same_split = (
         warm is not None and warm.gpu_hits + warm.ext_hits == replay.gpu_hits + replay.ext_hits
     )
+    evicted = []
+    if plan.evicts_targets:
+        stored = by_phase["cold"].stored_bytes + by_phase["filler"].stored_bytes
+        evicted = [ck.check_tier_evicted(exp.stored_bytes, stored)]
     return [
         *layout,
+        *evicted,
         ck.check_stored(exp, by_phase["cold"].stored_bytes),
         ck.check_filler_loaded_nothing(by_phase["filler"].loaded_bytes),
         ck.check_evicted(replay.gpu_hits),

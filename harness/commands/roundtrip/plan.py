@@ -67,6 +67,8 @@ class RoundtripPlan:
     url: str | None = None  # the server an attached plan sends to (``roundtrip --url``)
     # What this build is not that the scenario was written for, and how to switch ("").
     off_platform: str = ""
+    # Under pressure: the tier holds exactly the targets, the filler evicts them.
+    evicts_targets: bool = False
 
     def describe(self, filler: Filler | None = None) -> dict[str, Any]:
         """``run.json``'s ``plan``: the plan, with the filler once the live pool sized it."""
@@ -86,6 +88,7 @@ class RoundtripPlan:
             "pool_tokens": filler.pool_tokens if filler else None,
             "filler_over_pool": filler.over_pool if filler else None,
             "cpu_capacity_tokens": self.cpu_capacity_tokens,
+            "evicts_targets": self.evicts_targets,
             "expected": self.expected.as_dict(),
             "server_argv": self.server.argv() if self.server else None,
             "server_env": self.server.env if self.server else None,
@@ -172,6 +175,7 @@ class RoundtripOptions(TypedDict, total=False):
     fault_control: str | None
     extra_args: list[str] | None
     extra_variants: Mapping[str, Variant] | None
+    policy: str | None  # the CPU tier's eviction policy (lru, arc); None: the scenario's
 
 
 def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) -> RoundtripPlan:
@@ -179,6 +183,7 @@ def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) 
     variant, patch, config = choices.get("variant"), choices.get("patch"), choices.get("config")
     tp, fault, fault_control = choices.get("tp"), choices.get("fault"), choices.get("fault_control")
     extra_args, extra_variants = choices.get("extra_args"), choices.get("extra_variants")
+    policy = choices.get("policy")
     variants = load_variants(scn.resolve(scn.variants_file), extra_variants)
     name = variant or scn.variant
     if name not in variants:
@@ -216,17 +221,29 @@ def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) 
     chunk = expected.attention_chunk_size
     stored_target_tokens = sum(t.stored_tokens for t in expected.targets)
     kv_memory = _pool_bytes(scn, expected, tp_size)
+    evicts_targets = scn.offload.cpu_bytes_to_use == "targets"
+    if evicts_targets and tp_size > 1:
+        raise BadInput('offload.cpu_bytes_to_use = "targets" sizes one rank\'s tier: use TP 1')
     offload = _sized_cpu_tier(scn, expected, stored_target_tokens)
+    if policy:
+        offload = offload.model_copy(
+            update={"extra_config": {**offload.extra_config, "eviction_policy": policy}}
+        )
     assert isinstance(offload.cpu_bytes_to_use, int)
     capacity = int(offload.cpu_bytes_to_use * CPU_CAPACITY_SAFETY) // max(
         1, expected.kv_bytes_per_token
     )
-    if capacity < stored_target_tokens:
+    if evicts_targets:
+        # Under pressure the targets' chunks fill the tier exactly and the filler evicts
+        # them: the replay then hits and loads nothing.
+        capacity = stored_target_tokens
+        ck.evicted_by_filler(expected)
+    elif capacity < stored_target_tokens:
         raise BadInput(
             f"offload.cpu_bytes_to_use holds {capacity} tokens, fewer than the "
             f"{stored_target_tokens} the targets store"
         )
-    if scn.server.pool_tokens is not None:
+    if scn.server.pool_tokens is not None and not evicts_targets:
         # The pool is known before launch: an impossible plan is refused now, not after
         # a server start.
         need = stored_target_tokens + sum(_filler_lengths(scn, scn.server.pool_tokens))
@@ -273,8 +290,9 @@ def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) 
     return RoundtripPlan(
         scn, name, geometry, model_ref, served, kv_block, c, expected, targets, vocab, tuple(notes),
         env=env, patch=eff_patch, fault=eff_fault, tensor_parallel=tp_size,
-        server=replace(sp, tail=later_wins(sp.tail)), cpu_capacity_tokens=capacity,
-        off_platform=off_platform,
+        server=replace(sp, tail=later_wins(sp.tail)),
+        cpu_capacity_tokens=None if evicts_targets else capacity,
+        off_platform=off_platform, evicts_targets=evicts_targets,
     )  # fmt: skip
 
 
@@ -388,7 +406,9 @@ def _pool_bytes(scn: RoundtripScenario, expected: ck.Expected, tp: int) -> int |
 def _sized_cpu_tier(
     scn: RoundtripScenario, expected: ck.Expected, stored_target_tokens: int
 ) -> OffloadSettings:
-    """The offload settings with an ``"auto"`` CPU tier resolved to bytes."""
+    """The offload settings with an ``"auto"`` or ``"targets"`` CPU tier resolved to bytes."""
+    if scn.offload.cpu_bytes_to_use == "targets":
+        return scn.offload.model_copy(update={"cpu_bytes_to_use": expected.stored_bytes})
     if scn.offload.cpu_bytes_to_use != "auto":
         return scn.offload
     if scn.server.pool_tokens is None:
