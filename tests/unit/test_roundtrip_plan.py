@@ -168,3 +168,12 @@ def test_a_round_trip_under_pressure_holds_exactly_its_targets_and_expects_no_hi
         rt.plan_roundtrip(scn, tp=2)
     plain = rt.plan_roundtrip(load_roundtrip(ROOT / "scenarios" / "roundtrip-cpu.toml"))
     assert not plain.evicts_targets and plain.expected.hit_tokens > 0
+
+
+def test_under_pressure_nothing_loaded_is_the_pass_and_a_load_the_failure():
+    from harness.commands.roundtrip import checks as ck
+
+    exp = rt.plan_roundtrip(load_roundtrip(ROOT / "scenarios" / "roundtrip-pressure.toml")).expected
+    assert ck.check_loaded(exp, 0, evicted=True).passed
+    assert not ck.check_loaded(exp, 65536, evicted=True).passed
+    assert not ck.check_loaded(exp, 0).passed  # outside pressure, nothing to load proves nothing

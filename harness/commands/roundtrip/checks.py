@@ -288,7 +288,19 @@ def check_evicted(replay_gpu_hits: float) -> CheckResult:
     return result
 
 
-def check_loaded(exp: Expected, replay_loaded: float) -> CheckResult:
+def check_loaded(exp: Expected, replay_loaded: float, evicted: bool = False) -> CheckResult:
+    """The replay's loaded bytes against the plan's; ``evicted`` (a round trip under
+    pressure, whose filler evicted every target) expects nothing loaded, where otherwise
+    a plan with nothing to load is itself refused as proving nothing."""
+    if evicted:
+        return CheckResult(
+            "replay-loaded-bytes",
+            replay_loaded == 0,
+            "0 B (the filler evicted every target chunk from the tier)",
+            _fmt_bytes(replay_loaded),
+            "no evicted chunk may ever be loaded",
+            "" if replay_loaded == 0 else "bytes loaded for chunks the tier no longer holds",
+        )
     if not exp.exact_load:
         bound = exp.hit_tokens * exp.kv_bytes_per_token
         ok = 0 < replay_loaded <= bound

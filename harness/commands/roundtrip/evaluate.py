@@ -99,7 +99,7 @@ def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[CheckResult]:
         ck.check_stored(exp, by_phase["cold"].stored_bytes),
         ck.check_filler_loaded_nothing(by_phase["filler"].loaded_bytes),
         ck.check_evicted(replay.gpu_hits),
-        ck.check_loaded(exp, replay.loaded_bytes),
+        ck.check_loaded(exp, replay.loaded_bytes, evicted=plan.evicts_targets),
         ck.check_ext_hits(exp, replay.ext_hits),
         replay_output_check(outs, names, replay_vs_warm, split_noise, same_split),
     ]
