@@ -177,3 +177,12 @@ def test_under_pressure_nothing_loaded_is_the_pass_and_a_load_the_failure():
     assert ck.check_loaded(exp, 0, evicted=True).passed
     assert not ck.check_loaded(exp, 65536, evicted=True).passed
     assert not ck.check_loaded(exp, 0).passed  # outside pressure, nothing to load proves nothing
+
+
+def test_under_pressure_the_replay_must_store_every_target_chunk_again():
+    from harness.commands.roundtrip import checks as ck
+
+    exp = rt.plan_roundtrip(load_roundtrip(ROOT / "scenarios" / "roundtrip-pressure.toml")).expected
+    assert ck.check_replay_restored(exp, exp.stored_bytes).passed
+    short = ck.check_replay_restored(exp, exp.stored_bytes - 524_288)
+    assert not short.passed and "off by -524,288 B" in short.detail

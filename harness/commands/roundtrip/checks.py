@@ -261,6 +261,22 @@ def check_tier_evicted(tier_bytes: int, stored: float) -> CheckResult:
     )
 
 
+def check_replay_restored(exp: Expected, replay_stored: float) -> CheckResult:
+    """Under pressure every target chunk was evicted, so the replay stores every one of
+    them again: a chunk not stored again was still held (or said to be) by the tier, yet
+    the replay did not load it."""
+    ok = int(replay_stored) == exp.stored_bytes
+    return CheckResult(
+        "replay-stored-bytes",
+        ok,
+        f"{_fmt_bytes(exp.stored_bytes)} (every target chunk stored again)",
+        _fmt_bytes(replay_stored),
+        "an evicted chunk must be stored again when recomputed; one the tier still holds "
+        "must have been loaded",
+        "" if ok else _byte_diff(exp, int(replay_stored) - exp.stored_bytes),
+    )
+
+
 def check_filler_loaded_nothing(filler_loaded: float) -> CheckResult:
     return _must_be_zero(
         "filler-loaded-nothing",

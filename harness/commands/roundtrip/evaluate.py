@@ -92,7 +92,10 @@ def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[CheckResult]:
     evicted = []
     if plan.evicts_targets:
         stored = by_phase["cold"].stored_bytes + by_phase["filler"].stored_bytes
-        evicted = [ck.check_tier_evicted(exp.stored_bytes, stored)]
+        evicted = [
+            ck.check_tier_evicted(exp.stored_bytes, stored),
+            ck.check_replay_restored(exp, by_phase["replay"].stored_bytes),
+        ]
     return [
         *layout,
         *evicted,
