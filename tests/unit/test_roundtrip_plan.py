@@ -158,10 +158,12 @@ def test_a_round_trip_under_pressure_holds_exactly_its_targets_and_expects_no_hi
     expects no replay hit and no load, and refuses no eviction plan for it; ``--policy``
     sets the tier's policy."""
     scn = load_roundtrip(ROOT / "scenarios" / "roundtrip-pressure.toml")
-    plan = rt.plan_roundtrip(scn, policy="arc")
+    plan = rt.plan_roundtrip(scn, policy="lru")
     extra = plan.server.kv_transfer["kv_connector_extra_config"]
     assert extra["cpu_bytes_to_use"] == plan.expected.stored_bytes > 0
-    assert extra["eviction_policy"] == "arc"
+    assert extra["eviction_policy"] == "lru"
+    with pytest.raises(BadInput, match="ARC keeps the targets"):
+        rt.plan_roundtrip(scn, policy="arc")
     assert plan.evicts_targets and plan.expected.hit_tokens == plan.expected.loaded_bytes == 0
     assert plan.cpu_capacity_tokens is None  # the filler may (must) evict the targets
     with pytest.raises(BadInput, match="one rank"):

@@ -224,6 +224,15 @@ def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) 
     evicts_targets = scn.offload.cpu_bytes_to_use == "targets"
     if evicts_targets and tp_size > 1:
         raise BadInput('offload.cpu_bytes_to_use = "targets" sizes one rank\'s tier: use TP 1')
+    chosen_policy = policy or scn.offload.extra_config.get("eviction_policy", "lru")
+    if evicts_targets and chosen_policy == "arc":
+        # Measured on 0.32.0: the warm pass's reuse moves the targets to ARC's T2, which
+        # the filler's T1 traffic does not reach, so ARC keeps part of them by design and
+        # the replay is not what this mode predicts (offload-check pressure is).
+        raise BadInput(
+            'offload.cpu_bytes_to_use = "targets" predicts LRU (the filler evicts every '
+            "target); ARC keeps the targets the warm pass reused: use offload-check pressure"
+        )
     offload = _sized_cpu_tier(scn, expected, stored_target_tokens)
     if policy:
         offload = offload.model_copy(
