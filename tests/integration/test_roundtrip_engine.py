@@ -288,15 +288,15 @@ def test_unreachable_url_is_one_line(tmp_path):
 @nightly
 @pytest.mark.launches(1)
 def test_a_round_trip_under_pressure_loads_no_evicted_chunk(tmp_path):
-    """A tier of exactly the targets' chunks, under ARC: the filler's stores evict every
-    target, so the replay must hit and load nothing, answer as the warm pass did, and
-    the tier must really have evicted."""
+    """A tier of exactly the targets' chunks, under LRU: the filler's stores evict every
+    target, so the replay must hit and load nothing, store every chunk again, answer as
+    the warm pass did, and the tier must really have evicted."""
     code, run, out = roundtrip(
         tmp_path,
         "--scenario",
         str(ROOT / "scenarios" / "roundtrip-pressure.toml"),
         "--policy",
-        "arc",
+        "lru",
     )
     assert code == 0, out
     df = pd.read_csv(run / "checks.csv").set_index("name")
