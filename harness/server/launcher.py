@@ -533,6 +533,20 @@ def http_json(url: str, payload: dict[str, Any] | None = None, timeout_s: float 
     return body.decode(errors="replace")
 
 
+def http_post(url: str, timeout_s: float = 60.0) -> tuple[int, str]:
+    """POST with no body (an admin call): the status and body as they came, errors
+    included, since a refusal is a fact to judge, not an exception; no answer at all is
+    a ``HarnessError``."""
+    req = urllib.request.Request(url, data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return int(resp.status), resp.read()[:2000].decode(errors="replace")
+    except urllib.error.HTTPError as err:
+        return int(err.code), err.read()[:2000].decode(errors="replace")
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
+        raise HarnessError(f"{url}: no answer ({getattr(err, 'reason', err)})") from None
+
+
 def _start_reaper(server_pgid: int, scratch: str | None = None) -> subprocess.Popen[bytes] | None:
     """The sidecar that kills the server group if this process dies without cleanup."""
     from harness.server.reaper import _start_time

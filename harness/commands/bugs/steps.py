@@ -20,9 +20,7 @@ import math
 import operator
 import random
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,6 +33,7 @@ from harness.errors import BadInput, HarnessError
 from harness.results.records import CheckResult, StepRecord, SweepCell
 from harness.scenario.schema import BugEntry, RoundtripScenario, Step, StepsTrigger, load_roundtrip
 from harness.server import metrics
+from harness.server.launcher import http_post
 from harness.server.workload import FIRST_ORDINARY_ID, Completion, Prompt, complete, make_fillers
 
 if TYPE_CHECKING:
@@ -184,19 +183,6 @@ class Script:
     last_reset: StepRecord | None = None
 
 
-def post(url: str, timeout_s: float = 60.0) -> tuple[int, str]:
-    """POST with no body: the status and body as they came, errors included (an admin
-    call's refusal is a fact to judge, not an exception)."""
-    req = urllib.request.Request(url, data=b"", method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return int(resp.status), resp.read()[:2000].decode(errors="replace")
-    except urllib.error.HTTPError as err:
-        return int(err.code), err.read()[:2000].decode(errors="replace")
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
-        raise HarnessError(f"{url}: no answer ({getattr(err, 'reason', err)})") from None
-
-
 def run_script(script: Script, ep: Endpoint, steps: list[Step], out: Path) -> None:
     """The steps in order on a live server; raises the endpoint's failure (an engine that
     died is the script's verdict, judged by the caller)."""
@@ -220,7 +206,7 @@ def run_script(script: Script, ep: Endpoint, steps: list[Step], out: Path) -> No
             elif s.do == "reset-prefix-cache":
                 query = f"?{urllib.parse.urlencode(s.query)}" if s.query else ""
                 try:
-                    rec.http_status, rec.body = post(f"{ep.base}/reset_prefix_cache{query}")
+                    rec.http_status, rec.body = http_post(f"{ep.base}/reset_prefix_cache{query}")
                 except HarnessError as err:
                     raise ep.failure(label, err) from None
                 rec.detail = f"HTTP {rec.http_status} {rec.body[:200]}".strip()

@@ -8,8 +8,6 @@ import json
 import re
 import shutil
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +20,7 @@ from harness.errors import HarnessError
 from harness.names import FAULT_NONE
 from harness.results.records import PressureCheck, PressureRequest
 from harness.server import control_files
+from harness.server.launcher import http_post
 from harness.server.workload import Completion, complete
 
 # The host backend's start line (harness.engine.host_offload): the tier vLLM sized.
@@ -81,22 +80,14 @@ def reset_tier(url: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < deadline:
-        req = urllib.request.Request(
-            f"{url}/reset_prefix_cache?reset_external=true", data=b"", method="POST"
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                body = resp.read().decode(errors="replace")
-        except urllib.error.HTTPError as err:
+        status, last = http_post(f"{url}/reset_prefix_cache?reset_external=true", 30.0)
+        if status != 200:
             raise HarnessError(
-                f"{url}/reset_prefix_cache answered {err.code} (the server needs "
+                f"{url}/reset_prefix_cache answered {status} (the server needs "
                 "VLLM_SERVER_DEV_MODE=1)"
-            ) from None
-        except (urllib.error.URLError, OSError) as err:
-            raise HarnessError(f"{url}/reset_prefix_cache: no answer ({err})") from None
-        last = body
+            )
         try:
-            ok = json.loads(body).get("success", True) if body.strip() else True
+            ok = json.loads(last).get("success", True) if last.strip() else True
         except (ValueError, AttributeError):
             ok = True
         if ok:
