@@ -135,10 +135,16 @@ def complete(
     out.text = choice.get("text", "")
     out.token_ids = list(choice.get("token_ids") or [])
     out.logprobs = choice.get("logprobs")
-    details = (resp.get("usage") or {}).get("prompt_tokens_details") or {}
-    if details.get("cached_tokens") is not None:
-        out.cached_tokens = int(details["cached_tokens"])
+    out.cached_tokens = cached_tokens_of(resp)
     return out
+
+
+def cached_tokens_of(response: dict[str, Any]) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` of a completion response: the prompt
+    tokens a cache served; None when the server does not report it."""
+    details = (response.get("usage") or {}).get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens")
+    return int(cached) if cached is not None else None
 
 
 @dataclass

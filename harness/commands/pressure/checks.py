@@ -100,10 +100,6 @@ def judge_request(
     return Judged(row, failing)
 
 
-def _first(rows: Sequence[PressureRequest], check: str) -> PressureRequest | None:
-    return next((r for r in rows if check in r.failing.split(";")), None)
-
-
 def _row_detail(check: str, r: PressureRequest) -> str:
     at = f"request {r.index} ({r.request})"
     if check == "hit-tokens":
@@ -182,7 +178,6 @@ def judge_server(
         if name == "stores-skipped" and server.store_threshold < 2:
             continue
         bad = [r for r in rows if name in r.failing.split(";")]
-        first = _first(rows, name)
         out.append(
             _check(
                 server,
@@ -190,7 +185,7 @@ def judge_server(
                 not bad,
                 "every request as the oracle says",
                 f"{len(rows) - len(bad)} of {len(rows)} requests agree",
-                _row_detail(name, first) if first else "",
+                _row_detail(name, bad[0]) if bad else "",
             )
         )
     stored_chunks = sum(r.stored_bytes for r in rows) // max(1, tier.chunk_bytes)

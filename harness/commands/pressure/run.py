@@ -99,7 +99,6 @@ def reset_tier(url: str, timeout_s: float = 60.0) -> None:
 def _serve_round(
     plan: PressurePlan,
     rnd: ServerPlan,
-    url: str,
     ep: Endpoint,
     reporter: PressureReporter,
     result: ServerResult,
@@ -112,7 +111,7 @@ def _serve_round(
         phase = f"{rnd.name} {rnd.round} request {req.index} ({req.label})"
         try:
             comp = complete(
-                url,
+                ep.base,
                 plan.served_name,
                 req.prompt,
                 rnd.round,
@@ -172,7 +171,7 @@ def run_server(
                     control_files.write_control(sp.fault_control, rnd.fault)
             try:
                 _serve_round(
-                    plan, rnd, server.url, ep, reporter, result,
+                    plan, rnd, ep, reporter, result,
                     lambda _r: on_update(results), capacity,
                 )  # fmt: skip
             except HarnessError as err:

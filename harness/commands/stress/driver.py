@@ -24,6 +24,7 @@ from typing import Any
 
 from harness.commands.stress.workload import PlannedRequest
 from harness.server.launcher import note_answer
+from harness.server.workload import cached_tokens_of
 
 
 @dataclass
@@ -197,13 +198,11 @@ def http_sender(
             )
         body = post_json(f"{base_url}/v1/completions", payload, timeout_s)
         choice = body["choices"][0]
-        details = (body.get("usage") or {}).get("prompt_tokens_details") or {}
-        cached = details.get("cached_tokens")
         return Reply(
             list(choice.get("token_ids") or []),
             str(choice.get("text", "")),
             _token_logprobs(choice),
-            int(cached) if cached is not None else None,
+            cached_tokens_of(body),
             _top_logprobs(choice),
         )
 
