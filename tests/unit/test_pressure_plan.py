@@ -95,7 +95,13 @@ def _server(policy="lru", threshold=0, failing=()):
         PlannedRequest(i, p, n, st)
         for i, (p, (_, n), st) in enumerate(zip(prompts, seq, steps, strict=True))
     ]
-    return ServerPlan("s", policy, threshold, None, (), tuple(failing), ("51787",), reqs, None)  # type: ignore[arg-type]
+    from harness.commands.pressure.plan import Rules
+    from harness.scenario.schema import PressureRule, PressureServer
+
+    srv = PressureServer(name="s", policy=policy, store_threshold=threshold, requests="A4")
+    matched = (PressureRule(failing_checks=list(failing), issue=51787),) if failing else ()
+    rules = Rules(load_pressure(SCENARIO), srv, matched)
+    return ServerPlan("s", policy, threshold, None, rules, reqs, None)  # type: ignore[arg-type]
 
 
 TIER = tier_geometry(load_model_config(MODELS / "llama4-no-chunk.json"), 256, 8, "x")

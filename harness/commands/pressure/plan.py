@@ -171,9 +171,7 @@ class ServerPlan:
     policy: Policy
     store_threshold: int
     mutant: str | None
-    deviations: tuple[str, ...]
-    failing_checks: tuple[str, ...]
-    issues: tuple[str, ...]
+    rules: Rules  # what the scenario's rules say of this server on this build
     requests: list[PlannedRequest]
     spec: ServerSpec
     round: str = "clean"  # the round's name: "clean", a mutant's or a fault's
@@ -212,6 +210,18 @@ class ServerPlan:
             "rounds": [r.describe() for r in self.rounds],
             "notes": list(self.notes),
         }
+
+    @property
+    def deviations(self) -> tuple[str, ...]:
+        return tuple(sorted(self.rules.deviations))
+
+    @property
+    def failing_checks(self) -> tuple[str, ...]:
+        return tuple(sorted(self.rules.failing_checks))
+
+    @property
+    def issues(self) -> tuple[str, ...]:
+        return self.rules.issues
 
     def all_rounds(self) -> list[ServerPlan]:
         return [self, *self.rounds]
@@ -517,9 +527,8 @@ def plan_pressure(
             amx=var.amx,
         )
         clean = ServerPlan(
-            srv.name, srv.policy, srv.store_threshold, None,
-            tuple(sorted(rules.deviations)), tuple(sorted(rules.failing_checks)),
-            rules.issues, _requests(scn, srv, steps, vocab, "clean"), spec,
+            srv.name, srv.policy, srv.store_threshold, None, rules,
+            _requests(scn, srv, steps, vocab, "clean"), spec,
             policy_mode=srv.policy if mine else "",
             policy_control=policy_control, fault_control=fault_control,
         )  # fmt: skip

@@ -315,7 +315,7 @@ def _run_pressure(job: Job) -> list[SweepCell]:
     which the clean semantics would not have predicted for this sequence: ``known``
     names it) or ``fail``; matched when every check is as the scenario's rules expect."""
     from harness.commands.pressure.files import write_pressure
-    from harness.commands.pressure.plan import build_local_model, plan_pressure, rules_for
+    from harness.commands.pressure.plan import build_local_model, plan_pressure
     from harness.commands.pressure.run import ServerResult, run_server
     from harness.results.run_directory import RunDirectory
 
@@ -331,7 +331,6 @@ def _run_pressure(job: Job) -> list[SweepCell]:
     )
     done: list[ServerResult] = []
     cells = []
-    sp_scenario = {s.name: s for s in target.scenario.servers}
     for sp in plan.servers:
         check = f"pressure/{sp.name}"
         cell = SweepCell(
@@ -352,8 +351,7 @@ def _run_pressure(job: Job) -> list[SweepCell]:
             cells.append(cell)
             continue
         done.append(res)
-        srv = sp_scenario[sp.name]
-        rules = rules_for(target.scenario, srv, plan.env.vllm_version, plan.env.device)
+        rules = sp.rules
         failing = sorted(c.check for c in res.checks if not c.passed)
         shown = rules.shown(failing)
         if failing and not set(failing) <= rules.failing_checks:
