@@ -192,7 +192,13 @@ class HostOffloadingWorker(OffloadingWorker):
         fault: str = FAULT_NONE,
         fault_control: str | None = None,
         rank: int = 0,
+        host_rows: torch.Tensor | None = None,
+        row_offset: int = 0,
     ) -> None:
+        """``host_rows``: an int8 ``(num_chunks, row_stride)`` tensor to hold the chunks in
+        place of a private buffer, this rank's part of each row starting at ``row_offset``
+        (``harness.engine.host_tiering`` passes vLLM's shared region, which the secondary
+        tiers read and write from the scheduler process)."""
         if blocks_per_chunk < 1:
             raise ValueError(f"blocks_per_chunk must be >= 1, got {blocks_per_chunk}")
         if not kv_caches.tensors:
@@ -240,24 +246,35 @@ class HostOffloadingWorker(OffloadingWorker):
                 f"{blocks_per_chunk} blocks)"
             )
 
-        self.host_buffer = torch.zeros(
-            (self.num_cpu_chunks, self.row_bytes), dtype=torch.int8, device="cpu"
-        )
+        if host_rows is None:
+            self.host_buffer = torch.zeros(
+                (self.num_cpu_chunks, self.row_bytes), dtype=torch.int8, device="cpu"
+            )
+            stride = self.row_bytes
+        else:
+            rows, stride = host_rows.shape
+            if rows < self.num_cpu_chunks or row_offset + needed_row_bytes > stride:
+                raise ValueError(
+                    f"host rows {tuple(host_rows.shape)} cannot hold {self.num_cpu_chunks} "
+                    f"chunks of {needed_row_bytes} B at offset {row_offset}"
+                )
+            self.host_buffer = host_rows
         # Per canonical tensor: (num_chunks, blocks_per_chunk, page) strided views into the
         # buffer, so a KV block maps to (chunk row, block-in-chunk) with no arithmetic on
         # raw pointers.
         self.host_views: list[torch.Tensor] = []
-        offset = 0
+        offset = row_offset
         for page, slot in zip(self.page_sizes, slot_sizes, strict=True):
             self.host_views.append(
                 torch.as_strided(
                     self.host_buffer,
                     size=(self.num_cpu_chunks, blocks_per_chunk, page),
-                    stride=(self.row_bytes, page, 1),
+                    stride=(stride, page, 1),
                     storage_offset=offset,
                 )
             )
             offset += slot
+        self._row_stride = stride
 
         self._finished: deque[TransferResult] = deque()
         logger.info(
@@ -288,7 +305,7 @@ class HostOffloadingWorker(OffloadingWorker):
         return torch.as_strided(
             self.host_buffer,
             size=(self.num_cpu_chunks, page * self.blocks_per_chunk),
-            stride=(self.row_bytes, 1),
+            stride=(self._row_stride, 1),
             storage_offset=view.storage_offset(),
         )
 

@@ -659,3 +659,85 @@ def test_fault_control_must_exist_and_excludes_a_fixed_fault(tmp_path) -> None:
     )
     with pytest.raises(ValueError, match="file path"):
         HostOffloadingSpec(bad)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_tiered_spec_writes_where_the_secondary_tiers_read(world_size: int, tmp_path) -> None:
+    """The tiered host backend's worker writes into vLLM's shared region, at the offsets
+    the stock worker's ``create_next_worker_view`` gives this rank: the scheduler's
+    memoryview of the CPU tier (what the ``fs`` tier writes to files and reads back into)
+    shows exactly the bytes stored, and bytes put there come back on a load."""
+    import uuid
+
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
+
+    from harness.engine.host_tiering import HostTieringOffloadingSpec
+
+    layout = LAYOUTS[2]  # three tensors of mixed pages: the row holds them in turn
+    page = sum(p for p, _ in layout.tensors)
+    extra = _extra(
+        spec_name="HostTieringOffloadingSpec",
+        spec_module_path="harness.engine.host_tiering",
+        block_size=256,
+        secondary_tiers=[{"type": "fs", "root_dir": str(tmp_path / "kv")}],
+    )
+    assert OffloadingSpecFactory.get_spec_cls(extra) is HostTieringOffloadingSpec
+    rank = world_size - 1
+    config = make_offloading_config(
+        extra, worker_kv_bytes_per_block=page, blocks_per_chunk=2, world_size=world_size, rank=rank
+    )
+    config = dataclasses.replace(config, engine_id=f"offload-check-{uuid.uuid4().hex[:12]}")
+    spec = HostTieringOffloadingSpec(config)
+    manager = spec.get_manager()  # the scheduler side: creates the region, rank None
+    assert isinstance(manager, TieringOffloadingManager)
+    caches, matrices = make_caches(layout, seed=3)
+    worker = spec.get_worker(caches)
+    try:
+        assert isinstance(worker, HostOffloadingWorker)
+        assert spec.get_worker(caches) is worker
+        # The stock worker's views of the same region, for this rank.
+        stock = SharedOffloadRegion(
+            engine_id=config.engine_id,
+            num_chunks=spec.num_chunks,
+            rank=rank,
+            kv_bytes_per_chunk=spec.kv_bytes_per_chunk,
+            cpu_page_size=spec.cpu_page_size_per_worker,
+        )
+        try:
+            for t_idx, (tensor_page, _) in enumerate(layout.tensors):
+                view = stock.create_next_worker_view(tensor_page * 2)
+                mine = worker.host_chunk_view(t_idx)
+                assert (mine.storage_offset(), mine.stride(), mine.shape) == (
+                    view.storage_offset(),
+                    view.stride(),
+                    view.shape,
+                )
+        finally:
+            stock.cleanup()
+        sizes, starts = [2, 2, 2], [0, 0, 0]
+        chunk_ids = chunks_for(sizes, starts, 2, first=1)
+        worker.submit_store(
+            1,
+            GPULoadStoreSpec(block_ids_for(sizes, 0), group_sizes=sizes, block_indices=starts),
+            CPULoadStoreSpec(chunk_ids),
+        )
+        rows = np.frombuffer(spec._scheduler_mmap.create_kv_memoryview(), dtype=np.int8)
+        rows = rows.reshape(spec.num_chunks, spec.kv_bytes_per_chunk)
+        area = spec.cpu_page_size_per_worker
+        cell = slice(rank * area, (rank + 1) * area)
+        seen = torch.from_numpy(rows[chunk_ids, cell].copy())
+        assert torch.equal(seen, worker.host_buffer[chunk_ids][:, cell])
+        assert seen.abs().sum() > 0
+        # A chunk the secondary tier promotes arrives through the same memoryview.
+        rows[chunk_ids[0], cell] = 7
+        worker.submit_load(
+            2,
+            CPULoadStoreSpec(chunk_ids[:1]),
+            GPULoadStoreSpec([20, 21], group_sizes=[2, 0, 0], block_indices=[0, 0, 0]),
+        )
+        assert (matrices[0][20:22] == 7).all()
+    finally:
+        worker.shutdown()
+        manager.shutdown()

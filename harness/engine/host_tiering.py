@@ -1,0 +1,105 @@
+"""vLLM's tiered offloading (CPU tier + secondary tiers such as ``fs``) on the CPU platform.
+
+``TieringOffloadingSpec`` (vLLM 0.31+, ``vllm/v1/kv_offload/tiering``) keeps the CPU tier
+as the primary and moves chunks between it and its secondary tiers from the scheduler
+process, through a memoryview of the CPU tier's shared region (``SharedOffloadRegion``,
+``/dev/shm/vllm_offload_<engine id>.mmap``). Its worker is the stock
+``CPUOffloadingWorker``, which needs CUDA streams; so, as ``harness.engine.host_offload``
+does for the plain CPU tier, this module swaps only the worker for the harness's
+synchronous host worker, writing into the *same* shared region at the same offsets the
+stock worker uses (``SharedOffloadRegion.create_next_worker_view``: rank ``r``'s part of
+each chunk row starts at ``r * cpu_page_size_per_worker``). The tiering manager, the
+secondary tiers (the ``fs`` files, their lookups, cascades and promotions) and every
+counter they export are vLLM's own, untouched.
+
+Enable it with ``spec_name = "HostTieringOffloadingSpec"``, ``spec_module_path =
+"harness.engine.host_tiering"`` and vLLM's own keys (``secondary_tiers``, ...); the fault
+keys of ``host_offload`` apply to the CPU tier's copies as there.
+
+Only the standard library, torch and vLLM may be imported: vLLM imports this module in its
+API server, EngineCore and worker processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingWorker
+from vllm.v1.kv_offload.config import OffloadingConfig
+from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+from harness.engine.host_offload import (
+    FAULT_CONTROL_KEY,
+    FAULT_KEY,
+    HostOffloadingWorker,
+    parse_fault_mode,
+)
+from harness.names import FAULT_NONE
+
+__all__ = ["HostTieringOffloadingSpec"]
+
+
+class _SharedRegionWorker(HostOffloadingWorker):
+    """The host worker over a shared region it owns (as the stock worker owns its
+    ``mmap_region``): released once the copies have stopped."""
+
+    def __init__(self, region: SharedOffloadRegion, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._region: SharedOffloadRegion | None = region
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self._region is not None:
+            self._region.cleanup()
+            self._region = None
+
+
+class HostTieringOffloadingSpec(TieringOffloadingSpec):
+    """``TieringOffloadingSpec`` with a worker that runs on the CPU platform."""
+
+    def __init__(self, config: OffloadingConfig) -> None:
+        extra: dict[str, Any] = dict(config.extra_config or {})
+        self.fault_mode: str = parse_fault_mode(extra.get(FAULT_KEY))
+        control = extra.get(FAULT_CONTROL_KEY)
+        if control is not None and (not isinstance(control, str) or not control):
+            raise ValueError(f"{FAULT_CONTROL_KEY} must be a file path, got {control!r}")
+        if control and self.fault_mode != FAULT_NONE:
+            raise ValueError(f"give {FAULT_KEY} or {FAULT_CONTROL_KEY}, not both")
+        self.fault_control: str | None = control
+        super().__init__(config)
+        self._host_worker: HostOffloadingWorker | None = None
+
+    def create_worker(self, kv_caches: CanonicalKVCaches) -> HostOffloadingWorker:
+        # As TieringOffloadingSpec.create_worker: the region the scheduler's tiers read.
+        rank = 0 if self.replicated_layout else self.config.parallel.rank
+        region = SharedOffloadRegion(
+            engine_id=self._engine_id,
+            num_chunks=self.num_chunks,
+            rank=rank,
+            kv_bytes_per_chunk=self.kv_bytes_per_chunk,
+            cpu_page_size=self.cpu_page_size_per_worker,
+        )
+        try:
+            rows = region.base_tensor.view(self.num_chunks, self.kv_bytes_per_chunk)
+            return _SharedRegionWorker(
+                region,
+                kv_caches=kv_caches,
+                blocks_per_chunk=self.blocks_per_chunk,
+                num_cpu_chunks=self.num_chunks,
+                cpu_page_size_per_worker=self.cpu_page_size_per_worker or None,
+                fault=self.fault_mode,
+                fault_control=self.fault_control,
+                rank=self.config.parallel.rank,
+                host_rows=rows,
+                row_offset=rank * self.cpu_page_size_per_worker,
+            )
+        except Exception:
+            region.cleanup()
+            raise
+
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        # The stock method refuses non-GPU platforms before building anything.
+        if self._host_worker is None:
+            self._host_worker = self.create_worker(kv_caches)
+        return self._host_worker
