@@ -16,13 +16,16 @@ def matrix_cmd(
     family: Annotated[list[str] | None, opt("matrix.family", "--family", "-f")] = None,
     variant: Annotated[list[str] | None, opt("matrix.variant", "--variant", "-v")] = None,
     geometry: Annotated[list[str] | None, opt("matrix.geometry", "--geometry", "-g")] = None,
+    tier: Annotated[list[str] | None, opt("matrix.tier", "--tier")] = None,
     *,
     opts: RunOptions,
 ) -> None:
-    """Every KV-cache spec family x vLLM variant: engine spec classes, startup, round trip.
+    """Every KV-cache spec family x vLLM variant x CPU tier: engine spec classes, startup,
+    round trip.
 
     One server at a time; each cell is a full round trip (roundtrip-cpu.toml unless the
-    scenario says otherwise). Exit 0 when every cell matches its expectation.
+    scenario says otherwise), on a roomy CPU tier or one under pressure. Exit 0 when
+    every cell matches its expectation.
     """
     from harness.commands import matrix as mx
     from harness.scenario.schema import load_matrix
@@ -30,7 +33,11 @@ def matrix_cmd(
     def make_plan() -> Any:
         scen = load_matrix(scenario or common.default_scenario("matrix.toml"))
         plan = mx.plan_matrix(
-            scen, families=family or None, variants=variant or None, geometries=geometry or None
+            scen,
+            families=family or None,
+            variants=variant or None,
+            geometries=geometry or None,
+            tiers=tier or None,
         )
         return plan
 

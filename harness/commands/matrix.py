@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast, get_args
 
 from harness.commands.roundtrip import (
     RoundtripPlan,
@@ -38,6 +38,7 @@ from harness.scenario.schema import (
     CellExpectation,
     MatrixEntry,
     MatrixScenario,
+    MatrixTier,
     RoundtripScenario,
     Variant,
     load_model_config,
@@ -70,6 +71,7 @@ class Cell:
     variant: str
     vllm_version: str
     rule: CellExpectation
+    tier: MatrixTier = "roomy"
     plan: RoundtripPlan | None = None
     plan_error: str = ""
     # outcome
@@ -95,11 +97,17 @@ class Cell:
 
     @property
     def key(self) -> str:
-        return f"{self.family} / {self.geometry} / {self.variant}"
+        return f"{self.family} / {self.geometry} / {self.variant} / {self.tier}"
+
+    @property
+    def check_id(self) -> str:
+        """The id ``offload-check sweep`` and the bug corpus name this cell by:
+        ``<family>/<geometry>``, with ``/<tier>`` for a tier other than the roomy one."""
+        return matrix_check_id(self.family, self.geometry, self.tier)
 
     @property
     def slug(self) -> str:
-        return f"{self.family}__{self.geometry}__{self.variant}".replace("+", "plus")
+        return f"{self.family}__{self.geometry}__{self.variant}__{self.tier}".replace("+", "plus")
 
     def expected_text(self) -> str:
         r = self.rule
@@ -128,7 +136,7 @@ class Cell:
     def identity(self) -> list[str]:
         """The first columns of every matrix table: which cell, on which build, and the
         spec classes the engine built."""
-        return [self.family, self.geometry, self.variant, self.vllm_version, self.specs]
+        return [self.family, self.geometry, self.variant, self.tier, self.vllm_version, self.specs]
 
     def record(self) -> dict[str, Any]:
         """One row of matrix.csv: its columns (``result_kinds.MATRIX_CELLS``) are this
@@ -146,6 +154,20 @@ class Cell:
             "seconds": round(self.seconds, 2),
         }
         return {c: rendered[c] if c in rendered else getattr(self, c) for c in MATRIX_CELLS.columns}
+
+
+def matrix_check_id(family: str, geometry: str, tier: str = "roomy") -> str:
+    """See :attr:`Cell.check_id`; :func:`parse_check_id` reads it back."""
+    return f"{family}/{geometry}" + ("" if tier == "roomy" else f"/{tier}")
+
+
+def parse_check_id(check: str) -> tuple[str, str, MatrixTier]:
+    """``(family, geometry, tier)`` of a :func:`matrix_check_id`."""
+    family, geometry, *rest = check.split("/")
+    tier = rest[0] if rest else "roomy"
+    if len(rest) > 1 or tier not in get_args(MatrixTier):
+        raise BadInput(f"not a matrix check id: {check!r} (<family>/<geometry>[/<tier>])")
+    return family, geometry, cast(MatrixTier, tier)
 
 
 @dataclass
@@ -166,16 +188,23 @@ class MatrixReporter(Protocol):
 # The CellExpectation fields compared with equality; ``vllm`` is matched as a specifier
 # against the variant's version (first_match's default), ``platform`` against the
 # variant's device and the host's CPU flags.
-CELL_RULE_FIELDS = ("family", "geometry", "variant")
+CELL_RULE_FIELDS = ("family", "geometry", "variant", "tier")
 
 
 def _facts(
-    family: str, geometry: str, variant: str, version: str, device: str, flags: frozenset[str]
+    family: str,
+    geometry: str,
+    variant: str,
+    tier: str,
+    version: str,
+    device: str,
+    flags: frozenset[str],
 ) -> dict[str, object]:
     return {
         "family": family,
         "geometry": geometry,
         "variant": variant,
+        "tier": tier,
         "vllm_version": version,
         "device": device,
         "cpu_flags": flags,
@@ -190,11 +219,12 @@ def find_rule(
     version: str,
     device: str = "cpu",
     flags: frozenset[str] | None = None,
+    tier: MatrixTier = "roomy",
 ) -> Match[CellExpectation] | str:
     """The cell's rule (first match wins) and its index in ``scn.expectations``; or, when
     only rules for another platform match, the plan's "no expectation on ..." statement."""
     facts = _facts(
-        family, geometry, variant, version, device, cpu_flags() if flags is None else flags
+        family, geometry, variant, tier, version, device, cpu_flags() if flags is None else flags
     )
     found = first_match(scn.expectations, facts, fields=CELL_RULE_FIELDS, platform_field="platform")
     if found is not None:
@@ -203,15 +233,25 @@ def find_rule(
     if gap:
         return gap
     raise BadInput(
-        f"{scn.source}: no expectation matches {family} / {geometry} / {variant}; "
+        f"{scn.source}: no expectation matches {family} / {geometry} / {variant} / {tier}; "
         "add a catch-all [[expectations]] entry"
     )
 
 
 def cell_scenario(
-    base: RoundtripScenario, entry: MatrixEntry, geometry: Path, variant: str
+    base: RoundtripScenario,
+    entry: MatrixEntry,
+    geometry: Path,
+    variant: str,
+    tier: MatrixTier = "roomy",
 ) -> RoundtripScenario:
-    """The base round trip with the entry's geometry and overrides."""
+    """The base round trip with the entry's geometry and overrides, on the cell's tier.
+
+    Under ``pressure`` the tier holds exactly the targets' chunks under LRU (the round
+    trip's ``cpu_bytes_to_use = "targets"``, whatever the entry sizes for a roomy tier):
+    the filler evicts every target, so the replay must hit and load nothing and store
+    every chunk again. LRU only: under ARC the warm pass's reuse keeps part of the
+    targets in T2 by design, which ``offload-check pressure`` judges with its oracle."""
     data = base.model_dump()
     data.update(
         geometry=str(geometry), variant=variant, hub_model=None, name=f"matrix-{geometry.stem}"
@@ -232,6 +272,12 @@ def cell_scenario(
         data["offload"]["cpu_bytes_to_use"] = entry.offload_cpu_bytes
     if entry.pool_tokens is not None:
         data["server"]["pool_tokens"] = entry.pool_tokens
+    if tier == "pressure":
+        data["offload"]["cpu_bytes_to_use"] = "targets"
+        data["offload"]["extra_config"] = {
+            **data["offload"].get("extra_config", {}),
+            "eviction_policy": "lru",
+        }
     scn = RoundtripScenario.model_validate(data)
     scn.source = base.source
     return scn
@@ -243,9 +289,13 @@ def plan_matrix(
     families: list[str] | None = None,
     variants: list[str] | None = None,
     geometries: list[str] | None = None,
+    tiers: list[str] | None = None,
     extra_variants: Mapping[str, Variant] | None = None,
 ) -> MatrixPlan:
-    """Every cell with its expectation and round-trip plan; refuses bad input at once."""
+    """Every cell with its expectation and round-trip plan; refuses bad input at once.
+
+    ``tiers`` selects among the scenario's tiers, as ``families`` and ``geometries`` do
+    among its entries."""
     base = load_roundtrip(scn.resolve(scn.roundtrip))
     known_variants = load_variants(base.resolve(base.variants_file), extra_variants)
     names = variants or scn.variants
@@ -261,6 +311,11 @@ def plan_matrix(
     for g in geometries or []:
         if g not in stems:
             raise BadInput(f"unknown geometry {g!r}; in this matrix: {', '.join(stems)}")
+    scenario_tiers = list(dict.fromkeys(scn.tiers))
+    for t in tiers or []:
+        if t not in scenario_tiers:
+            raise BadInput(f"unknown tier {t!r}; in this matrix: {', '.join(scenario_tiers)}")
+    chosen_tiers = [t for t in scenario_tiers if not tiers or t in tiers]
     envs = {n: probe(known_variants[n].python) for n in names}
     versions = {n: env.vllm_version for n, env in envs.items()}
     flags = cpu_flags()
@@ -278,29 +333,35 @@ def plan_matrix(
                 f"listed as family {entry.family}"
             )
         for n in names:
-            device = envs[n].device
-            found = find_rule(scn, entry.family, stem, n, versions[n], device, flags)
-            if isinstance(found, str):  # rules for other platforms only: said, not run
-                cell = Cell(entry.family, stem, n, versions[n], CellExpectation(why=found))
-                cell.skip_reason = found
-            else:
-                cell = Cell(entry.family, stem, n, versions[n], found.rule, rule_index=found.index)
-            platform = known_variants[n].platform
-            if platform and (off := platform.mismatch(device, flags)):
-                cell.skip_reason = f"variant {n} holds only on {platform.describe()}, not on {off}"
-            try:
-                cell.plan = plan_roundtrip(
-                    cell_scenario(base, entry, geometry, n),
-                    variant=n,
-                    extra_variants=extra_variants,
-                )
-            except BadInput as err:
-                # A plan the harness refuses (say, a prompt longer than the model) is the
-                # scenario's fault: the whole run is bad input, not one red cell.
-                raise BadInput(f"{cell.key}: {err}") from None
-            plan.cells.append(cell)
+            for tier in chosen_tiers:
+                device = envs[n].device
+                found = find_rule(scn, entry.family, stem, n, versions[n], device, flags, tier)
+                if isinstance(found, str):  # rules for other platforms only: said, not run
+                    cell = Cell(entry.family, stem, n, versions[n], CellExpectation(why=found))
+                    cell.skip_reason = found
+                else:
+                    cell = Cell(
+                        entry.family, stem, n, versions[n], found.rule, rule_index=found.index
+                    )
+                cell.tier = tier
+                platform = known_variants[n].platform
+                if platform and (off := platform.mismatch(device, flags)):
+                    cell.skip_reason = (
+                        f"variant {n} holds only on {platform.describe()}, not on {off}"
+                    )
+                try:
+                    cell.plan = plan_roundtrip(
+                        cell_scenario(base, entry, geometry, n, tier),
+                        variant=n,
+                        extra_variants=extra_variants,
+                    )
+                except BadInput as err:
+                    # A plan the harness refuses (say, a prompt longer than the model) is
+                    # the scenario's fault: the whole run is bad input, not one red cell.
+                    raise BadInput(f"{cell.key}: {err}") from None
+                plan.cells.append(cell)
     if not plan.cells:
-        raise BadInput("no cell matches the --family/--geometry/--variant selection")
+        raise BadInput("no cell matches the --family/--geometry/--variant/--tier selection")
     return plan
 
 

@@ -62,7 +62,8 @@ def _check(kind: str, path: Path) -> str:
 
         plan = plan_matrix(load_matrix(path))
         families = len({c.family for c in plan.cells})
-        return f"{len(plan.cells)} cells over {families} families, all planned"
+        tiers = len({c.tier for c in plan.cells})
+        return f"{len(plan.cells)} cells over {families} families and {tiers} tiers, all planned"
     if kind == "roundtrip":
         from harness.commands.roundtrip import plan_roundtrip
 

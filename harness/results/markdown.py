@@ -129,7 +129,7 @@ def matrix_report(cells: Sequence[Any], meta: dict[str, Any]) -> str:
     if details:
         lines += ["", "## Details", ""]
     for c in details:
-        lines.append(f"### {c.family} / {c.geometry} / {c.variant}")
+        lines.append(f"### {c.key}")
         if c.message:
             lines += ["", f"Crash: `{c.signature}`", "", f"> {c.message}"]
         for k in c.checks:

@@ -13,8 +13,8 @@ here and to the README.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +81,9 @@ class TableFile:
     # Headers of its markdown table in report.md and the CI summary (cells rendered there).
     display: tuple[str, ...] = ()
     junit: JUnitMap | None = None  # one JUnit case per row (junit.xml), if any
+    # Columns a later version added, with what a file written before them meant: a run
+    # from before still reads (``report``, ``compare``) as if it had them.
+    added: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.title:
@@ -103,7 +106,11 @@ class TableFile:
         path = run_dir / self.name
         if not path.is_file():
             return None
-        return pd.read_csv(path, keep_default_na=False)
+        frame = pd.read_csv(path, keep_default_na=False)
+        for column, meant in self.added.items():
+            if column not in frame.columns:
+                frame.insert(self.columns.index(column), column, meant)
+        return frame
 
 
 @dataclass(frozen=True)
@@ -231,6 +238,7 @@ MATRIX_CELLS = TableFile(
         "family",
         "geometry",
         "variant",
+        "tier",
         "vllm_version",
         "spec_classes",
         "kernels",
@@ -250,13 +258,14 @@ MATRIX_CELLS = TableFile(
         "cell_dir",
     ),
     title="KV-cache spec family matrix",
-    key=("family", "geometry", "variant"),
+    key=("family", "geometry", "variant", "tier"),
+    added={"tier": "roomy"},
     compared=("vllm_version", "spec_classes", "startup", "roundtrip", "failed_checks", "matched"),
     passes=("matched",),
     outcomes=("startup", "roundtrip"),
     junit=JUnitMap(
         "matrix.{family}",
-        "{geometry} / {variant}",
+        "{geometry} / {variant} / {tier}",
         lambda c: (
             None
             if c.matched or c.roundtrip == "error"
@@ -270,6 +279,7 @@ MATRIX_CELLS = TableFile(
         "family",
         "geometry",
         "variant",
+        "tier",
         "vllm_version",
         "spec_classes",
         "startup",
@@ -283,6 +293,7 @@ MATRIX_CELLS = TableFile(
         "family",
         "model",
         "variant",
+        "CPU tier",
         "vLLM",
         "engine KV specs",
         "startup",
@@ -456,7 +467,7 @@ ROUNDTRIP = ResultsKind(
     ),
 )
 MATRIX = ResultsKind(
-    "matrix", (MATRIX_CELLS,), ("junit.xml", "report.md", "cells/<family>__<geometry>__<variant>/")
+    "matrix", (MATRIX_CELLS,), ("junit.xml", "report.md", "cells/<family>__<geometry>__<variant>__<tier>/")
 )
 FAULTS_KIND = ResultsKind(
     "faults", (FAULT_ROUNDS,), ("junit.xml", "report.md", "logs/server.log", "rounds/<NN>-<fault>/")

@@ -336,6 +336,10 @@ class RoundtripScenario(FileScenario):
 Family = Literal["full-attention", "sliding-window", "chunked-local", "mamba-hybrid", "mla"]
 StartupOutcome = Literal["started", "crashed", "unsupported", "timeout", "error"]
 RoundtripOutcome = Literal["pass", "fail", "skip"]
+# The CPU tier a matrix cell runs on: ``roomy`` holds targets + filler and never evicts
+# (the round trip's own sizing); ``pressure`` holds exactly the targets' chunks under
+# LRU, so the filler's stores evict them all and the replay must load nothing.
+MatrixTier = Literal["roomy", "pressure"]
 
 
 class MatrixEntry(StrictModel):
@@ -370,6 +374,7 @@ class CellExpectation(RoundTripRule):
     family: Family | None = None
     geometry: str | None = Field(None, description="geometry file stem, e.g. gemma3-interleaved")
     variant: str | None = None
+    tier: MatrixTier | None = None
     startup: StartupOutcome = "started"
     known: int | str | None = Field(
         None, description="upstream issue (or label) the crash must be matched to"
@@ -384,6 +389,10 @@ class MatrixScenario(FileScenario):
     # The round trip every cell runs (server, offload, workload); entries override parts.
     roundtrip: str = "roundtrip-cpu.toml"
     variants: list[str] = Field(default_factory=lambda: ["stock", "current"], min_length=1)
+    # Every entry x variant runs on each of these CPU tiers (``MatrixTier``).
+    tiers: list[MatrixTier] = Field(
+        default_factory=lambda: list[MatrixTier](["roomy"]), min_length=1
+    )
     entries: list[MatrixEntry] = Field(min_length=1)
     expectations: list[CellExpectation] = Field(min_length=1)
     known_crashes: list[KnownCrash] = Field(default_factory=list)

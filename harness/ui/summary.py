@@ -233,6 +233,7 @@ def _matrix(run_dir: Path, run: dict[str, Any]) -> list[str]:
                 _col(row, "family"),
                 _col(row, "geometry"),
                 _col(row, "variant"),
+                _col(row, "tier") or "roomy",
                 _col(row, "vllm_version"),
                 _col(row, "spec_classes"),
                 start,

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.engine
 # current build (passing, exact MLA bytes) run nightly; so do full attention, Mamba, plain
 # sliding window and Llama 4 (whose #51150 crash and fixed round trip are the PR tier's
 # crash-repro and roundtrip tests).
-GEOMETRIES = ["--geometry", "deepseek-mla", "--geometry", "gemma3-interleaved"]
+GEOMETRIES = ["--geometry", "deepseek-mla", "--geometry", "gemma3-interleaved", "--tier", "roomy"]
 SUBSET = [*GEOMETRIES, "--variant", "stock"]
 SUBSET_CURRENT = [*GEOMETRIES, "--variant", "current"]
 
@@ -39,9 +39,9 @@ def cells(run: Path) -> pd.DataFrame:
     return pd.read_csv(run / "matrix.csv", keep_default_na=False)
 
 
-def cell(df: pd.DataFrame, geometry: str, variant: str) -> pd.Series:
-    hit = df[(df.geometry == geometry) & (df.variant == variant)]
-    assert len(hit) == 1, df[["geometry", "variant"]]
+def cell(df: pd.DataFrame, geometry: str, variant: str, tier: str = "roomy") -> pd.Series:
+    hit = df[(df.geometry == geometry) & (df.variant == variant) & (df.tier == tier)]
+    assert len(hit) == 1, df[["geometry", "variant", "tier"]]
     return hit.iloc[0]
 
 
@@ -162,7 +162,15 @@ def test_a_wrong_expectation_fails_the_run_and_is_listed_first(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
     code, run, out = matrix(
-        results, "--scenario", str(path), "--geometry", "gemma3-interleaved", "--variant", "current"
+        results,
+        "--scenario",
+        str(path),
+        "--geometry",
+        "gemma3-interleaved",
+        "--variant",
+        "current",
+        "--tier",
+        "roomy",
     )
     assert code == 1, out
     df = cells(run)
@@ -177,6 +185,8 @@ def test_a_wrong_expectation_fails_the_run_and_is_listed_first(tmp_path):
 # plain sliding window, the Mamba2 hybrid and Llama 4 (its #51150 crash and fixed round
 # trip are the PR tier's crash-repro and roundtrip tests), on both builds.
 REST = [
+    "--tier",
+    "roomy",
     "--geometry",
     "llama4-roundtrip",
     "--geometry",
@@ -211,3 +221,37 @@ def test_rest_of_matrix_matches_every_expectation(rest_of_matrix):
     )
     full = cell(df, "llama3-full", "current")
     assert (full.roundtrip, full.spec_classes) == ("pass", "FullAttentionSpec x4")
+
+
+@pytest.mark.nightly
+@pytest.mark.launches(2)
+def test_two_families_under_pressure_load_no_evicted_chunk(tmp_path):
+    """The matrix's pressure tier on Llama 4 (chunked-local + full) and Gemma 3 (sliding
+    window + full) on current: a CPU tier of exactly the targets' chunks under LRU, so
+    the filler's stores evict every target; each replay must hit and load nothing, store
+    every chunk again and answer as the warm pass did, and the tier must have evicted.
+    (The same round trip's lru-evicts-newest mutant: tests/integration/
+    test_roundtrip_engine.py.)"""
+    code, run, out = matrix(
+        tmp_path,
+        "--tier",
+        "pressure",
+        "--variant",
+        "current",
+        "--geometry",
+        "llama4-roundtrip",
+        "--geometry",
+        "gemma3-interleaved",
+    )
+    assert code == 0, out
+    df = cells(run)
+    assert set(df.tier) == {"pressure"} and len(df) == 2
+    for geometry in ("llama4-roundtrip", "gemma3-interleaved"):
+        row = cell(df, geometry, "current", "pressure")
+        assert (row.roundtrip, str(row.matched)) == ("pass", "True"), row.why
+        checks = pd.read_csv(Path(row.cell_dir) / "checks.csv").set_index("name")
+        assert {"tier-evicted", "replay-stored-bytes"} <= set(checks.index), geometry
+        phases = pd.read_csv(Path(row.cell_dir) / "phases.csv").set_index("phase")
+        assert phases.loc["replay", "d_ext_hits"] == 0, geometry
+        assert phases.loc["replay", "d_loaded_bytes"] == 0, geometry
+        assert phases.loc["replay", "d_stored_bytes"] == phases.loc["cold", "d_stored_bytes"]

@@ -287,28 +287,6 @@ def test_unreachable_url_is_one_line(tmp_path):
 
 @nightly
 @pytest.mark.launches(1)
-def test_a_round_trip_under_pressure_loads_no_evicted_chunk(tmp_path):
-    """A tier of exactly the targets' chunks, under LRU: the filler's stores evict every
-    target, so the replay must hit and load nothing, store every chunk again, answer as
-    the warm pass did, and the tier must really have evicted."""
-    code, run, out = roundtrip(
-        tmp_path,
-        "--scenario",
-        str(ROOT / "scenarios" / "roundtrip-pressure.toml"),
-        "--policy",
-        "lru",
-    )
-    assert code == 0, out
-    df = pd.read_csv(run / "checks.csv").set_index("name")
-    assert df["passed"].all(), df.to_string()
-    assert {"tier-evicted", "replay-stored-bytes"} <= set(df.index)
-    phases = pd.read_csv(run / "phases.csv").set_index("phase")
-    assert phases.loc["replay", "d_ext_hits"] == 0 and phases.loc["replay", "d_loaded_bytes"] == 0
-    assert phases.loc["cold", "d_stored_bytes"] > 0
-
-
-@nightly
-@pytest.mark.launches(1)
 def test_a_policy_keeping_the_oldest_chunks_is_caught_under_pressure(tmp_path):
     """The same round trip with the lru-evicts-newest mutant as the tier's policy: the
     filler evicts its own chunks and the targets' survive in part, which the replay then

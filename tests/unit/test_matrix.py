@@ -168,6 +168,58 @@ def test_entries_override_the_base_round_trip(matrix):
     assert scn.resolve(scn.variants_file) == base.resolve(base.variants_file)
 
 
+def test_a_pressure_cell_runs_its_round_trip_on_a_tier_of_exactly_the_targets(matrix):
+    """Whatever the entry sizes for a roomy tier (the MLA entry's "auto", the plain
+    sliding window's 128 MiB), a pressure cell's tier is the targets' chunks under LRU,
+    and its plan expects the replay to hit and load nothing."""
+    from harness.commands.roundtrip import plan_roundtrip
+
+    base = load_roundtrip(matrix.resolve(matrix.roundtrip))
+    for entry in matrix.entries:
+        roomy = cell_scenario(base, entry, matrix.resolve(entry.geometry), "current")
+        scn = cell_scenario(base, entry, matrix.resolve(entry.geometry), "current", "pressure")
+        assert scn.offload.cpu_bytes_to_use == "targets", entry.geometry
+        assert scn.offload.extra_config["eviction_policy"] == "lru"
+        assert roomy.offload.cpu_bytes_to_use != "targets"
+        plan = plan_roundtrip(scn, variant="current")
+        assert plan.server is not None
+        assert all(t.hit_tokens == t.loaded_bytes == 0 for t in plan.expected.targets)
+        assert plan.server.kv_transfer is not None
+        tier = plan.server.kv_transfer["kv_connector_extra_config"]
+        assert tier["cpu_bytes_to_use"] == plan.expected.stored_bytes, entry.geometry
+
+
+def test_tiers_are_a_dimension_of_plans_rules_and_check_ids(matrix):
+    from harness.commands.matrix import matrix_check_id, parse_check_id, plan_matrix
+    from harness.commands.sweep.targets import scenario_checks
+
+    assert matrix.tiers == ["roomy", "pressure"]
+    plan = plan_matrix(matrix, geometries=["llama3-full"], variants=["current"])
+    assert [(c.tier, c.check_id) for c in plan.cells] == [
+        ("roomy", "full-attention/llama3-full"),
+        ("pressure", "full-attention/llama3-full/pressure"),
+    ]
+    assert len({c.slug for c in plan.cells}) == 2
+    only = plan_matrix(matrix, geometries=["llama3-full"], variants=["current"], tiers=["pressure"])
+    assert [c.tier for c in only.cells] == ["pressure"]
+    with pytest.raises(BadInput, match="unknown tier 'huge'; in this matrix: roomy, pressure"):
+        plan_matrix(matrix, tiers=["huge"])
+    checks = scenario_checks("matrix", matrix)
+    assert len(checks) == 2 * len(matrix.entries)
+    for check in checks:
+        assert matrix_check_id(*parse_check_id(check)) == check
+    with pytest.raises(BadInput, match="not a matrix check id"):
+        parse_check_id("full-attention/llama3-full/huge")
+    # A rule can name the tier: one that holds only under pressure leaves roomy cells alone.
+    matrix.expectations.insert(
+        0, CellExpectation(tier="pressure", roundtrip="fail", failing_checks=["tier-evicted"])
+    )
+    pressed = find_rule(matrix, "mla", "deepseek-mla", "current", "0.32.0", tier="pressure")
+    roomy = find_rule(matrix, "mla", "deepseek-mla", "current", "0.32.0")
+    assert not isinstance(pressed, str) and not isinstance(roomy, str)
+    assert (pressed.rule.roundtrip, roomy.rule.roundtrip) == ("fail", "pass")
+
+
 def test_a_matrix_without_catch_all_rule_is_bad_input(matrix):
     matrix.expectations = [CellExpectation(family="mla", startup="unsupported")]
     with pytest.raises(BadInput, match="no expectation matches"):

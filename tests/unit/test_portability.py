@@ -112,7 +112,7 @@ MLA_BYTES_PER_TOKEN = 4608  # 4 layers x (512 latent + 64 rope) x 2 B
 
 def mla_plan():
     scn = load_matrix(ROOT / "scenarios" / "matrix.toml")
-    plan = plan_matrix(scn, geometries=["deepseek-mla"], variants=["current"])
+    plan = plan_matrix(scn, geometries=["deepseek-mla"], variants=["current"], tiers=["roomy"])
     (cell,) = plan.cells
     assert cell.plan is not None
     return cell.plan

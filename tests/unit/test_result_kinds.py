@@ -92,3 +92,20 @@ def test_every_other_file_is_documented():
     for kind in rk.KINDS.values():
         for name in kind.files:
             assert name.split("<")[0].rstrip("/") in README, (kind.command, name)
+
+
+def test_a_table_from_before_a_column_was_added_reads_as_it_meant(tmp_path):
+    """A matrix.csv from before the CPU-tier dimension (a recorded run) reads with every
+    cell on the roomy tier, so ``compare`` of yesterday's nightly with today's matches
+    rows instead of refusing the file."""
+    from harness.ui.compare import compare
+
+    old = ROOT / "tests" / "fixtures" / "matrix" / "20261130-102144-matrix-e4a2"
+    assert "tier" not in (old / "matrix.csv").read_text().splitlines()[0].split(",")
+    frame = rk.MATRIX_CELLS.read(old)
+    assert frame is not None and frame.tier.eq("roomy").all()
+    assert list(frame.columns).index("tier") == rk.MATRIX_CELLS.columns.index("tier")
+    result = compare(old, old)
+    assert result.changed == 0 and len(result.tables[0].rows) == len(frame)
+    for table in TABLES:
+        assert set(table.added) <= set(table.columns), table.name

@@ -99,13 +99,13 @@ def expected_for(target: Target, check: str, build: str, version: str, device: s
         label = known_label(found.rule.known)
         return found.rule.outcome + (f" {label}" if label else "")
     if target.kind == KIND_MATRIX:
-        from harness.commands.matrix import Cell, find_rule
+        from harness.commands.matrix import Cell, find_rule, parse_check_id
 
-        family, geometry = check.split("/")
-        m = find_rule(target.scenario, family, geometry, build, version, device, flags)
+        family, geometry, tier = parse_check_id(check)
+        m = find_rule(target.scenario, family, geometry, build, version, device, flags, tier)
         if isinstance(m, str):
             return m
-        return Cell(family, geometry, build, version, m.rule).expected_text()
+        return Cell(family, geometry, build, version, m.rule, tier).expected_text()
     if target.kind == KIND_PRESSURE:
         from harness.commands.pressure.plan import rules_for
 

@@ -193,11 +193,15 @@ def _run_matrix(job: Job) -> list[SweepCell]:
     from harness.results.writers import write_matrix
 
     scn: MatrixScenario = target.scenario
-    geometries = sorted({c.split("/")[1] for c in target.checks})
+    picked = [mx.parse_check_id(c) for c in target.checks]
     plan = mx.plan_matrix(
-        scn, variants=[build.label], geometries=geometries, extra_variants=job.variants
+        scn,
+        variants=[build.label],
+        geometries=sorted({g for _, g, _ in picked}),
+        tiers=sorted({t for _, _, t in picked}),
+        extra_variants=job.variants,
     )
-    plan.cells = [c for c in plan.cells if f"{c.family}/{c.geometry}" in target.checks]
+    plan.cells = [c for c in plan.cells if c.check_id in target.checks]
     run_dir = RunDirectory(job.out_dir, "matrix")
     run_dir.update_meta(scenario_file=str(scn.source), sweep_build=build.label)
     cells: list[SweepCell] = []
@@ -226,7 +230,7 @@ def _matrix_cell(cell: Any, build: Build, target: Target) -> SweepCell:
     failing = ",".join(sorted(cell.failed_checks or []))
     return SweepCell(
         release=build.label,
-        check=f"{cell.family}/{cell.geometry}",
+        check=cell.check_id,
         kind=target.kind,
         scenario=target.name,
         outcome=outcome,

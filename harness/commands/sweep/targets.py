@@ -53,7 +53,8 @@ class Target:
 def scenario_checks(kind: str, scenario: Any) -> list[str]:
     """Every check a scenario defines, by the id the sweep tables use.
 
-    crash-repro: ``<model>/connector-<on|off>``; matrix: ``<family>/<geometry>``;
+    crash-repro: ``<model>/connector-<on|off>``; matrix: ``<family>/<geometry>`` (and
+    ``/pressure`` on a tier under pressure, ``harness.commands.matrix.matrix_check_id``);
     roundtrip: ``roundtrip/<scenario name>``; pressure: ``pressure/<server>``.
     """
     if kind == KIND_CRASH_REPRO:
@@ -65,7 +66,13 @@ def scenario_checks(kind: str, scenario: Any) -> list[str]:
             for mode in scenario.connector
         ]
     if kind == KIND_MATRIX:
-        return [f"{e.family}/{Path(e.geometry).stem}" for e in scenario.entries]
+        from harness.commands.matrix import matrix_check_id
+
+        return [
+            matrix_check_id(e.family, Path(e.geometry).stem, tier)
+            for e in scenario.entries
+            for tier in dict.fromkeys(scenario.tiers)
+        ]
     if kind == KIND_PRESSURE:
         return [f"pressure/{s.name}" for s in scenario.servers]
     return [f"roundtrip/{scenario.name}"]
