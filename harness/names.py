@@ -43,6 +43,13 @@ PATCH_NONE = "none"
 # --- kv_connector_extra_config keys the host backend reads ------------------------------
 HOST_SPEC_NAME = "HostOffloadingSpec"
 HOST_SPEC_MODULE = "harness.engine.host_offload"
+# The tiered variant (a disk tier under the CPU tier); vLLM's own name on GPU platforms.
+HOST_TIERING_SPEC_NAME = "HostTieringOffloadingSpec"
+HOST_TIERING_SPEC_MODULE = "harness.engine.host_tiering"
+TIERING_SPEC_NAME = "TieringOffloadingSpec"
+# The disk tier's label on vLLM's tiering counters (``tier="<index>:<type>"``): the
+# harness configures exactly one secondary tier, the fs tier, after the primary (0).
+DISK_TIER_LABEL = "1:fs"
 EXTRA_FAULT = "offload_check_fault"  # a fault fixed for the server's life
 EXTRA_FAULT_CONTROL = "offload_check_fault_control"  # a file holding the current fault
 

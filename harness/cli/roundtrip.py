@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 from harness.cli import common
@@ -39,6 +40,9 @@ def roundtrip_cmd(
     policy: Annotated[
         EvictionPolicy | None, opt("roundtrip.policy", "--policy", case_sensitive=False)
     ] = None,
+    tier_dir: Annotated[
+        Path | None, opt("roundtrip.tier-dir", "--tier-dir", file_okay=False, resolve_path=True)
+    ] = None,
     *,
     opts: RunOptions,
 ) -> None:
@@ -53,7 +57,7 @@ def roundtrip_cmd(
     def make_plan() -> Any:
         common.refuse_on_attach(
             url, variant=variant, python=python, patch=patch, fault=fault, tp=tp,
-            engine_arg=engine_arg, baseline=baseline, policy=policy,
+            engine_arg=engine_arg, baseline=baseline, policy=policy, tier_dir=tier_dir,
         )  # fmt: skip
         scen = load_roundtrip(scenario or common.default_scenario("roundtrip-cpu.toml"))
         common.known_fault(fault)
@@ -66,6 +70,7 @@ def roundtrip_cmd(
         else:
             launch = common.launch_options(variant, python, patch, config, tp, fault, engine_arg)
             launch["policy"] = policy.value if policy else None
+            launch["tier_dir"] = str(tier_dir) if tier_dir else None
             plan = rt.plan_roundtrip(scen, **launch)
         return plan
 

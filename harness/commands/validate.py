@@ -69,7 +69,14 @@ def _check(kind: str, path: Path) -> str:
 
         rt = plan_roundtrip(load_roundtrip(path))
         stored = f"expects {rt.expected.stored_bytes:,} B stored"
-        return f"variant {rt.variant}, {len(rt.targets)} targets, {stored}"
+        disk = (
+            ""
+            if rt.disk is None
+            else ", over a disk tier across a restart"
+            if rt.disk.restart
+            else ", over a disk tier"
+        )
+        return f"variant {rt.variant}, {len(rt.targets)} targets, {stored}{disk}"
     from harness.commands.crash_repro import load_models
 
     scen = load_crash_repro(path)

@@ -22,8 +22,10 @@ API server, EngineCore and worker processes.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
+import torch
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingWorker
 from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
@@ -70,23 +72,41 @@ class HostTieringOffloadingSpec(TieringOffloadingSpec):
         super().__init__(config)
         self._host_worker: HostOffloadingWorker | None = None
 
-    def create_worker(self, kv_caches: CanonicalKVCaches) -> HostOffloadingWorker:
-        # As TieringOffloadingSpec.create_worker: the region the scheduler's tiers read.
-        rank = 0 if self.replicated_layout else self.config.parallel.rank
-        region = SharedOffloadRegion(
+    @property
+    def _chunk_count(self) -> int:
+        # vLLM renamed the attribute (0.27: num_blocks, 0.28+: num_chunks).
+        count = getattr(self, "num_chunks", None)
+        return int(count if isinstance(count, int) else self.num_blocks)
+
+    def _open_region(self, rank: int) -> SharedOffloadRegion:
+        """The worker's side of the region, as ``TieringOffloadingSpec.create_worker``
+        opens it (its keyword names changed in 0.28: blocks became chunks)."""
+        params = inspect.signature(SharedOffloadRegion.__init__).parameters
+        count = "num_chunks" if "num_chunks" in params else "num_blocks"
+        size = "kv_bytes_per_chunk" if "kv_bytes_per_chunk" in params else "kv_bytes_per_block"
+        sizing = {count: self._chunk_count, size: self.kv_bytes_per_chunk}
+        return SharedOffloadRegion(
             engine_id=self._engine_id,
-            num_chunks=self.num_chunks,
             rank=rank,
-            kv_bytes_per_chunk=self.kv_bytes_per_chunk,
             cpu_page_size=self.cpu_page_size_per_worker,
+            **sizing,
         )
+
+    def create_worker(self, kv_caches: CanonicalKVCaches) -> HostOffloadingWorker:
+        # The stock worker takes its rank from the CUDA device index (0.27) or the
+        # parallel config (0.28+); on the CPU platform only the latter exists.
+        rank = 0 if self.replicated_layout else self.config.parallel.rank
+        region = self._open_region(rank)
         try:
-            rows = region.base_tensor.view(self.num_chunks, self.kv_bytes_per_chunk)
+            # The whole region as (chunk, row) bytes: the memoryview the primary tier
+            # hands its secondary tiers, over the same mapping.
+            raw = torch.frombuffer(region.create_kv_memoryview().cast("B"), dtype=torch.int8)
+            rows = raw.view(self._chunk_count, self.kv_bytes_per_chunk)
             return _SharedRegionWorker(
                 region,
                 kv_caches=kv_caches,
                 blocks_per_chunk=self.blocks_per_chunk,
-                num_cpu_chunks=self.num_chunks,
+                num_cpu_chunks=self._chunk_count,
                 cpu_page_size_per_worker=self.cpu_page_size_per_worker or None,
                 fault=self.fault_mode,
                 fault_control=self.fault_control,

@@ -138,6 +138,23 @@ class ServerSettings(StrictModel):
     probe_max_tokens: int = Field(4, gt=0)
 
 
+class DiskTier(StrictModel):
+    """vLLM's ``fs`` secondary tier under the CPU tier (``TieringOffloadingSpec``, vLLM's
+    ``vllm/v1/kv_offload/tiering``): every chunk the CPU tier stores is written through to
+    one file per chunk and KV-cache group; a chunk the CPU tier no longer holds is read
+    back (promoted) on a later lookup."""
+
+    # Where the chunk files go; None: ``disk-tier/`` in the run directory (``--tier-dir``
+    # overrides both). A directory that already holds chunks serves them.
+    dir: str | None = None
+    # The replay runs on a new server over the same directory, with no warm pass there:
+    # the KV must survive the restart (files, hashes and their lookup).
+    restart: bool = False
+    # vLLM's n_read_threads / n_write_threads (its default 16 each is for NVMe arrays;
+    # these machines have 2 cores).
+    io_threads: int = Field(2, ge=1, le=64)
+
+
 class OffloadSettings(StrictModel):
     """The OffloadingConnector's configuration when the connector is on."""
 
@@ -161,6 +178,8 @@ class OffloadSettings(StrictModel):
         return value
 
     extra_config: dict[str, Any] = Field(default_factory=dict)
+    # A disk tier under the CPU tier (``[offload.disk]``); None: the CPU tier alone.
+    disk: DiskTier | None = None
 
 
 def _spec_or_none(value: str | None) -> str | None:

@@ -20,7 +20,10 @@ from harness.names import (
     EXTRA_FAULT_CONTROL,
     HOST_SPEC_MODULE,
     HOST_SPEC_NAME,
+    HOST_TIERING_SPEC_MODULE,
+    HOST_TIERING_SPEC_NAME,
     PATCH_NONE,
+    TIERING_SPEC_NAME,
 )
 from harness.scenario.schema import OffloadSettings, ServerSettings
 from harness.server.interpreters import Environment
@@ -57,9 +60,24 @@ def kv_transfer_config(
     extra: dict[str, Any] = {"cpu_bytes_to_use": settings.cpu_bytes_to_use}
     if settings.block_size is not None:
         extra["block_size"] = settings.block_size
-    if offload_backend(settings, env) == "host":
-        extra["spec_name"] = HOST_SPEC_NAME
-        extra["spec_module_path"] = HOST_SPEC_MODULE
+    host = offload_backend(settings, env) == "host"
+    if settings.disk is not None:
+        if settings.disk.dir is None:
+            raise ValueError("the disk tier's directory is resolved before launch")
+        extra["secondary_tiers"] = [
+            {
+                "type": "fs",
+                "root_dir": settings.disk.dir,
+                "n_read_threads": settings.disk.io_threads,
+                "n_write_threads": settings.disk.io_threads,
+            }
+        ]
+        if not host:
+            extra["spec_name"] = TIERING_SPEC_NAME  # vLLM's own, untouched
+    if host:
+        tiered = settings.disk is not None
+        extra["spec_name"] = HOST_TIERING_SPEC_NAME if tiered else HOST_SPEC_NAME
+        extra["spec_module_path"] = HOST_TIERING_SPEC_MODULE if tiered else HOST_SPEC_MODULE
         if fault:
             extra[EXTRA_FAULT] = fault
         if fault_control:

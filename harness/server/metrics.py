@@ -15,6 +15,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.names import DISK_TIER_LABEL
+
 Sources = list[tuple[str, dict[str, str]]]
 
 
@@ -46,7 +48,25 @@ COUNTERS: dict[str, Sources] = {
     "stores_skipped": [("vllm:kv_offload_stores_skipped", {})],
     "store_failures": [("vllm:kv_offload_allocation_failure", {})],
     "local_compute_tokens": [("vllm:prompt_tokens_by_source", {"source": "local_compute"})],
+    # The disk tier under the CPU tier (vLLM's tiering counters, 0.28+, labelled by
+    # tier): bytes the CPU tier wrote through to it and read back (promoted) from it,
+    # chunk lookups it answered with a hit, and failed writes (cascades) and reads.
+    "disk_written_bytes": [("vllm:kv_offload_tiering_write_bytes", {"tier": DISK_TIER_LABEL})],
+    "disk_read_bytes": [("vllm:kv_offload_tiering_read_bytes", {"tier": DISK_TIER_LABEL})],
+    "disk_hits": [("vllm:kv_offload_tiering_chunk_hits", {"tier": DISK_TIER_LABEL})],
+    "disk_write_failures": [
+        ("vllm:kv_offload_tiering_cascade_job_failures", {"tier": DISK_TIER_LABEL})
+    ],
+    "disk_read_failures": [
+        ("vllm:kv_offload_tiering_promotion_job_failures", {"tier": DISK_TIER_LABEL})
+    ],
 }
+
+# Gauges of the disk tier's jobs in flight: a phase has settled only when both are 0.
+DISK_JOBS = (
+    "vllm:kv_offload_tiering_active_cascade_jobs",
+    "vllm:kv_offload_tiering_active_promotion_jobs",
+)
 
 
 @dataclass
@@ -67,6 +87,11 @@ class Snapshot:
     stores_skipped: float = 0.0
     store_failures: float = 0.0
     local_compute_tokens: float = 0.0  # prompt tokens the engine computed itself
+    disk_written_bytes: float = 0.0
+    disk_read_bytes: float = 0.0
+    disk_hits: float = 0.0
+    disk_write_failures: float = 0.0
+    disk_read_failures: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -127,6 +152,12 @@ def parse(text: str) -> tuple[Snapshot, CacheConfig | None, set[str]]:
         except (KeyError, ValueError):
             cache = None
     return snap, cache, set(families)
+
+
+def disk_jobs_in_flight(text: str) -> float:
+    """The disk tier's cascade and promotion jobs still running (0 without a disk tier)."""
+    families = {fam.name: fam for fam in text_string_to_metric_families(text)}
+    return sum(_counter_value(families, name, {}) or 0.0 for name in DISK_JOBS)
 
 
 def offload_metrics_present(names: set[str]) -> bool:

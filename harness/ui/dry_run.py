@@ -218,6 +218,15 @@ def roundtrip_plan(console: Console, plan: RoundtripPlan) -> None:
         f"filler: sized at launch from the live pool x "
         f"{1 + plan.scenario.workload.filler_margin:g}{tier}",
     )
+    if plan.disk is not None:
+        served = (
+            "a new server over the same directory serves the replay"
+            if plan.disk.restart
+            else "the CPU tier holds only the targets, so the replay reads them back from disk"
+            if plan.disk.from_disk
+            else "the CPU tier serves the replay"
+        )
+        say(console, f"disk tier (vLLM's fs tier) in {plan.disk.dir}: {served}")
     for note in plan.notes:
         say(console, f"note: {note}")
     if plan.server is not None:

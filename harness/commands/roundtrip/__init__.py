@@ -17,10 +17,12 @@ against a running server), ``result`` (what a run observed).
 from harness.commands.roundtrip.attach import attach_plan
 from harness.commands.roundtrip.evaluate import evaluate
 from harness.commands.roundtrip.plan import (
+    DISK_DIR_PLACEHOLDER,
     RoundtripOptions,
     RoundtripPlan,
     build_local_model,
     plan_roundtrip,
+    resolve_disk,
     size_filler,
 )
 from harness.commands.roundtrip.result import PhaseResult, RoundtripResult
@@ -38,6 +40,7 @@ from harness.commands.roundtrip.run import (
 )
 
 __all__ = [
+    "DISK_DIR_PLACEHOLDER",
     "PHASES",
     "Endpoint",
     "EngineFailure",
@@ -53,6 +56,7 @@ __all__ = [
     "execute_roundtrip",
     "plan_roundtrip",
     "read_engine_layout",
+    "resolve_disk",
     "run_round",
     "save_requests",
     "size_filler",

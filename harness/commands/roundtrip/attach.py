@@ -21,6 +21,11 @@ def attach_plan(scn: RoundtripScenario, url: str, config: str | None = None) -> 
     from ``/v1/models``. Without ``--config`` the layer kinds are unknown, so bytes per
     token are measured in the cold phase and the load can only be bounded.
     """
+    if scn.offload.disk is not None:
+        raise BadInput(
+            "--url attaches to a server someone else launched: a disk tier's directory "
+            "and its restart belong to a launch ([offload.disk])"
+        )
     base = url.rstrip("/")
     try:
         models = http_json(f"{base}/v1/models", None, 30)

@@ -188,7 +188,7 @@ def expected_for(
     return exp
 
 
-def _fmt_bytes(n: float) -> str:
+def fmt_bytes(n: float) -> str:
     return f"{int(n):,} B"
 
 
@@ -211,8 +211,8 @@ def check_stored(exp: Expected, cold_stored: float) -> CheckResult:
     return CheckResult(
         "cold-stored-bytes",
         ok,
-        f"{_fmt_bytes(exp.stored_bytes)} ({how})",
-        f"{_fmt_bytes(cold_stored)} ({per_token:,.1f} B/token measured)",
+        f"{fmt_bytes(exp.stored_bytes)} ({how})",
+        f"{fmt_bytes(cold_stored)} ({per_token:,.1f} B/token measured)",
         "the first pass must offload every full chunk of every layer, at the config's "
         "KV bytes per token",
         ""
@@ -255,8 +255,8 @@ def check_tier_evicted(tier_bytes: int, stored: float) -> CheckResult:
     return CheckResult(
         "tier-evicted",
         stored > tier_bytes,
-        f"cold + filler stored > the tier's {_fmt_bytes(tier_bytes)}",
-        f"stored {_fmt_bytes(stored)}",
+        f"cold + filler stored > the tier's {fmt_bytes(tier_bytes)}",
+        f"stored {fmt_bytes(stored)}",
         "a tier under pressure that never evicted proved nothing about eviction",
     )
 
@@ -269,8 +269,8 @@ def check_replay_restored(exp: Expected, replay_stored: float) -> CheckResult:
     return CheckResult(
         "replay-stored-bytes",
         ok,
-        f"{_fmt_bytes(exp.stored_bytes)} (every target chunk stored again)",
-        _fmt_bytes(replay_stored),
+        f"{fmt_bytes(exp.stored_bytes)} (every target chunk stored again)",
+        fmt_bytes(replay_stored),
         "an evicted chunk must be stored again when recomputed; one the tier still holds "
         "must have been loaded",
         "" if ok else _byte_diff(exp, int(replay_stored) - exp.stored_bytes),
@@ -281,7 +281,7 @@ def check_filler_loaded_nothing(filler_loaded: float) -> CheckResult:
     return _must_be_zero(
         "filler-loaded-nothing",
         filler_loaded,
-        _fmt_bytes(filler_loaded),
+        fmt_bytes(filler_loaded),
         "0 B",
         "unrelated prompts share no prefix with the targets: any load is a false hit",
     )
@@ -313,7 +313,7 @@ def check_loaded(exp: Expected, replay_loaded: float, evicted: bool = False) -> 
             "replay-loaded-bytes",
             replay_loaded == 0,
             "0 B (the filler evicted every target chunk from the tier)",
-            _fmt_bytes(replay_loaded),
+            fmt_bytes(replay_loaded),
             "no evicted chunk may ever be loaded",
             "" if replay_loaded == 0 else "bytes loaded for chunks the tier no longer holds",
         )
@@ -324,7 +324,7 @@ def check_loaded(exp: Expected, replay_loaded: float, evicted: bool = False) -> 
             "replay-loaded-bytes",
             ok,
             f"0 < loaded <= {bound:,} B (layer kinds unknown: pass --config for the exact figure)",
-            _fmt_bytes(replay_loaded),
+            fmt_bytes(replay_loaded),
             "the replay must load back what it hits, and never more",
             ""
             if ok
@@ -348,8 +348,8 @@ def check_loaded(exp: Expected, replay_loaded: float, evicted: bool = False) -> 
     return CheckResult(
         "replay-loaded-bytes",
         ok,
-        f"{_fmt_bytes(exp.loaded_bytes)} ({split})",
-        _fmt_bytes(replay_loaded),
+        f"{fmt_bytes(exp.loaded_bytes)} ({split})",
+        fmt_bytes(replay_loaded),
         "the replay must load back exactly what its hit needs: all of it for full "
         "attention, only what a window still reaches for chunked-local and sliding-window "
         "layers, one state for Mamba layers",

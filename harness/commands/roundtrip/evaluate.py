@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from harness.commands.roundtrip import checks as ck
+from harness.commands.roundtrip import disk_checks as dc
 from harness.commands.roundtrip.plan import RoundtripPlan
 from harness.commands.roundtrip.result import RoundtripResult
 from harness.results.records import CheckResult
@@ -51,6 +52,38 @@ def derive_expected(plan: RoundtripPlan, result: RoundtripResult) -> ck.Expected
     return exp
 
 
+def disk_checks(
+    plan: RoundtripPlan, result: RoundtripResult, exp: ck.Expected
+) -> list[CheckResult]:
+    """The disk tier's files against vLLM's tiering counters (``disk_checks``)."""
+    disk, files = plan.disk, result.disk_files
+    if disk is None or files is None:
+        return []
+    by_phase = {p.phase: p.delta for p in result.phases}
+    groups = result.engine_groups or []
+    replay = by_phase["replay"]
+    stored = sum(p.delta.stored_bytes for p in result.phases)
+    written = sum(p.delta.disk_written_bytes for p in result.phases)
+    before = sum(p.delta.disk_read_bytes for p in result.phases if p.phase != "replay")
+    # Every target chunk left the CPU tier (the filler evicted them, or the server
+    # restarted with an empty one): the replay's lookups promote them from disk.
+    replay_from_disk = disk.from_disk or disk.restart
+    promoted = dc.promoted_keys(groups, exp, plan.tokens_per_chunk) if replay_from_disk else 0
+    per_key = dc.key_bytes(groups, plan.tokens_per_chunk)
+    bound = int(exp.stored_bytes) // per_key if per_key else 0
+    return [
+        dc.check_files(files, stored, per_key),
+        dc.check_written(files, written),
+        dc.check_read(promoted, files.file_size, replay.disk_read_bytes, before, bound),
+        dc.check_hits(promoted, replay.disk_hits, replay.disk_read_bytes, files.file_size or 0),
+        dc.check_failures(
+            sum(p.delta.disk_write_failures for p in result.phases),
+            sum(p.delta.disk_read_failures for p in result.phases),
+            files.partial,
+        ),
+    ]
+
+
 def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[CheckResult]:
     """The checks of a finished round trip; sets ``result.expected`` to what they used."""
     by_phase = {p.phase: p.delta for p in result.phases}
@@ -90,12 +123,15 @@ def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[CheckResult]:
         warm is not None and warm.gpu_hits + warm.ext_hits == replay.gpu_hits + replay.ext_hits
     )
     evicted = []
+    stored = by_phase["cold"].stored_bytes + by_phase["filler"].stored_bytes
     if plan.evicts_targets:
-        stored = by_phase["cold"].stored_bytes + by_phase["filler"].stored_bytes
         evicted = [
             ck.check_tier_evicted(exp.stored_bytes, stored),
             ck.check_replay_restored(exp, by_phase["replay"].stored_bytes),
         ]
+    elif plan.disk is not None and plan.disk.from_disk:
+        # The CPU tier evicted the targets; the disk tier must serve them.
+        evicted = [ck.check_tier_evicted(exp.stored_bytes, stored)]
     return [
         *layout,
         *evicted,
@@ -105,6 +141,7 @@ def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[CheckResult]:
         ck.check_loaded(exp, replay.loaded_bytes, evicted=plan.evicts_targets),
         ck.check_ext_hits(exp, replay.ext_hits),
         replay_output_check(outs, names, replay_vs_warm, split_noise, same_split),
+        *disk_checks(plan, result, exp),
     ]
 
 

@@ -35,6 +35,24 @@ DEFAULT_KV_BLOCK = {"cpu": 128, "cuda": 16}
 # the last few chunks (vLLM's CPU spec rounds each chunk up to 4 KiB).
 CPU_CAPACITY_SAFETY = 0.9
 
+# A disk tier's directory until the run directory exists (``resolve_disk``): what a
+# dry run prints, never what a server gets.
+DISK_DIR_PLACEHOLDER = "<run dir>/disk-tier"
+
+
+@dataclass(frozen=True)
+class DiskPlan:
+    """The disk tier under the CPU tier, as a round trip uses it."""
+
+    dir: str  # DISK_DIR_PLACEHOLDER until ``resolve_disk`` names the run's own
+    restart: bool  # the replay runs on a new server over the same directory
+    # The CPU tier holds exactly the targets' chunks, so the filler evicts them there and
+    # every replay hit must be read back from disk.
+    from_disk: bool
+
+    def record(self) -> dict[str, Any]:
+        return {"dir": self.dir, "restart": self.restart, "replay_from_disk": self.from_disk}
+
 
 @dataclass(frozen=True)
 class RoundtripPlan:
@@ -69,6 +87,7 @@ class RoundtripPlan:
     off_platform: str = ""
     # Under pressure: the tier holds exactly the targets, the filler evicts them.
     evicts_targets: bool = False
+    disk: DiskPlan | None = None  # a disk tier under the CPU tier
 
     def describe(self, filler: Filler | None = None) -> dict[str, Any]:
         """``run.json``'s ``plan``: the plan, with the filler once the live pool sized it."""
@@ -89,6 +108,7 @@ class RoundtripPlan:
             "filler_over_pool": filler.over_pool if filler else None,
             "cpu_capacity_tokens": self.cpu_capacity_tokens,
             "evicts_targets": self.evicts_targets,
+            "disk_tier": self.disk.record() if self.disk else None,
             "expected": self.expected.as_dict(),
             "server_argv": self.server.argv() if self.server else None,
             "server_env": self.server.env if self.server else None,
@@ -176,6 +196,7 @@ class RoundtripOptions(TypedDict, total=False):
     extra_args: list[str] | None
     extra_variants: Mapping[str, Variant] | None
     policy: str | None  # the CPU tier's eviction policy (lru, arc); None: the scenario's
+    tier_dir: str | None  # the disk tier's directory; None: the scenario's, or the run's
 
 
 def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) -> RoundtripPlan:
@@ -183,7 +204,11 @@ def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) 
     variant, patch, config = choices.get("variant"), choices.get("patch"), choices.get("config")
     tp, fault, fault_control = choices.get("tp"), choices.get("fault"), choices.get("fault_control")
     extra_args, extra_variants = choices.get("extra_args"), choices.get("extra_variants")
-    policy = choices.get("policy")
+    policy, tier_dir = choices.get("policy"), choices.get("tier_dir")
+    if tier_dir and scn.offload.disk is None:
+        raise BadInput(
+            "--tier-dir names a disk tier's directory: this scenario has no [offload.disk]"
+        )
     variants = load_variants(scn.resolve(scn.variants_file), extra_variants)
     name = variant or scn.variant
     if name not in variants:
@@ -221,11 +246,11 @@ def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) 
     chunk = expected.attention_chunk_size
     stored_target_tokens = sum(t.stored_tokens for t in expected.targets)
     kv_memory = _pool_bytes(scn, expected, tp_size)
-    evicts_targets = scn.offload.cpu_bytes_to_use == "targets"
-    if evicts_targets and tp_size > 1:
+    cpu_holds_targets = evicts_targets = scn.offload.cpu_bytes_to_use == "targets"
+    if cpu_holds_targets and tp_size > 1:
         raise BadInput('offload.cpu_bytes_to_use = "targets" sizes one rank\'s tier: use TP 1')
     chosen_policy = policy or scn.offload.extra_config.get("eviction_policy", "lru")
-    if evicts_targets and chosen_policy == "arc":
+    if cpu_holds_targets and chosen_policy == "arc":
         # Measured on 0.32.0: the warm pass's reuse moves the targets to ARC's T2, which
         # the filler's T1 traffic does not reach, so ARC keeps part of them by design and
         # the replay is not what this mode predicts (offload-check pressure is).
@@ -234,6 +259,16 @@ def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) 
             "target); ARC keeps the targets the warm pass reused: use offload-check pressure"
         )
     offload = _sized_cpu_tier(scn, expected, stored_target_tokens)
+    disk: DiskPlan | None = None
+    if scn.offload.disk is not None:
+        # The disk holds every chunk the CPU tier stored: what the filler evicted from
+        # the CPU tier comes back from disk, so the replay hits as on a roomy tier.
+        d = tier_dir or scn.offload.disk.dir or DISK_DIR_PLACEHOLDER
+        disk = DiskPlan(d, scn.offload.disk.restart, cpu_holds_targets)
+        offload = offload.model_copy(
+            update={"disk": scn.offload.disk.model_copy(update={"dir": d})}
+        )
+        evicts_targets = False
     if policy:
         offload = offload.model_copy(
             update={"extra_config": {**offload.extra_config, "eviction_policy": policy}}
@@ -242,17 +277,18 @@ def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) 
     capacity = int(offload.cpu_bytes_to_use * CPU_CAPACITY_SAFETY) // max(
         1, expected.kv_bytes_per_token
     )
-    if evicts_targets:
+    if cpu_holds_targets:
         # Under pressure the targets' chunks fill the tier exactly and the filler evicts
-        # them: the replay then hits and loads nothing.
+        # them: the replay then hits and loads nothing (unless a disk tier holds them).
         capacity = stored_target_tokens
-        ck.evicted_by_filler(expected)
+        if evicts_targets:
+            ck.evicted_by_filler(expected)
     elif capacity < stored_target_tokens:
         raise BadInput(
             f"offload.cpu_bytes_to_use holds {capacity} tokens, fewer than the "
             f"{stored_target_tokens} the targets store"
         )
-    if scn.server.pool_tokens is not None and not evicts_targets:
+    if scn.server.pool_tokens is not None and not cpu_holds_targets:
         # The pool is known before launch: an impossible plan is refused now, not after
         # a server start.
         need = stored_target_tokens + sum(_filler_lengths(scn, scn.server.pool_tokens))
@@ -300,9 +336,24 @@ def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) 
         scn, name, geometry, model_ref, served, kv_block, c, expected, targets, vocab, tuple(notes),
         env=env, patch=eff_patch, fault=eff_fault, tensor_parallel=tp_size,
         server=replace(sp, tail=later_wins(sp.tail)),
-        cpu_capacity_tokens=None if evicts_targets else capacity,
-        off_platform=off_platform, evicts_targets=evicts_targets,
+        cpu_capacity_tokens=None if cpu_holds_targets else capacity,
+        off_platform=off_platform, evicts_targets=evicts_targets, disk=disk,
     )  # fmt: skip
+
+
+def resolve_disk(plan: RoundtripPlan, run_dir: Path) -> RoundtripPlan:
+    """The plan with its disk tier in ``run_dir/disk-tier`` when no directory was named
+    (the server's connector config says so too); any other plan unchanged."""
+    if plan.disk is None or plan.disk.dir != DISK_DIR_PLACEHOLDER or plan.server is None:
+        return plan
+    where = str(run_dir / "disk-tier")
+    assert plan.server.kv_transfer is not None
+    extra = dict(plan.server.kv_transfer["kv_connector_extra_config"])
+    extra["secondary_tiers"] = [{**t, "root_dir": where} for t in extra["secondary_tiers"]]
+    kv = {**plan.server.kv_transfer, "kv_connector_extra_config": extra}
+    return replace(
+        plan, server=replace(plan.server, kv_transfer=kv), disk=replace(plan.disk, dir=where)
+    )
 
 
 def later_wins(args: Sequence[str]) -> list[str]:

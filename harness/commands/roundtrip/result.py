@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from harness.commands.roundtrip import checks as ck
 from harness.results.records import CheckResult
 from harness.server import metrics
+from harness.server.disk_tier import DiskInventory
 from harness.server.workload import Completion
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ class RoundtripResult:
     # The figures the run was judged by: the plan's, refined by the observations
     # (``roundtrip.evaluate.derive_expected``); None until evaluated.
     expected: ck.Expected | None = None
+    restart_seconds: float | None = None  # the second server's start (a disk restart)
+    disk_files: DiskInventory | None = None  # the disk tier's chunk files after the replay
 
     @property
     def passed(self) -> bool:

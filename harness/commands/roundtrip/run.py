@@ -12,12 +12,12 @@ from typing import Protocol, TypedDict, Unpack
 
 from harness.commands.roundtrip import checks as ck
 from harness.commands.roundtrip.evaluate import evaluate
-from harness.commands.roundtrip.plan import RoundtripPlan, size_filler
+from harness.commands.roundtrip.plan import RoundtripPlan, resolve_disk, size_filler
 from harness.commands.roundtrip.result import PhaseResult, RoundtripResult
 from harness.errors import HarnessError, RuntimeFailure
 from harness.results.records import CheckResult
 from harness.scenario.schema import ServerSettings
-from harness.server import engine_log, kv_layout, metrics
+from harness.server import disk_tier, engine_log, kv_layout, metrics
 from harness.server.launcher import VllmServer, http_json
 from harness.server.workload import (
     Completion,
@@ -100,14 +100,15 @@ class Endpoint:
         return snap, cache
 
     def settle(self, phase: str, timeout_s: float) -> metrics.Snapshot:
-        """Wait for asynchronous stores/loads to land in the counters."""
+        """Wait for asynchronous stores/loads to land in the counters, and for a disk
+        tier's writes and reads in flight to finish."""
         deadline = time.monotonic() + timeout_s
         last, _ = self.snapshot(phase)
         stable = 0
         while time.monotonic() < deadline:
             time.sleep(0.25)
             snap, _ = self.snapshot(phase)
-            if snap == last:
+            if snap == last and not metrics.disk_jobs_in_flight(self.last_text):
                 stable += 1
                 if stable >= 3:
                     break
@@ -191,10 +192,27 @@ def execute_roundtrip(
     baseline: bool = False,
     **at: Unpack[ServerChoice],
 ) -> RoundtripResult:
-    """Run the four phases; ``on_record`` is called after each step to persist results."""
+    """Run the four phases; ``on_record`` is called after each step to persist results.
+
+    With a disk tier that restarts (``[offload.disk] restart``), the server is stopped
+    cleanly after the filler and a new one, on the same directory, serves the replay."""
     url, port = at.get("url"), at.get("port")
+    plan = resolve_disk(plan, out_dir)
     result = RoundtripResult(plan)
     server = server_under_test(plan, out_dir, url, port)
+    servers = [server] if server is not None else []
+
+    def restart() -> Endpoint:
+        assert server is not None and plan.server is not None  # a launch restarts
+        reporter.status("stopping the server; its disk tier stays ...")
+        server.stop()
+        second = plan.server.server(out_dir / "logs" / "server-restarted.log", port)
+        servers.append(second)
+        result.restart_seconds = start_server(
+            second, plan.scenario.server, reporter, "restarted server"
+        )
+        return Endpoint(second.url, second)
+
     try:
         if server is not None:
             result.startup_seconds = start_server(server, plan.scenario.server, reporter, "server")
@@ -205,11 +223,12 @@ def execute_roundtrip(
         ep = Endpoint(base, server)
         if server is not None:
             read_engine_layout(plan, result, server.log_path)
-        if not run_round(plan, ep, result, reporter, on_record, out_dir / "metrics"):
+        again = restart if plan.disk is not None and plan.disk.restart else None
+        if not run_round(plan, ep, result, reporter, on_record, out_dir / "metrics", again):
             return result
     finally:
-        if server is not None:
-            server.stop()
+        for s in servers:
+            s.stop()
     if baseline and plan.server is not None and result.checks:
         _run_baseline(plan, out_dir, result, reporter)
         on_record(result)
@@ -223,12 +242,14 @@ def run_round(
     reporter: RoundtripReporter,
     on_record: Callable[[RoundtripResult], None],
     metrics_dir: Path,
+    restart: Callable[[], Endpoint] | None = None,
 ) -> bool:
     """The four phases and their checks on a running server; False if the engine died.
 
     An engine error during a phase is the round trip's verdict (``engine-survived``
     fails), not an error of the harness; ``harness.commands.faults`` runs several rounds
-    on one server through this.
+    on one server through this. ``restart`` replaces the server before the replay (the
+    replay's deltas are then the new server's, from its own start).
     """
     try:
         w = plan.scenario.workload
@@ -253,6 +274,13 @@ def run_round(
         }
         for phase in PHASES:
             t0 = time.perf_counter()
+            if phase == "replay" and restart is not None:
+                ep = restart()
+                fresh, _ = ep.snapshot("restart")
+                (metrics_dir / "restart.prom").write_text(ep.last_text)
+                # The new server counts from zero: its deltas are its own; the totals
+                # go on from the first server's.
+                start, prev = fresh - (prev - start), fresh
             max_tokens = 1 if phase == "filler" else w.max_tokens
             for prompt in traffic[phase]:
                 comp = ep.complete(plan, prompt, phase, max_tokens)
@@ -268,6 +296,8 @@ def run_round(
             prev = snap
             reporter.phase_done(pr)
             on_record(result)
+        if plan.disk is not None:
+            result.disk_files = disk_tier.inventory(Path(plan.disk.dir))
         result.checks = evaluate(plan, result)
         on_record(result)
     except EngineFailure as err:

@@ -1,0 +1,66 @@
+"""vLLM's ``fs`` disk tier as files: what the harness reads of it, and seeded damage.
+
+The tier (``vllm/v1/kv_offload/tiering/fs``, layout in ``vllm/v1/kv_offload/file_mapper.py``)
+keeps one file per chunk and KV-cache group,
+``<root>/<model>_<digest>_r<rank>/<hhh>/<hh>_g<group>/<hash>.bin``, each the CPU tier's
+whole row for that chunk, written to ``<file>.tmp`` and renamed; a ``config.json`` beside
+each rank's directory names the layout the files were written with. The directory name
+depends on the runtime (model path, parallelism, whether the layout is portable), so
+files are found by their suffix under the root, never by a predicted path.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHUNK_SUFFIX = ".bin"
+
+
+@dataclass(frozen=True)
+class DiskInventory:
+    """The chunk files under a disk tier's root, at one moment."""
+
+    root: str
+    files: int = 0
+    bytes: int = 0
+    sizes: dict[int, int] = field(default_factory=dict)  # file size -> how many files
+    partial: int = 0  # ``.tmp`` files: writes never renamed into place
+    configs: int = 0  # config.json files (one per layout the tier was written with)
+
+    @property
+    def file_size(self) -> int | None:
+        """The one size every chunk file has; None when they differ or there are none."""
+        return next(iter(self.sizes)) if len(self.sizes) == 1 else None
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "root": self.root,
+            "files": self.files,
+            "bytes": self.bytes,
+            "sizes": {str(k): v for k, v in sorted(self.sizes.items())},
+            "partial": self.partial,
+            "configs": self.configs,
+        }
+
+
+def chunk_files(root: Path) -> list[Path]:
+    """Every chunk file under ``root``, in a stable order."""
+    return sorted(p for p in root.rglob(f"*{CHUNK_SUFFIX}") if p.is_file())
+
+
+def inventory(root: Path) -> DiskInventory:
+    """Count and size the chunk files under ``root`` (an absent root holds none)."""
+    if not root.is_dir():
+        return DiskInventory(str(root))
+    sizes = Counter(p.stat().st_size for p in chunk_files(root))
+    return DiskInventory(
+        str(root),
+        files=sum(sizes.values()),
+        bytes=sum(size * n for size, n in sizes.items()),
+        sizes=dict(sizes),
+        partial=sum(1 for p in root.rglob("*.tmp") if p.is_file()),
+        configs=sum(1 for p in root.rglob("config.json") if p.is_file()),
+    )

