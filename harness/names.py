@@ -27,6 +27,19 @@ FAULTS: tuple[str, ...] = get_args(Fault)
 FAULT_NONE, FAULT_CORRUPT_LOAD, FAULT_DROP_STORE, FAULT_NO_LOAD = FAULTS[:4]
 FAULT_PARTIAL_STORE, FAULT_PARTIAL_LOAD, FAULT_OVERCOUNT_LOAD, FAULT_SEGV = FAULTS[4:]
 
+# --- seeded faults of the disk tier ------------------------------------------------------
+# The harness damages the chunk files between the filler and the replay (truncate: every
+# file cut to half; swap: every file holds another chunk's bytes, as if named by another
+# hash), or, inside EngineCore (harness.engine.host_tiering), the fs tier's own I/O
+# fails: each file read back is deleted between the lookup that found it and its read,
+# or every write finds the disk full (ENOSPC).
+DiskFault = Literal["none", "truncate-chunks", "swap-chunks", "delete-before-load", "disk-full"]
+DISK_FAULTS: tuple[str, ...] = get_args(DiskFault)
+DISK_FAULT_TRUNCATE, DISK_FAULT_SWAP, DISK_FAULT_DELETE, DISK_FAULT_FULL = DISK_FAULTS[1:]
+ENGINE_DISK_FAULTS = (DISK_FAULT_DELETE, DISK_FAULT_FULL)
+EXTRA_DISK_FAULT = "offload_check_disk_fault"  # kv_connector_extra_config key
+LOG_DISK_FAULT = "offload-check disk fault:"  # the engine log line naming it
+
 # --- patches applied inside vLLM (harness.engine.patches) ------------------------------
 PATCH_FIX = "chunked-local-fix"  # PR #51161's fix, on a stock build
 PATCH_FLOOR = "chunked-local-floor"  # a mutant of the fix: the window rounded down

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import tomllib
 import typer
 
-from harness.names import REPO_ROOT
+from harness.names import DISK_FAULTS, REPO_ROOT
 
 DEFAULT_SCENARIOS = REPO_ROOT / "scenarios"
 RESULTS = Path("results")
@@ -116,6 +116,12 @@ class EvictionPolicy(str, Enum):
 
     lru = "lru"
     arc = "arc"
+
+
+# The disk tier's seeded faults (``harness.names.DISK_FAULTS`` but "none"), as choices.
+DiskFaultName = Enum(  # type: ignore[misc]
+    "DiskFaultName", {name: name for name in DISK_FAULTS if name != "none"}, type=str
+)
 
 
 def check_fraction(value: float | None) -> float | None:

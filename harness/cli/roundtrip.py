@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from harness.cli import common
 from harness.cli.options import (
+    DiskFaultName,
     EngineArgs,
     EvictionPolicy,
     Geometry,
@@ -43,6 +44,7 @@ def roundtrip_cmd(
     tier_dir: Annotated[
         Path | None, opt("roundtrip.tier-dir", "--tier-dir", file_okay=False, resolve_path=True)
     ] = None,
+    disk_fault: Annotated[DiskFaultName | None, opt("roundtrip.disk-fault", "--disk-fault")] = None,
     *,
     opts: RunOptions,
 ) -> None:
@@ -58,6 +60,7 @@ def roundtrip_cmd(
         common.refuse_on_attach(
             url, variant=variant, python=python, patch=patch, fault=fault, tp=tp,
             engine_arg=engine_arg, baseline=baseline, policy=policy, tier_dir=tier_dir,
+            disk_fault=disk_fault,
         )  # fmt: skip
         scen = load_roundtrip(scenario or common.default_scenario("roundtrip-cpu.toml"))
         common.known_fault(fault)
@@ -71,6 +74,7 @@ def roundtrip_cmd(
             launch = common.launch_options(variant, python, patch, config, tp, fault, engine_arg)
             launch["policy"] = policy.value if policy else None
             launch["tier_dir"] = str(tier_dir) if tier_dir else None
+            launch["disk_fault"] = disk_fault.value if disk_fault else None
             plan = rt.plan_roundtrip(scen, **launch)
         return plan
 

@@ -251,7 +251,10 @@ def cell_scenario(
     trip's ``cpu_bytes_to_use = "targets"``, whatever the entry sizes for a roomy tier):
     the filler evicts every target, so the replay must hit and load nothing and store
     every chunk again. LRU only: under ARC the warm pass's reuse keeps part of the
-    targets in T2 by design, which ``offload-check pressure`` judges with its oracle."""
+    targets in T2 by design, which ``offload-check pressure`` judges with its oracle.
+    On ``disk`` that tier sits over vLLM's fs disk tier (the round trip's
+    ``[offload.disk]``): the replay must hit and load as on a roomy tier, read back from
+    disk."""
     data = base.model_dump()
     data.update(
         geometry=str(geometry), variant=variant, hub_model=None, name=f"matrix-{geometry.stem}"
@@ -272,12 +275,14 @@ def cell_scenario(
         data["offload"]["cpu_bytes_to_use"] = entry.offload_cpu_bytes
     if entry.pool_tokens is not None:
         data["server"]["pool_tokens"] = entry.pool_tokens
-    if tier == "pressure":
+    if tier in ("pressure", "disk"):
         data["offload"]["cpu_bytes_to_use"] = "targets"
         data["offload"]["extra_config"] = {
             **data["offload"].get("extra_config", {}),
             "eviction_policy": "lru",
         }
+    if tier == "disk":
+        data["offload"]["disk"] = {}
     scn = RoundtripScenario.model_validate(data)
     scn.source = base.source
     return scn

@@ -14,7 +14,11 @@ counter they export are vLLM's own, untouched.
 
 Enable it with ``spec_name = "HostTieringOffloadingSpec"``, ``spec_module_path =
 "harness.engine.host_tiering"`` and vLLM's own keys (``secondary_tiers``, ...); the fault
-keys of ``host_offload`` apply to the CPU tier's copies as there.
+keys of ``host_offload`` apply to the CPU tier's copies as there, and
+``offload_check_disk_fault`` seeds a fault of the ``fs`` tier's own I/O in the scheduler
+process (``delete-before-load``: each file is deleted after the lookup that found it,
+before its read; ``disk-full``: every write fails with ENOSPC), by wrapping the two I/O
+functions vLLM's fs tier calls (``tiering/fs/io.py``), so its own error handling runs.
 
 Only the standard library, torch and vLLM may be imported: vLLM imports this module in its
 API server, EngineCore and worker processes.
@@ -22,10 +26,14 @@ API server, EngineCore and worker processes.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import inspect
+import os
 from typing import Any
 
 import torch
+from vllm.logger import init_logger
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingWorker
 from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
@@ -37,7 +45,40 @@ from harness.engine.host_offload import (
     HostOffloadingWorker,
     parse_fault_mode,
 )
-from harness.names import FAULT_NONE
+from harness.names import (
+    DISK_FAULT_DELETE,
+    DISK_FAULT_FULL,
+    ENGINE_DISK_FAULTS,
+    EXTRA_DISK_FAULT,
+    FAULT_NONE,
+    LOG_DISK_FAULT,
+)
+
+logger = init_logger(f"vllm.offload_check.{__name__}")
+
+
+def _seed_disk_fault(fault: str) -> None:
+    """Wrap the fs tier's I/O functions (as its manager module bound them) for ``fault``."""
+    from vllm.v1.kv_offload.tiering.fs import manager as fs_manager
+
+    if fault == DISK_FAULT_DELETE:
+        load = fs_manager.batch_load_block
+
+        def delete_then_load(paths: list[str], *args: Any, **kwargs: Any) -> Any:
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            return load(paths, *args, **kwargs)
+
+        fs_manager.batch_load_block = delete_then_load
+    elif fault == DISK_FAULT_FULL:
+
+        def disk_full(paths: list[str], *args: Any, **kwargs: Any) -> Any:
+            raise OSError(errno.ENOSPC, f"No space left on device ({LOG_DISK_FAULT} {fault})")
+
+        fs_manager.batch_store_block = disk_full
+    logger.info("%s %s", LOG_DISK_FAULT, fault)
+
 
 __all__ = ["HostTieringOffloadingSpec"]
 
@@ -69,8 +110,20 @@ class HostTieringOffloadingSpec(TieringOffloadingSpec):
         if control and self.fault_mode != FAULT_NONE:
             raise ValueError(f"give {FAULT_KEY} or {FAULT_CONTROL_KEY}, not both")
         self.fault_control: str | None = control
+        disk_fault = extra.get(EXTRA_DISK_FAULT, FAULT_NONE)
+        if disk_fault not in (FAULT_NONE, *ENGINE_DISK_FAULTS):
+            raise ValueError(
+                f"{EXTRA_DISK_FAULT} {disk_fault!r}: one of {', '.join(ENGINE_DISK_FAULTS)}"
+            )
+        self.disk_fault: str = disk_fault
         super().__init__(config)
         self._host_worker: HostOffloadingWorker | None = None
+
+    def get_manager(self) -> Any:
+        # The scheduler side (EngineCore): where the fs tier's I/O threads run.
+        if self.disk_fault != FAULT_NONE and self._manager is None:
+            _seed_disk_fault(self.disk_fault)
+        return super().get_manager()
 
     @property
     def _chunk_count(self) -> int:

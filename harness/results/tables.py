@@ -464,6 +464,8 @@ ROUNDTRIP = ResultsKind(
         "metrics/<phase>.prom",
         "logs/server.log",
         "logs/baseline-server.log",
+        "logs/server-restarted.log",
+        "disk-tier/",
     ),
 )
 MATRIX = ResultsKind(

@@ -21,7 +21,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.errors import BadInput
-from harness.names import DEVIATIONS, PATCHES, Fault
+from harness.names import DEVIATIONS, PATCHES, DiskFault, Fault
 
 # crashed-on-first-request: /health answered, then the engine died serving the first
 # completion (a kernel fault, say); skipped: the row needs a CPU feature this host lacks.
@@ -153,6 +153,8 @@ class DiskTier(StrictModel):
     # vLLM's n_read_threads / n_write_threads (its default 16 each is for NVMe arrays;
     # these machines have 2 cores).
     io_threads: int = Field(2, ge=1, le=64)
+    # A seeded fault of the disk tier (``harness.names.DiskFault``); the checks must name it.
+    fault: DiskFault = "none"
 
 
 class OffloadSettings(StrictModel):
@@ -355,10 +357,12 @@ class RoundtripScenario(FileScenario):
 Family = Literal["full-attention", "sliding-window", "chunked-local", "mamba-hybrid", "mla"]
 StartupOutcome = Literal["started", "crashed", "unsupported", "timeout", "error"]
 RoundtripOutcome = Literal["pass", "fail", "skip"]
-# The CPU tier a matrix cell runs on: ``roomy`` holds targets + filler and never evicts
-# (the round trip's own sizing); ``pressure`` holds exactly the targets' chunks under
-# LRU, so the filler's stores evict them all and the replay must load nothing.
-MatrixTier = Literal["roomy", "pressure"]
+# The offload tiers a matrix cell runs on: ``roomy`` a CPU tier that holds targets +
+# filler and never evicts (the round trip's own sizing); ``pressure`` a CPU tier of
+# exactly the targets' chunks under LRU, so the filler's stores evict them all and the
+# replay must load nothing; ``disk`` that CPU tier over vLLM's fs disk tier, so the
+# replay must read every evicted target back from disk.
+MatrixTier = Literal["roomy", "pressure", "disk"]
 
 
 class MatrixEntry(StrictModel):

@@ -13,9 +13,11 @@ from typing import Any
 from harness.engine.amx import fix_enabled
 from harness.errors import BadInput
 from harness.names import (
+    ENGINE_DISK_FAULTS,
     ENV_AMX,
     ENV_PATCH,
     ENV_REPORT_SPECS,
+    EXTRA_DISK_FAULT,
     EXTRA_FAULT,
     EXTRA_FAULT_CONTROL,
     HOST_SPEC_MODULE,
@@ -72,6 +74,10 @@ def kv_transfer_config(
                 "n_write_threads": settings.disk.io_threads,
             }
         ]
+        if settings.disk.fault in ENGINE_DISK_FAULTS:
+            if not host:
+                raise ValueError("a disk fault inside the engine needs the host backend")
+            extra[EXTRA_DISK_FAULT] = settings.disk.fault
         if not host:
             extra["spec_name"] = TIERING_SPEC_NAME  # vLLM's own, untouched
     if host:

@@ -64,3 +64,31 @@ def inventory(root: Path) -> DiskInventory:
         partial=sum(1 for p in root.rglob("*.tmp") if p.is_file()),
         configs=sum(1 for p in root.rglob("config.json") if p.is_file()),
     )
+
+
+def truncate_chunks(root: Path) -> int:
+    """Seeded fault: cut every chunk file to half its size (a torn or lost write). The
+    number of files cut."""
+    files = chunk_files(root)
+    for path in files:
+        with path.open("r+b") as fh:
+            fh.truncate(path.stat().st_size // 2)
+    return len(files)
+
+
+def swap_chunks(root: Path) -> int:
+    """Seeded fault: every chunk file holds the bytes of the next one of its size (a file
+    named by another chunk's hash), so a read succeeds with the wrong KV. The number of
+    files rewritten (0 when no two files share a size)."""
+    by_size: dict[int, list[Path]] = {}
+    for path in chunk_files(root):
+        by_size.setdefault(path.stat().st_size, []).append(path)
+    moved = 0
+    for paths in by_size.values():
+        if len(paths) < 2:
+            continue
+        contents = [p.read_bytes() for p in paths]
+        for path, data in zip(paths, contents[1:] + contents[:1], strict=True):
+            path.write_bytes(data)
+        moved += len(paths)
+    return moved

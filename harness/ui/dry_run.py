@@ -226,7 +226,8 @@ def roundtrip_plan(console: Console, plan: RoundtripPlan) -> None:
             if plan.disk.from_disk
             else "the CPU tier serves the replay"
         )
-        say(console, f"disk tier (vLLM's fs tier) in {plan.disk.dir}: {served}")
+        fault = "" if plan.disk.fault == "none" else f"; seeded disk fault {plan.disk.fault}"
+        say(console, f"disk tier (vLLM's fs tier) in {plan.disk.dir}: {served}{fault}")
     for note in plan.notes:
         say(console, f"note: {note}")
     if plan.server is not None:

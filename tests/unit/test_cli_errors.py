@@ -108,7 +108,7 @@ def test_validate_every_shipped_scenario():
     proc = run("validate", *files)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count(": ok (") == len(files)
-    assert "matrix: 24 cells over 5 families and 2 tiers, all planned" in proc.stdout
+    assert "matrix: 36 cells over 5 families and 3 tiers, all planned" in proc.stdout
 
 
 def test_matrix_bad_input(tmp_path):
@@ -142,7 +142,7 @@ def test_matrix_dry_run_lists_cells_with_expectations():
             f"chunked-local / llama4-roundtrip / stock / {tier} (vLLM 0.27.1): expect crashed "
             "#51150" in text
         )
-    assert "4 cells" in proc.stdout
+    assert "6 cells" in proc.stdout
 
 
 @pytest.mark.parametrize("variant", ["stock", "current"])

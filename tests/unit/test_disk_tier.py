@@ -147,3 +147,49 @@ def test_each_disk_check_fails_on_the_fault_it_is_for(tmp_path):
     victim = disk_tier.chunk_files(tmp_path)[0]
     victim.write_bytes(b"\0" * 100)
     assert not dc.check_files(disk_tier.inventory(tmp_path), stored, 65_536).passed
+
+
+def test_the_seeded_file_damage_is_what_it_says(tmp_path):
+    chunk_tree(tmp_path, [4096] * 3)
+    files = disk_tier.chunk_files(tmp_path)
+    for i, f in enumerate(files):
+        f.write_bytes(bytes([i]) * 4096)
+    assert disk_tier.swap_chunks(tmp_path) == 3
+    # Each file now holds the next one's bytes: same sizes, every content moved.
+    assert [f.read_bytes()[0] for f in files] == [1, 2, 0]
+    assert disk_tier.inventory(tmp_path).sizes == {4096: 3}
+    assert disk_tier.truncate_chunks(tmp_path) == 3
+    assert disk_tier.inventory(tmp_path).sizes == {2048: 3}
+    lone = tmp_path / "lone"
+    chunk_tree(lone, [100])
+    assert disk_tier.swap_chunks(lone) == 0  # nothing of the same size to swap with
+
+
+def test_disk_faults_reach_the_engine_only_where_they_act_there(tmp_path):
+    fs_fault = plan(disk_fault="delete-before-load")
+    assert fs_fault.disk is not None and fs_fault.disk.fault == "delete-before-load"
+    extra = fs_fault.server.kv_transfer["kv_connector_extra_config"]  # type: ignore[union-attr]
+    assert extra["offload_check_disk_fault"] == "delete-before-load"
+    on_files = plan(disk_fault="swap-chunks")  # the harness damages the files itself
+    extra = on_files.server.kv_transfer["kv_connector_extra_config"]  # type: ignore[union-attr]
+    assert "offload_check_disk_fault" not in extra
+    with pytest.raises(BadInput, match=r"--disk-fault: this scenario has no \[offload.disk\]"):
+        plan("roundtrip-cpu.toml", disk_fault="disk-full")
+    scn = load_roundtrip(ROOT / "scenarios" / "roundtrip-disk.toml")
+    scn.offload.backend = "vllm"
+    with pytest.raises(BadInput, match="acts inside the engine"):
+        rt.plan_roundtrip(scn, disk_fault="disk-full")
+
+
+def test_the_tiered_spec_refuses_an_unknown_disk_fault():
+    from harness.engine.host_tiering import HostTieringOffloadingSpec
+    from tests.unit.test_host_offload import _extra, make_offloading_config
+
+    config = make_offloading_config(
+        _extra(offload_check_disk_fault="flood"),
+        worker_kv_bytes_per_block=4096,
+        blocks_per_chunk=1,
+        num_groups=1,
+    )
+    with pytest.raises(ValueError, match="offload_check_disk_fault 'flood'"):
+        HostTieringOffloadingSpec(config)

@@ -193,19 +193,25 @@ def test_tiers_are_a_dimension_of_plans_rules_and_check_ids(matrix):
     from harness.commands.matrix import matrix_check_id, parse_check_id, plan_matrix
     from harness.commands.sweep.targets import scenario_checks
 
-    assert matrix.tiers == ["roomy", "pressure"]
+    assert matrix.tiers == ["roomy", "pressure", "disk"]
     plan = plan_matrix(matrix, geometries=["llama3-full"], variants=["current"])
     assert [(c.tier, c.check_id) for c in plan.cells] == [
         ("roomy", "full-attention/llama3-full"),
         ("pressure", "full-attention/llama3-full/pressure"),
+        ("disk", "full-attention/llama3-full/disk"),
     ]
-    assert len({c.slug for c in plan.cells}) == 2
+    assert len({c.slug for c in plan.cells}) == 3
+    disk = plan.cells[2].plan
+    assert disk is not None and disk.disk is not None and disk.disk.from_disk
+    assert disk.expected.hit_tokens == plan.cells[0].plan.expected.hit_tokens > 0  # type: ignore[union-attr]
     only = plan_matrix(matrix, geometries=["llama3-full"], variants=["current"], tiers=["pressure"])
     assert [c.tier for c in only.cells] == ["pressure"]
-    with pytest.raises(BadInput, match="unknown tier 'huge'; in this matrix: roomy, pressure"):
+    with pytest.raises(
+        BadInput, match="unknown tier 'huge'; in this matrix: roomy, pressure, disk"
+    ):
         plan_matrix(matrix, tiers=["huge"])
     checks = scenario_checks("matrix", matrix)
-    assert len(checks) == 2 * len(matrix.entries)
+    assert len(checks) == 3 * len(matrix.entries)
     for check in checks:
         assert matrix_check_id(*parse_check_id(check)) == check
     with pytest.raises(BadInput, match="not a matrix check id"):

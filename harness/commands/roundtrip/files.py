@@ -29,6 +29,8 @@ class RoundtripWriter:
             startup_seconds=result.startup_seconds,
             engine_kv_groups=result.engine_groups,
             engine_kernels=result.engine_kernels,
+            restart_seconds=result.restart_seconds,
+            disk_files=result.disk_files.record() if result.disk_files else None,
         )
         rows: list[dict[str, Any]] = [p.record() for p in result.phases]
         if rows:

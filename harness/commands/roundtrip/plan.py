@@ -12,7 +12,7 @@ from typing import Any, TypedDict, Unpack
 
 from harness.commands.roundtrip import checks as ck
 from harness.errors import BadInput, RuntimeFailure
-from harness.names import ENV_DEVICE
+from harness.names import ENGINE_DISK_FAULTS, ENV_DEVICE
 from harness.scenario.schema import (
     OffloadSettings,
     RoundtripScenario,
@@ -49,9 +49,15 @@ class DiskPlan:
     # The CPU tier holds exactly the targets' chunks, so the filler evicts them there and
     # every replay hit must be read back from disk.
     from_disk: bool
+    fault: str = "none"  # a seeded disk fault (``harness.names.DISK_FAULTS``)
 
     def record(self) -> dict[str, Any]:
-        return {"dir": self.dir, "restart": self.restart, "replay_from_disk": self.from_disk}
+        return {
+            "dir": self.dir,
+            "restart": self.restart,
+            "replay_from_disk": self.from_disk,
+            "fault": self.fault,
+        }
 
 
 @dataclass(frozen=True)
@@ -197,6 +203,7 @@ class RoundtripOptions(TypedDict, total=False):
     extra_variants: Mapping[str, Variant] | None
     policy: str | None  # the CPU tier's eviction policy (lru, arc); None: the scenario's
     tier_dir: str | None  # the disk tier's directory; None: the scenario's, or the run's
+    disk_fault: str | None  # a seeded disk fault; None: the scenario's
 
 
 def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) -> RoundtripPlan:
@@ -205,10 +212,10 @@ def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) 
     tp, fault, fault_control = choices.get("tp"), choices.get("fault"), choices.get("fault_control")
     extra_args, extra_variants = choices.get("extra_args"), choices.get("extra_variants")
     policy, tier_dir = choices.get("policy"), choices.get("tier_dir")
-    if tier_dir and scn.offload.disk is None:
-        raise BadInput(
-            "--tier-dir names a disk tier's directory: this scenario has no [offload.disk]"
-        )
+    disk_fault = choices.get("disk_fault")
+    if (tier_dir or disk_fault) and scn.offload.disk is None:
+        what = "--tier-dir names a disk tier's directory" if tier_dir else "--disk-fault"
+        raise BadInput(f"{what}: this scenario has no [offload.disk]")
     variants = load_variants(scn.resolve(scn.variants_file), extra_variants)
     name = variant or scn.variant
     if name not in variants:
@@ -264,9 +271,15 @@ def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) 
         # The disk holds every chunk the CPU tier stored: what the filler evicted from
         # the CPU tier comes back from disk, so the replay hits as on a roomy tier.
         d = tier_dir or scn.offload.disk.dir or DISK_DIR_PLACEHOLDER
-        disk = DiskPlan(d, scn.offload.disk.restart, cpu_holds_targets)
+        fault_on_disk = disk_fault or scn.offload.disk.fault
+        if fault_on_disk in ENGINE_DISK_FAULTS and offload_backend(scn.offload, env) != "host":
+            raise BadInput(
+                f"disk fault {fault_on_disk} acts inside the engine: it needs the harness's "
+                'host offload backend (offload.backend = "host")'
+            )
+        disk = DiskPlan(d, scn.offload.disk.restart, cpu_holds_targets, fault_on_disk)
         offload = offload.model_copy(
-            update={"disk": scn.offload.disk.model_copy(update={"dir": d})}
+            update={"disk": scn.offload.disk.model_copy(update={"dir": d, "fault": fault_on_disk})}
         )
         evicts_targets = False
     if policy:

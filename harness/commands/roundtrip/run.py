@@ -15,6 +15,7 @@ from harness.commands.roundtrip.evaluate import evaluate
 from harness.commands.roundtrip.plan import RoundtripPlan, resolve_disk, size_filler
 from harness.commands.roundtrip.result import PhaseResult, RoundtripResult
 from harness.errors import HarnessError, RuntimeFailure
+from harness.names import DISK_FAULT_SWAP, DISK_FAULT_TRUNCATE
 from harness.results.records import CheckResult
 from harness.scenario.schema import ServerSettings
 from harness.server import disk_tier, engine_log, kv_layout, metrics
@@ -223,8 +224,15 @@ def execute_roundtrip(
         ep = Endpoint(base, server)
         if server is not None:
             read_engine_layout(plan, result, server.log_path)
-        again = restart if plan.disk is not None and plan.disk.restart else None
-        if not run_round(plan, ep, result, reporter, on_record, out_dir / "metrics", again):
+        before_replay = None
+        if plan.disk is not None:
+            disk = plan.disk
+
+            def before_replay(current: Endpoint) -> Endpoint:
+                damage_disk(disk.fault, Path(disk.dir), result, reporter)
+                return restart() if disk.restart else current
+
+        if not run_round(plan, ep, result, reporter, on_record, out_dir / "metrics", before_replay):
             return result
     finally:
         for s in servers:
@@ -242,14 +250,15 @@ def run_round(
     reporter: RoundtripReporter,
     on_record: Callable[[RoundtripResult], None],
     metrics_dir: Path,
-    restart: Callable[[], Endpoint] | None = None,
+    before_replay: Callable[[Endpoint], Endpoint] | None = None,
 ) -> bool:
     """The four phases and their checks on a running server; False if the engine died.
 
     An engine error during a phase is the round trip's verdict (``engine-survived``
     fails), not an error of the harness; ``harness.commands.faults`` runs several rounds
-    on one server through this. ``restart`` replaces the server before the replay (the
-    replay's deltas are then the new server's, from its own start).
+    on one server through this. ``before_replay`` runs between the filler and the
+    replay and may give another server (a restart: the replay's deltas are then the new
+    server's, from its own start).
     """
     try:
         w = plan.scenario.workload
@@ -274,13 +283,15 @@ def run_round(
         }
         for phase in PHASES:
             t0 = time.perf_counter()
-            if phase == "replay" and restart is not None:
-                ep = restart()
-                fresh, _ = ep.snapshot("restart")
-                (metrics_dir / "restart.prom").write_text(ep.last_text)
-                # The new server counts from zero: its deltas are its own; the totals
-                # go on from the first server's.
-                start, prev = fresh - (prev - start), fresh
+            if phase == "replay" and before_replay is not None:
+                first = ep
+                ep = before_replay(ep)
+                if ep is not first:
+                    fresh, _ = ep.snapshot("restart")
+                    (metrics_dir / "restart.prom").write_text(ep.last_text)
+                    # The new server counts from zero: its deltas are its own; the
+                    # totals go on from the first server's.
+                    start, prev = fresh - (prev - start), fresh
             max_tokens = 1 if phase == "filler" else w.max_tokens
             for prompt in traffic[phase]:
                 comp = ep.complete(plan, prompt, phase, max_tokens)
@@ -316,6 +327,19 @@ def run_round(
         on_record(result)
         return False
     return True
+
+
+def damage_disk(fault: str, root: Path, result: RoundtripResult, reporter: Status) -> None:
+    """A seeded fault on the disk tier's files, between the filler and the replay (the
+    engine-side ones act inside vLLM's fs tier instead: ``harness.engine.host_tiering``)."""
+    if fault == DISK_FAULT_TRUNCATE:
+        n = disk_tier.truncate_chunks(root)
+    elif fault == DISK_FAULT_SWAP:
+        n = disk_tier.swap_chunks(root)
+    else:
+        return
+    reporter.status(f"disk fault {fault}: {n} chunk files")
+    result.note(f"seeded disk fault {fault}: {n} chunk files damaged before the replay")
 
 
 def read_engine_layout(plan: RoundtripPlan, result: RoundtripResult, log: Path) -> None:
