@@ -44,7 +44,9 @@ def roundtrip_cmd(
     tier_dir: Annotated[
         Path | None, opt("roundtrip.tier-dir", "--tier-dir", file_okay=False, resolve_path=True)
     ] = None,
-    disk_fault: Annotated[DiskFaultName | None, opt("roundtrip.disk-fault", "--disk-fault")] = None,
+    disk_fault: Annotated[
+        DiskFaultName | None, opt("roundtrip.disk-fault", "--disk-fault", metavar="FAULT")
+    ] = None,
     *,
     opts: RunOptions,
 ) -> None:

@@ -39,6 +39,7 @@ def stress_cmd(
     eviction_policy: Annotated[
         EvictionPolicy | None, opt("stress.policy", "--policy", case_sensitive=False)
     ] = None,
+    disk: Annotated[bool, opt("stress.disk", "--disk")] = False,
     tp: TensorParallel = None,
     variant: VariantName = None,
     python: OnePython = None,
@@ -63,6 +64,7 @@ def stress_cmd(
         common.refuse_on_attach(
             url, variant=variant, python=python, patch=patch, fault=fault, tp=tp,
             engine_arg=engine_arg, tier_fraction=tier_fraction, eviction_policy=eviction_policy,
+            disk=disk,
         )  # fmt: skip
         scen = load_stress(scenario or common.default_scenario("stress.toml"))
         common.known_fault(fault)
@@ -79,6 +81,7 @@ def stress_cmd(
             url=url,
             tier_fraction=tier_fraction,
             eviction_policy=eviction_policy.value if eviction_policy else None,
+            disk=disk,
             **launch,
         )
         return plan

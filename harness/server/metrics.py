@@ -154,6 +154,15 @@ def parse(text: str) -> tuple[Snapshot, CacheConfig | None, set[str]]:
     return snap, cache, set(families)
 
 
+# Exported from vLLM 0.28 (0.27's tiering counts only its lookup delays).
+DISK_COUNTERS_FAMILY = "vllm:kv_offload_tiering_write_bytes"
+
+
+def disk_counters_exported(text: str) -> bool:
+    """Whether the server exports the disk tier's byte and hit counters."""
+    return DISK_COUNTERS_FAMILY in text
+
+
 def disk_jobs_in_flight(text: str) -> float:
     """The disk tier's cascade and promotion jobs still running (0 without a disk tier)."""
     families = {fam.name: fam for fam in text_string_to_metric_families(text)}

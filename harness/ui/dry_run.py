@@ -593,7 +593,8 @@ def stress_plan(console: Console, plan: StressPlan) -> None:
         console,
         f"patch {d['patch']}, fault {d['fault']}; offload chunk "
         f"{d['offload_tokens_per_chunk']} tokens, KV block {d['kv_block_size']}, CPU tier "
-        + (f"{tier:,} B" if tier is not None else "the server's"),
+        + (f"{tier:,} B" if tier is not None else "the server's")
+        + (f" over a disk tier in {plan.base.disk.dir}" if plan.base.disk else ""),
     )
     for r in plan.requests[:8]:
         extra = f" after {r.parent}" if r.parent else ""

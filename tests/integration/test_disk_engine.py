@@ -115,3 +115,25 @@ def test_each_disk_fault_is_caught_by_its_checks(tmp_path, fault):
     if fault in ("delete-before-load", "disk-full"):
         log = (run / "logs" / "server.log").read_text(errors="replace")
         assert f"offload-check disk fault: {fault}" in log
+
+
+@pytest.mark.launches(2)
+def test_stress_over_a_disk_tier_serves_what_the_cpu_tier_evicted(tmp_path):
+    """The short multi-turn stress plan on a CPU tier holding a third of what it stores,
+    over the disk tier: later turns whose prefixes the CPU tier evicted must come back
+    from disk (disk hits, each one file read), no disk write or read may fail, and every
+    answer is the reference's (connector off), every load its hit."""
+    import json
+
+    code, run, out = run_cli(
+        tmp_path, "stress", "--profile", "multi-turn", "--requests", "8",
+        "--tier", "0.3", "--disk", timeout=1500,
+    )  # fmt: skip
+    assert code == 0, out
+    df = pd.read_csv(run / "checks.csv").set_index("name")
+    assert df["passed"].all(), df[~df["passed"]].to_string()
+    assert {"disk-files", "disk-served", "disk-errors", "tier-evicted"} <= set(df.index)
+    assert {"outputs-match-reference", "loads-match-hits"} <= set(df.index)
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["stress"]["counters"]["disk_hits"] > 0
+    assert meta["stress"]["disk_files"]["files"] == len(chunk_files(run))

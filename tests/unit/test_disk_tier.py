@@ -102,6 +102,9 @@ def test_the_promoted_chunks_follow_each_groups_lookup():
     exp = plan().expected
     assert dc.promoted_keys(GROUPS, exp, 256) == 5 + 3 * (2 + 2)
     assert dc.key_bytes(GROUPS, 256) == 65_536
+    # One group of four layers (Llama 3, no hybrid allocator): a chunk holds all four.
+    llama3 = [{**GROUPS[3], "layers": 4}]
+    assert dc.key_bytes(llama3, 256) == 4 * 65_536
     swa = [{**GROUPS[0], "spec": "SlidingWindowSpec", "sliding_window": 512}]
     assert dc.promoted_keys(swa, exp, 256) is None  # not modelled: bounded instead
 

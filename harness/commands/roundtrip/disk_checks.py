@@ -28,9 +28,11 @@ from harness.server.kv_layout import spec_kind
 
 def key_bytes(groups: Sequence[dict[str, Any]], tokens_per_chunk: int) -> int | None:
     """KV bytes one chunk of one group moves (what the store counter adds per key), when
-    every group's page is the same size (vLLM's hybrid allocator makes them so)."""
+    every group's is the same (vLLM's hybrid allocator makes them so). The engine reports
+    one layer's page per group, and a group's chunk holds all of its layers."""
     pages = {
         int(g.get("page_size_bytes") or 0)
+        * int(g.get("layers") or 1)
         * tokens_per_chunk
         // max(int(g.get("block_size") or 1), 1)
         for g in groups
@@ -60,8 +62,9 @@ def promoted_keys(
 
 
 def check_files(disk: DiskInventory, stored: float, per_key: int | None) -> CheckResult:
-    """Every chunk the CPU tier stored is on disk once: files = stored bytes / one key's
-    bytes, every file the same size, no write left half-done (``.tmp``)."""
+    """Every distinct chunk the CPU tier stored is on disk once: files = ``stored`` (the
+    bytes of the targets' and the filler's chunks) / one key's bytes, every file the same
+    size, no write left half-done (``.tmp``)."""
     want = int(stored) // per_key if per_key else None
     ok = (
         want is not None

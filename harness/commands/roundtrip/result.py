@@ -59,6 +59,7 @@ class RoundtripResult:
     expected: ck.Expected | None = None
     restart_seconds: float | None = None  # the second server's start (a disk restart)
     disk_files: DiskInventory | None = None  # the disk tier's chunk files after the replay
+    disk_counters: bool = True  # the server exports the tiering counters (0.28+)
 
     @property
     def passed(self) -> bool:

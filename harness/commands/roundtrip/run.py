@@ -309,6 +309,7 @@ def run_round(
             on_record(result)
         if plan.disk is not None:
             result.disk_files = disk_tier.inventory(Path(plan.disk.dir))
+            result.disk_counters = metrics.disk_counters_exported(ep.last_text)
         result.checks = evaluate(plan, result)
         on_record(result)
     except EngineFailure as err:

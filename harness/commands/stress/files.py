@@ -25,6 +25,9 @@ def write_stress(run_dir: RunDirectory, result: Any) -> None:
     save_requests(result.outcomes, run_dir.path / "requests.jsonl", result.sent)
     if result.reference:
         save_requests(result.reference, run_dir.path / "reference.jsonl", plan.requests)
+    if plan.base is not None and plan.base.disk is not None:
+        # The plan again: a disk tier's directory is named once the run directory exists.
+        run_dir.update_meta(plan=plan.describe())
     run_dir.update_meta(stress=result.figures())
     if result.checks:
         STRESS_CHECKS.write(run_dir, [c.record() for c in result.checks])

@@ -39,6 +39,7 @@ from harness.commands.stress.reference import (
     parse_prompt_logprobs,
 )
 from harness.commands.stress.workload import PlannedRequest
+from harness.server.disk_tier import DiskInventory
 
 # The tolerance comes from measured numbers (``Floor``), and is never below the minimum
 # (a floor measured as 0 on a short run must not make every near-tie a divergence):
@@ -212,6 +213,8 @@ class StressResult:
     attached: bool = False  # --url: a server someone else launched, no reference
     # request id -> the reference's own continuation from the first divergence
     explanations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    disk_files: DiskInventory | None = None  # a disk tier's chunk files after the run
+    disk_counters: bool = True  # the server exports the tiering counters (0.28+)
 
     def compared_count(self) -> int:
         return len(compared(self.outcomes))
@@ -249,6 +252,7 @@ class StressResult:
             if self.reference
             else None,
             "counters": self.counters,
+            "disk_files": self.disk_files.record() if self.disk_files else None,
             "reference_error": self.reference_error or None,
             "death": self.death or None,
         }
@@ -462,6 +466,7 @@ def evaluate(result: StressResult) -> None:
         checks += check_ledger_for(result)
         if plan.under_pressure:
             checks.append(check_tier_evicted(result))
+        checks += check_disk_for(result)
         checks += [
             check_happened(name, what, result.counters.get(counter, 0.0), why)
             for profiles, name, what, counter, why in HAPPENED
@@ -485,6 +490,54 @@ def check_ledger_for(result: StressResult) -> list[Any]:
     # Under pressure a chunk may be stored again after its eviction, or not at all when
     # the tier has no room: the store count is the policy's choice, not judged.
     return check_ledger(ledger_of(result), stores=not result.plan.under_pressure)
+
+
+def check_disk_for(result: StressResult) -> list[Any]:
+    """Over a disk tier: no write or read failed, the files are whole chunks, and under
+    pressure the disk really served prefixes the CPU tier had evicted (each disk hit one
+    file read); with a roomy CPU tier, the disk serves nothing."""
+    from harness.commands.roundtrip import disk_checks as dc
+    from harness.results.records import CheckResult
+
+    files, c = result.disk_files, result.counters
+    if files is None:  # no disk tier (or the run never got as far as reading it)
+        return []
+    per_key = dc.key_bytes(result.engine_groups, result.plan.base.tokens_per_chunk)
+    hits, read = c.get("disk_hits", 0.0), c.get("disk_read_bytes", 0.0)
+    written = c.get("disk_written_bytes", 0.0)
+    row = files.file_size or per_key or 0
+    counted = result.disk_counters  # 0.27 exports none: the files alone are judged
+    whole = (
+        files.files > 0 and files.file_size == per_key and (files.bytes <= written or not counted)
+    )
+    pressure = result.plan.under_pressure
+    served = (hits > 0 if pressure else hits == 0) and read == hits * row
+    files_check = CheckResult(
+        "disk-files",
+        whole,
+        f"chunk files of {per_key or '?'} B each (one chunk of one group), at most the "
+        f"{written:,.0f} B the tier says it wrote",
+        f"{files.files} files ({files.bytes:,} B, sizes {sorted(files.sizes)})",
+        "every chunk the CPU tier stores is written through whole; the write counter "
+        "also counts a chunk whose file already exists",
+    )
+    if not counted:
+        return [files_check]
+    return [
+        files_check,
+        CheckResult(
+            "disk-served",
+            served,
+            "disk hits > 0 (the CPU tier under pressure), each one chunk file read"
+            if pressure
+            else "no disk hit: the CPU tier holds everything",
+            f"{hits:g} disk hits, {read:,.0f} B read ({row:,} B a file)",
+            "prefixes the CPU tier evicted must come back from disk, once per hit",
+        ),
+        dc.check_failures(
+            c.get("disk_write_failures", 0.0), c.get("disk_read_failures", 0.0), files.partial
+        ),
+    ]
 
 
 def check_tier_evicted(result: StressResult) -> Any:

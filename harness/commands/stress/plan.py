@@ -99,6 +99,7 @@ class StressPlan:
             "kv_bytes_per_token": self.base.expected.kv_bytes_per_token,
             "cpu_bytes_to_use": self.connector_config.get("cpu_bytes_to_use"),
             "cpu_tier_fraction": self.tier_fraction,
+            "disk_tier": self.base.disk.record() if self.base.disk else None,
             "eviction_policy": self.connector_config.get("eviction_policy", "lru"),
             "server_argv": self.base.server.argv() if self.base.server else None,
             "reference_argv": reference_spec(self).argv() if self.base.server else None,
@@ -179,12 +180,14 @@ def plan_stress(
     url: str | None = None,
     tier_fraction: float | None = None,
     eviction_policy: str | None = None,
+    disk: bool = False,
     **launch: Unpack[RoundtripOptions],
 ) -> StressPlan:
     """Everything known before launch; refuses what cannot run with one clear line.
     ``launch`` goes to ``plan_roundtrip``, the stress engine arguments before its own;
     with ``url`` the base is planned against that server (``attach_plan``: no launch,
-    no reference), and only ``launch``'s ``config`` applies."""
+    no reference), and only ``launch``'s ``config`` applies. ``disk`` puts vLLM's fs tier
+    under the CPU tier (the round trip's ``[offload.disk]``)."""
     from dataclasses import replace
 
     from harness.commands.roundtrip import attach_plan, plan_roundtrip
@@ -196,6 +199,10 @@ def plan_stress(
         raise BadInput(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
     settings, engine_args = settings_for(scenario, name)
     base_scn = load_roundtrip(scenario.resolve(scenario.roundtrip))
+    if disk and base_scn.offload.disk is None:
+        from harness.scenario.schema import DiskTier
+
+        base_scn.offload.disk = DiskTier()
     launch["extra_args"] = [*engine_args, *STRESS_ENGINE_ARGS, *(launch.get("extra_args") or [])]
     if url is not None:
         # The scenario's geometry plans the byte ledger when no --config says otherwise,

@@ -22,7 +22,7 @@ from harness.commands.stress.driver import Outcome, drive, http_sender
 from harness.commands.stress.judge import StressResult, http_scorer, run_reference_side
 from harness.commands.stress.plan import StressPlan
 from harness.errors import HarnessError, RuntimeFailure
-from harness.server import engine_log, kv_layout, metrics
+from harness.server import disk_tier, engine_log, kv_layout, metrics
 
 if TYPE_CHECKING:
     from harness.commands.roundtrip.run import ServerChoice
@@ -84,9 +84,11 @@ def execute_stress(
 ) -> StressResult:
     """The run under test, then (launched runs) the reference, then the checks."""
     url, port = at.get("url"), at.get("port")
+    from harness.commands.roundtrip import resolve_disk
     from harness.commands.roundtrip.run import Endpoint, server_under_test, start_server
     from harness.commands.stress.judge import evaluate
 
+    plan.base = resolve_disk(plan.base, out_dir)  # a disk tier in the run directory
     result = StressResult(plan)
     base = plan.base
     server = server_under_test(base, out_dir, url, port)
@@ -109,6 +111,8 @@ def execute_stress(
                 result.engine_groups = kv_layout.parse_report(lines) or []
                 result.engine_kernels["server"] = engine_kernels(lines)
             server.stop()
+            if base.disk is not None:
+                result.disk_files = disk_tier.inventory(Path(base.disk.dir))
     on_record(result)
     if server is not None and base.server is not None and result.compared_count():
         from harness.commands.stress.plan import reference_spec
@@ -199,6 +203,7 @@ def _run_under_test(
                 end = ep.settle("end", plan.base.scenario.workload.settle_timeout_s)
                 (metrics_dir / "end.prom").write_text(ep.last_text)
                 result.counters = (end - start).as_dict()
+                result.disk_counters = metrics.disk_counters_exported(ep.last_text)
             except (HarnessError, RuntimeFailure) as err:
                 result.server_alive = False
                 result.death = str(err)
