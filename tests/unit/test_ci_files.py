@@ -546,6 +546,8 @@ def test_nightly_runs_the_same_commands_on_github_and_buildkite() -> None:
         "bugs",
         "crash-repro",
         "roundtrip",
+        "roundtrip",
+        "roundtrip",
         "stress",
     ]
     assert ["stress", "--results-dir", "results"] in found[NIGHTLY.name]
@@ -554,6 +556,10 @@ def test_nightly_runs_the_same_commands_on_github_and_buildkite() -> None:
         NIGHTLY.name
     ]
     assert ["crash-repro", "--results-dir", "results"] in found[NIGHTLY.name]
+    for disk in ("roundtrip-disk", "roundtrip-restart"):
+        assert [
+            "roundtrip", "--scenario", f"scenarios/{disk}.toml", "--results-dir", "results"
+        ] in found[NIGHTLY.name]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -93,12 +93,26 @@ def plan_or_skip(command: tuple[str, ...]) -> list[PlannedLaunch]:
 
 
 def server_args_masked(argv: list[str]) -> list[str]:
-    """An argv without what is only known at launch: the port and a built model's path."""
+    """An argv without what is only known at launch: the port, a built model's path and a
+    disk tier's directory (the run's own)."""
     out = list(argv)
     for flag in ("--port", "--model"):
         if flag in out:
             out[out.index(flag) + 1] = f"<{flag}>"
+    if "--kv-transfer-config" in out:
+        i = out.index("--kv-transfer-config") + 1
+        kv = json.loads(out[i])
+        for tier in kv["kv_connector_extra_config"].get("secondary_tiers", []):
+            tier["root_dir"] = "<disk dir>"
+        out[i] = json.dumps(kv, sort_keys=True)
     return out
+
+
+def vllm_spec(launch: PlannedLaunch) -> str:
+    """The spec class vLLM's own offloading builds for a launch: the tiered one under a
+    disk tier."""
+    extra = launch.intended["kv_transfer_config"]["kv_connector_extra_config"]
+    return "TieringOffloadingSpec" if extra.get("secondary_tiers") else "CPUOffloadingSpec"
 
 
 def with_argv(launch: PlannedLaunch, argv: list[str]) -> PlannedLaunch:
@@ -145,8 +159,10 @@ def test_the_nightly_launches_servers_and_all_are_planned_for_cuda() -> None:
             # cuda plans: vLLM's own offloading spec, no CPU-platform environment
             assert not any(k.startswith("VLLM_CPU_") for k in launch.env), launch.label
             assert "HostOffloadingSpec" not in " ".join(launch.argv), launch.label
+            assert "HostTieringOffloadingSpec" not in " ".join(launch.argv), launch.label
             kv = launch.intended["kv_transfer_config"]
-            assert kv is None or "spec_name" not in kv["kv_connector_extra_config"], kv
+            spec = kv and kv["kv_connector_extra_config"].get("spec_name")
+            assert spec in (None, "TieringOffloadingSpec"), kv  # vLLM's own only
     # the device is forced only while planning
     assert os.environ.get(DEVICE_ENV) == device_before
 
@@ -188,7 +204,7 @@ def test_every_nightly_launch_passes_this_vllm(parser: Any, command: tuple[str, 
         problems += mismatches(launch.intended, res.engine)
         if uses_vllm_offload_spec(launch):
             assert res.offload is not None, res.stopped
-            assert res.offload.spec_class == "CPUOffloadingSpec"
+            assert res.offload.spec_class == vllm_spec(launch)
         else:
             assert res.passed == ["parse", "engine-args", "engine-config"], res.stopped
     assert problems == []
@@ -567,7 +583,7 @@ def test_every_nightly_launch_passes_the_nightly_release(on_release: ReleaseRehe
         assert res.vllm_version == on_release.release
         if uses_vllm_offload_spec(launch):
             assert res.passed == list(STAGES) and res.offload is not None, res.stopped
-            assert res.offload.spec_class == "CPUOffloadingSpec"
+            assert res.offload.spec_class == vllm_spec(launch)
 
 
 def test_the_release_is_called_where_the_map_says(on_release: ReleaseRehearsal) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.errors import BadInput, RuntimeFailure
+from harness.names import TIERING_SPEC_NAME
 
 STAGES = ("parse", "engine-args", "engine-config", "offload")
 
@@ -105,9 +106,12 @@ class Rehearsal:
 
 
 def uses_vllm_offload_spec(launch: PlannedLaunch) -> bool:
-    """vLLM's own spec (CPUOffloadingSpec) serves this launch, not the harness's host one."""
+    """vLLM's own spec (CPUOffloadingSpec, or TieringOffloadingSpec under a disk tier)
+    serves this launch, not one of the harness's host specs."""
     kv = launch.intended.get("kv_transfer_config")
-    return bool(kv and "spec_name" not in kv["kv_connector_extra_config"])
+    if not kv:
+        return False
+    return kv["kv_connector_extra_config"].get("spec_name", TIERING_SPEC_NAME) == TIERING_SPEC_NAME
 
 
 def mismatches(intended: Mapping[str, Any], observed: Mapping[str, Any]) -> list[str]:

@@ -36,6 +36,8 @@ RECORD = REPO_ROOT / "tests" / "fixtures" / "gpu-rehearsal-record.json"
 NIGHTLY_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("crash-repro", "--results-dir", "results"),
     ("roundtrip", "--scenario", "scenarios/scout-fp8-tp4.toml", "--tp", "4"),
+    ("roundtrip", "--scenario", "scenarios/roundtrip-disk.toml", "--results-dir", "results"),
+    ("roundtrip", "--scenario", "scenarios/roundtrip-restart.toml", "--results-dir", "results"),
 )
 SCOUT_COMMAND = NIGHTLY_COMMANDS[1]
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from harness.errors import BadInput
 from harness.names import ENV_DEVICE
+from harness.server.model_builder import default_cache_dir
 from harness.tools.gpu_rehearsal.launch import PlannedLaunch
 
 if TYPE_CHECKING:
@@ -76,6 +77,9 @@ def plan_roundtrip_launch(scenario: Path, **options: Any) -> PlannedLaunch:
     scn = load_roundtrip(scenario)
     with gpu_planning():
         plan = rt.plan_roundtrip(scn, **options)
+    # A disk tier's directory is the run's; the rehearsal's scheduler side (vLLM's fs
+    # tier writes its config.json at start) gets one of its own.
+    plan = rt.resolve_disk(plan, default_cache_dir() / "rehearsal")
     config = options.get("config")
     assert plan.server is not None and plan.env is not None
     intended = _intended(plan.server, scn.server, plan.tensor_parallel)
