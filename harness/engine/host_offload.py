@@ -75,6 +75,7 @@ __all__ = [
     "FAULT_MODES",
     "HostOffloadingSpec",
     "HostOffloadingWorker",
+    "HostWorkerSpec",
     "parse_fault_mode",
 ]
 
@@ -482,27 +483,26 @@ class HostOffloadingWorker(OffloadingWorker):
         self.host_buffer = torch.empty(0, dtype=torch.int8)
 
 
-class HostOffloadingSpec(CPUOffloadingSpec):
-    """``CPUOffloadingSpec`` with a worker that runs on the CPU platform.
+class HostWorkerSpec:
+    """What the harness's specs (this module's, and ``host_tiering``'s) share over the
+    vLLM spec each subclasses: the fault keys, read before that spec allocates anything
+    (so a bad one fails fast in every process that builds the spec: EngineCore and
+    workers), the chunk count under either of vLLM's names, and a ``get_worker`` without
+    the stock platform check. List it before the vLLM spec among the bases."""
 
-    Subclassing (rather than re-implementing) keeps the stock chunk sizing
-    (``kv_bytes_per_chunk``, ``cpu_page_size_per_worker``, the chunk count) and the stock
-    ``CPUOffloadingManager`` on the scheduler side, so what is under test is vLLM's own logic.
-    """
+    fault_mode: str
+    fault_control: str | None
+    _host_worker: HostOffloadingWorker | None = None
 
-    def __init__(self, config: OffloadingConfig) -> None:
-        # Validate before the base class allocates anything, so a bad fault name fails fast
-        # in every process that builds the spec (EngineCore and workers).
+    def read_fault_keys(self, config: OffloadingConfig) -> None:
         extra: Mapping[str, Any] = config.extra_config or {}
-        self.fault_mode: str = parse_fault_mode(extra.get(FAULT_KEY))
+        self.fault_mode = parse_fault_mode(extra.get(FAULT_KEY))
         control = extra.get(FAULT_CONTROL_KEY)
         if control is not None and (not isinstance(control, str) or not control):
             raise ValueError(f"{FAULT_CONTROL_KEY} must be a file path, got {control!r}")
         if control and self.fault_mode != FAULT_NONE:
             raise ValueError(f"give {FAULT_KEY} or {FAULT_CONTROL_KEY}, not both")
-        self.fault_control: str | None = control
-        super().__init__(config)
-        self._host_worker: HostOffloadingWorker | None = None
+        self.fault_control = control
 
     @property
     def num_host_chunks(self) -> int:
@@ -512,6 +512,29 @@ class HostOffloadingSpec(CPUOffloadingSpec):
             if isinstance(value, int):
                 return value
         return 0
+
+    def create_worker(self, kv_caches: CanonicalKVCaches) -> HostOffloadingWorker:
+        raise NotImplementedError
+
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        # The stock method refuses non-GPU platforms before building anything; this one
+        # has no platform requirement.
+        if self._host_worker is None:
+            self._host_worker = self.create_worker(kv_caches)
+        return self._host_worker
+
+
+class HostOffloadingSpec(HostWorkerSpec, CPUOffloadingSpec):
+    """``CPUOffloadingSpec`` with a worker that runs on the CPU platform.
+
+    Subclassing (rather than re-implementing) keeps the stock chunk sizing
+    (``kv_bytes_per_chunk``, ``cpu_page_size_per_worker``, the chunk count) and the stock
+    ``CPUOffloadingManager`` on the scheduler side, so what is under test is vLLM's own logic.
+    """
+
+    def __init__(self, config: OffloadingConfig) -> None:
+        self.read_fault_keys(config)
+        super().__init__(config)
 
     def _uses_shared_region(self) -> bool:
         # Each rank keeps a private buffer, so the single-copy replicated (MLA) layout, in
@@ -528,10 +551,3 @@ class HostOffloadingSpec(CPUOffloadingSpec):
             fault_control=self.fault_control,
             rank=self.config.parallel.rank,
         )
-
-    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
-        # The stock method refuses non-GPU platforms before building anything; this one
-        # has no platform requirement.
-        if self._host_worker is None:
-            self._host_worker = self.create_worker(kv_caches)
-        return self._host_worker

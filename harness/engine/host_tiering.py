@@ -34,17 +34,12 @@ from typing import Any
 
 import torch
 from vllm.logger import init_logger
-from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingWorker
+from vllm.v1.kv_offload.base import CanonicalKVCaches
 from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-from harness.engine.host_offload import (
-    FAULT_CONTROL_KEY,
-    FAULT_KEY,
-    HostOffloadingWorker,
-    parse_fault_mode,
-)
+from harness.engine.host_offload import HostOffloadingWorker, HostWorkerSpec
 from harness.names import (
     DISK_FAULT_DELETE,
     DISK_FAULT_FULL,
@@ -98,26 +93,18 @@ class _SharedRegionWorker(HostOffloadingWorker):
             self._region = None
 
 
-class HostTieringOffloadingSpec(TieringOffloadingSpec):
+class HostTieringOffloadingSpec(HostWorkerSpec, TieringOffloadingSpec):
     """``TieringOffloadingSpec`` with a worker that runs on the CPU platform."""
 
     def __init__(self, config: OffloadingConfig) -> None:
-        extra: dict[str, Any] = dict(config.extra_config or {})
-        self.fault_mode: str = parse_fault_mode(extra.get(FAULT_KEY))
-        control = extra.get(FAULT_CONTROL_KEY)
-        if control is not None and (not isinstance(control, str) or not control):
-            raise ValueError(f"{FAULT_CONTROL_KEY} must be a file path, got {control!r}")
-        if control and self.fault_mode != FAULT_NONE:
-            raise ValueError(f"give {FAULT_KEY} or {FAULT_CONTROL_KEY}, not both")
-        self.fault_control: str | None = control
-        disk_fault = extra.get(EXTRA_DISK_FAULT, FAULT_NONE)
+        self.read_fault_keys(config)
+        disk_fault = (config.extra_config or {}).get(EXTRA_DISK_FAULT, FAULT_NONE)
         if disk_fault not in (FAULT_NONE, *ENGINE_DISK_FAULTS):
             raise ValueError(
                 f"{EXTRA_DISK_FAULT} {disk_fault!r}: one of {', '.join(ENGINE_DISK_FAULTS)}"
             )
         self.disk_fault: str = disk_fault
         super().__init__(config)
-        self._host_worker: HostOffloadingWorker | None = None
 
     def get_manager(self) -> Any:
         # The scheduler side (EngineCore): where the fs tier's I/O threads run.
@@ -125,19 +112,13 @@ class HostTieringOffloadingSpec(TieringOffloadingSpec):
             _seed_disk_fault(self.disk_fault)
         return super().get_manager()
 
-    @property
-    def _chunk_count(self) -> int:
-        # vLLM renamed the attribute (0.27: num_blocks, 0.28+: num_chunks).
-        count = getattr(self, "num_chunks", None)
-        return int(count if isinstance(count, int) else self.num_blocks)
-
     def _open_region(self, rank: int) -> SharedOffloadRegion:
         """The worker's side of the region, as ``TieringOffloadingSpec.create_worker``
         opens it (its keyword names changed in 0.28: blocks became chunks)."""
         params = inspect.signature(SharedOffloadRegion.__init__).parameters
         count = "num_chunks" if "num_chunks" in params else "num_blocks"
         size = "kv_bytes_per_chunk" if "kv_bytes_per_chunk" in params else "kv_bytes_per_block"
-        sizing = {count: self._chunk_count, size: self.kv_bytes_per_chunk}
+        sizing = {count: self.num_host_chunks, size: self.kv_bytes_per_chunk}
         return SharedOffloadRegion(
             engine_id=self._engine_id,
             rank=rank,
@@ -154,12 +135,12 @@ class HostTieringOffloadingSpec(TieringOffloadingSpec):
             # The whole region as (chunk, row) bytes: the memoryview the primary tier
             # hands its secondary tiers, over the same mapping.
             raw = torch.frombuffer(region.create_kv_memoryview().cast("B"), dtype=torch.int8)
-            rows = raw.view(self._chunk_count, self.kv_bytes_per_chunk)
+            rows = raw.view(self.num_host_chunks, self.kv_bytes_per_chunk)
             return _SharedRegionWorker(
                 region,
                 kv_caches=kv_caches,
                 blocks_per_chunk=self.blocks_per_chunk,
-                num_cpu_chunks=self._chunk_count,
+                num_cpu_chunks=self.num_host_chunks,
                 cpu_page_size_per_worker=self.cpu_page_size_per_worker or None,
                 fault=self.fault_mode,
                 fault_control=self.fault_control,
@@ -170,9 +151,3 @@ class HostTieringOffloadingSpec(TieringOffloadingSpec):
         except Exception:
             region.cleanup()
             raise
-
-    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
-        # The stock method refuses non-GPU platforms before building anything.
-        if self._host_worker is None:
-            self._host_worker = self.create_worker(kv_caches)
-        return self._host_worker
