@@ -85,7 +85,7 @@ def test_kv_written_by_one_server_serves_the_next(tmp_path):
 FAULTS = {
     "swap-chunks": ({"replay-output-identical"}, set()),
     "truncate-chunks": (
-        {"disk-errors", "disk-files", "replay-external-hits", "replay-loaded-bytes"},
+        {"disk-errors", "disk-files", "disk-read-bytes", "replay-external-hits"},
         {"replay-output-identical"},
     ),
     "delete-before-load": (
