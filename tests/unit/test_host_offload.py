@@ -697,17 +697,13 @@ def test_tiered_spec_writes_where_the_secondary_tiers_read(world_size: int, tmp_
     try:
         assert isinstance(worker, HostOffloadingWorker)
         assert spec.get_worker(caches) is worker
-        # The stock worker's views of the same region, for this rank.
-        stock = SharedOffloadRegion(
-            engine_id=config.engine_id,
-            num_chunks=spec.num_chunks,
-            rank=rank,
-            kv_bytes_per_chunk=spec.kv_bytes_per_chunk,
-            cpu_page_size=spec.cpu_page_size_per_worker,
-        )
+        # The stock worker's views of the same region, for this rank (vLLM's own class,
+        # opened with this release's keyword names; 0.27 calls the method create_next_view).
+        stock: SharedOffloadRegion = spec._open_region(rank)
+        next_view = getattr(stock, "create_next_worker_view", None) or stock.create_next_view
         try:
             for t_idx, (tensor_page, _) in enumerate(layout.tensors):
-                view = stock.create_next_worker_view(tensor_page * 2)
+                view = next_view(tensor_page * 2)
                 mine = worker.host_chunk_view(t_idx)
                 assert (mine.storage_offset(), mine.stride(), mine.shape) == (
                     view.storage_offset(),
@@ -724,7 +720,7 @@ def test_tiered_spec_writes_where_the_secondary_tiers_read(world_size: int, tmp_
             CPULoadStoreSpec(chunk_ids),
         )
         rows = np.frombuffer(spec._scheduler_mmap.create_kv_memoryview(), dtype=np.int8)
-        rows = rows.reshape(spec.num_chunks, spec.kv_bytes_per_chunk)
+        rows = rows.reshape(spec.num_host_chunks, spec.kv_bytes_per_chunk)
         area = spec.cpu_page_size_per_worker
         cell = slice(rank * area, (rank + 1) * area)
         seen = torch.from_numpy(rows[chunk_ids, cell].copy())
