@@ -196,3 +196,21 @@ def test_the_tiered_spec_refuses_an_unknown_disk_fault():
     )
     with pytest.raises(ValueError, match="offload_check_disk_fault 'flood'"):
         HostTieringOffloadingSpec(config)
+
+
+def test_the_stress_disk_checks_fail_on_what_they_are_for(tmp_path):
+    """Figures of a measured `stress --tier 0.3 --disk` run (88 files of 65,536 B, 21
+    disk hits, 1,376,256 B read), and each one broken."""
+    chunk_tree(tmp_path, [65_536] * 88)
+    inv = disk_tier.inventory(tmp_path)
+    written = 88 * 65_536
+    assert dc.check_whole_files(inv, 65_536, written).passed
+    assert dc.check_whole_files(inv, 65_536, None).passed  # 0.27: no counter to bound by
+    assert not dc.check_whole_files(inv, 65_536, written - 65_536).passed  # more than written
+    assert not dc.check_whole_files(inv, 4 * 65_536, written).passed  # not whole chunks
+    assert not dc.check_whole_files(disk_tier.inventory(tmp_path / "none"), 65_536, 0).passed
+    assert dc.check_served(True, 21, 21 * 65_536, 65_536).passed
+    assert not dc.check_served(True, 0, 0, 65_536).passed  # the disk served nothing
+    assert not dc.check_served(True, 21, 20 * 65_536, 65_536).passed  # a hit with no read
+    assert dc.check_served(False, 0, 0, 65_536).passed
+    assert not dc.check_served(False, 3, 3 * 65_536, 65_536).passed  # roomy tier, disk hit

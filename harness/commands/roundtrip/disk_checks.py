@@ -152,3 +152,37 @@ def check_failures(written_failed: float, read_failed: float, partial: int) -> C
         "a failed write loses KV silently (the request still succeeds); a failed read "
         "turns a disk hit into a recompute",
     )
+
+
+def check_whole_files(
+    disk: DiskInventory, per_key: int | None, written: float | None
+) -> CheckResult:
+    """Under traffic whose chunks may be stored more than once (``stress``): every file a
+    whole chunk of one group, and no more bytes on disk than the tier says it wrote
+    (``written``; None where vLLM exports no counter), since the write counter also
+    counts a chunk whose file already exists."""
+    ok = disk.files > 0 and disk.file_size == per_key and (written is None or disk.bytes <= written)
+    bound = "" if written is None else f", at most the {written:,.0f} B the tier says it wrote"
+    return CheckResult(
+        "disk-files",
+        ok,
+        f"chunk files of {per_key or '?'} B each (one chunk of one group){bound}",
+        f"{disk.files} files ({disk.bytes:,} B, sizes {sorted(disk.sizes)})",
+        "every chunk the CPU tier stores is written through whole; the write counter "
+        "also counts a chunk whose file already exists",
+    )
+
+
+def check_served(pressure: bool, hits: float, read: float, size: int) -> CheckResult:
+    """Under pressure the disk must serve prefixes the CPU tier evicted, each hit one file
+    read; with a roomy CPU tier it serves nothing."""
+    ok = (hits > 0 if pressure else hits == 0) and read == hits * size
+    return CheckResult(
+        "disk-served",
+        ok,
+        "disk hits > 0 (the CPU tier under pressure), each one chunk file read"
+        if pressure
+        else "no disk hit: the CPU tier holds everything",
+        f"{hits:g} disk hits, {read:,.0f} B read ({size:,} B a file)",
+        "prefixes the CPU tier evicted must come back from disk, once per hit",
+    )

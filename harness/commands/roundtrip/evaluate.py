@@ -76,15 +76,16 @@ def disk_checks(
     # A chunk file is one chunk's row of the CPU tier; when the files disagree (a torn
     # one), a read is judged at the size a chunk has.
     row = files.file_size or per_key
+    checks = [dc.check_files(files, stored, per_key)]
     if not result.disk_counters:
         result.note(
             "this vLLM exports no disk-tier byte, hit or failure counters (vllm:kv_offload_"
             "tiering_*, from 0.28): the disk is judged by its files and by the replay's hits, "
             "loads and output"
         )
-        return [dc.check_files(files, stored, per_key)]
+        return checks
     return [
-        dc.check_files(files, stored, per_key),
+        *checks,
         dc.check_written(files, written),
         dc.check_read(promoted, row, replay.disk_read_bytes, before, bound),
         dc.check_hits(promoted, replay.disk_hits, replay.disk_read_bytes, row or 0),

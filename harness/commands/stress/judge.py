@@ -497,42 +497,23 @@ def check_disk_for(result: StressResult) -> list[Any]:
     pressure the disk really served prefixes the CPU tier had evicted (each disk hit one
     file read); with a roomy CPU tier, the disk serves nothing."""
     from harness.commands.roundtrip import disk_checks as dc
-    from harness.results.records import CheckResult
 
     files, c = result.disk_files, result.counters
     if files is None:  # no disk tier (or the run never got as far as reading it)
         return []
     per_key = dc.key_bytes(result.engine_groups, result.plan.base.tokens_per_chunk)
-    hits, read = c.get("disk_hits", 0.0), c.get("disk_read_bytes", 0.0)
-    written = c.get("disk_written_bytes", 0.0)
-    row = files.file_size or per_key or 0
-    counted = result.disk_counters  # 0.27 exports none: the files alone are judged
-    whole = (
-        files.files > 0 and files.file_size == per_key and (files.bytes <= written or not counted)
-    )
-    pressure = result.plan.under_pressure
-    served = (hits > 0 if pressure else hits == 0) and read == hits * row
-    files_check = CheckResult(
-        "disk-files",
-        whole,
-        f"chunk files of {per_key or '?'} B each (one chunk of one group), at most the "
-        f"{written:,.0f} B the tier says it wrote",
-        f"{files.files} files ({files.bytes:,} B, sizes {sorted(files.sizes)})",
-        "every chunk the CPU tier stores is written through whole; the write counter "
-        "also counts a chunk whose file already exists",
-    )
-    if not counted:
-        return [files_check]
+    # 0.27 exports no tiering counters: the files alone are judged there.
+    written = c.get("disk_written_bytes", 0.0) if result.disk_counters else None
+    checks = [dc.check_whole_files(files, per_key, written)]
+    if written is None:
+        return checks
     return [
-        files_check,
-        CheckResult(
-            "disk-served",
-            served,
-            "disk hits > 0 (the CPU tier under pressure), each one chunk file read"
-            if pressure
-            else "no disk hit: the CPU tier holds everything",
-            f"{hits:g} disk hits, {read:,.0f} B read ({row:,} B a file)",
-            "prefixes the CPU tier evicted must come back from disk, once per hit",
+        *checks,
+        dc.check_served(
+            result.plan.under_pressure,
+            c.get("disk_hits", 0.0),
+            c.get("disk_read_bytes", 0.0),
+            files.file_size or per_key or 0,
         ),
         dc.check_failures(
             c.get("disk_write_failures", 0.0), c.get("disk_read_failures", 0.0), files.partial
