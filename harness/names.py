@@ -72,6 +72,10 @@ ENV_PATCH = "OFFLOAD_CHECK_PATCH"  # the patch the plugin applies ("none": none)
 ENV_AMX = "OFFLOAD_CHECK_AMX"  # "on" / "off": ask Linux for AMX tile permission
 ENV_REPORT_SPECS = "OFFLOAD_CHECK_REPORT_SPECS"  # "1": print KV groups and kernels
 ENV_TRACE = "OFFLOAD_CHECK_TRACE"  # "1": print every transfer job of the host backend
+# mutate's coverage of the engine processes (harness.engine.reach): the file to trace, by
+# its path under site-packages, and the directory each process writes its lines to
+ENV_COVER = "OFFLOAD_CHECK_COVER"
+ENV_COVER_OUT = "OFFLOAD_CHECK_COVER_OUT"
 # Read by the harness itself:
 ENV_LOCK = "OFFLOAD_CHECK_LOCK"  # the machine-wide server lock's path ("none": off)
 ENV_LOCK_WAIT = "OFFLOAD_CHECK_LOCK_WAIT"  # "0": a launch fails (exit 3) if the lock is held

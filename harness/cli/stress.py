@@ -40,6 +40,7 @@ def stress_cmd(
         EvictionPolicy | None, opt("stress.policy", "--policy", case_sensitive=False)
     ] = None,
     disk: Annotated[bool, opt("stress.disk", "--disk")] = False,
+    restarts: Annotated[int | None, opt("stress.restarts", min=0, max=8)] = None,
     tp: TensorParallel = None,
     variant: VariantName = None,
     python: OnePython = None,
@@ -64,7 +65,7 @@ def stress_cmd(
         common.refuse_on_attach(
             url, variant=variant, python=python, patch=patch, fault=fault, tp=tp,
             engine_arg=engine_arg, tier_fraction=tier_fraction, eviction_policy=eviction_policy,
-            disk=disk,
+            disk=disk, restarts=restarts,
         )  # fmt: skip
         scen = load_stress(scenario or common.default_scenario("stress.toml"))
         common.known_fault(fault)
@@ -82,6 +83,7 @@ def stress_cmd(
             tier_fraction=tier_fraction,
             eviction_policy=eviction_policy.value if eviction_policy else None,
             disk=disk,
+            restarts=restarts,
             **launch,
         )
         return plan

@@ -34,6 +34,10 @@ def _check(kind: str, path: Path) -> str:
         bugs.plan_targets_for([entry])
         if entry.trigger.kind == "steps":
             bug_steps.check_script(entry)
+        elif entry.trigger.kind == "scheduler":
+            from harness.commands.bugs import scheduler as bug_scheduler
+
+            bug_scheduler.check_case(entry)
         fixed = entry.fixed or "still open"
         return f"{entry.trigger.kind} trigger, affected {entry.affected}, fixed {fixed}"
     if kind == "stress":

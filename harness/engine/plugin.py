@@ -3,8 +3,10 @@
 vLLM loads this in every process it starts (API server, EngineCore, workers), which
 is the only place a patch can reach all of them. Without ``OFFLOAD_CHECK_PATCH`` it
 applies no patch, so having the harness installed never changes a user's vLLM's
-code. With ``OFFLOAD_CHECK_REPORT_SPECS=1`` it also reports the KV-cache groups the
-engine built (``harness.engine.specs``), which only prints and changes no behaviour.
+code. With ``OFFLOAD_CHECK_COVER`` set it records which lines of that one file the
+process executes (``harness.engine.reach``, for mutate). With
+``OFFLOAD_CHECK_REPORT_SPECS=1`` it also reports the KV-cache groups the engine built
+(``harness.engine.specs``), which only prints and changes no behaviour.
 
 One environment fix runs first, whatever the patch: on CPUs with AMX the process
 asks Linux for AMX tile permission (``harness.engine.amx``), which vLLM's CPU
@@ -17,7 +19,7 @@ import logging
 import os
 import sys
 
-from harness.names import ENV_PATCH, ENV_REPORT_SPECS
+from harness.names import ENV_COVER, ENV_PATCH, ENV_REPORT_SPECS
 
 logger = logging.getLogger("vllm.offload_check.plugin")
 
@@ -28,6 +30,10 @@ def register() -> None:
 
     rearm()
     apply_in_process()
+    if os.environ.get(ENV_COVER):
+        from harness.engine.reach import install as trace_lines
+
+        trace_lines()  # offload-check mutate: which lines of its target this process ran
     if os.environ.get(ENV_REPORT_SPECS) == "1":
         from harness.engine.specs import install, install_kernel_report
 

@@ -557,6 +557,9 @@ class Step(StrictModel):
     tokens: int | None = Field(None, gt=0, description="send: the prompt's length in tokens")
     prefix: str | None = Field(None, description="send: start with an earlier prompt's tokens")
     prefix_tokens: int | None = Field(None, gt=0, description="send: how many of them")
+    after: str | None = Field(
+        None, description="send: a next turn: an earlier send's prompt and answer, then its own"
+    )
     max_tokens: int = Field(8, gt=0)
     prompt_logprobs: int | None = Field(None, ge=0)
     concurrent: int = Field(1, ge=1, description="send: copies in flight at once")
@@ -573,7 +576,7 @@ class Step(StrictModel):
     value: float | None = None
     why: str = ""
 
-    @field_validator("name", "prompt", "prefix", "since")
+    @field_validator("name", "prompt", "prefix", "since", "after")
     @classmethod
     def _plain(cls, value: str | None) -> str | None:
         if value is not None and not value.replace("-", "").replace("_", "").isalnum():
@@ -591,7 +594,22 @@ class StepsTrigger(StrictModel):
     server_args: list[str] = Field(default_factory=list, description="appended to its args")
     env: dict[str, str] = Field(default_factory=dict, description="engine environment")
     offload_block_size: int | None = Field(None, gt=0)
+    # kv_connector_extra_config entries over the scenario's (e.g. offload_prompt_only)
+    offload_config: dict[str, Any] = Field(default_factory=dict)
     steps: list[Step] = Field(min_length=1)
+
+
+class SchedulerTrigger(StrictModel):
+    """A bug below a server's reach, shown by vLLM's real scheduler, the offloading
+    connector's scheduler side and the real CPU manager driven step by step in one
+    process of the build's interpreter, on made-up KV-cache specs
+    (``harness.engine.scheduler_drive``; no weights, no worker, no server)."""
+
+    kind: Literal["scheduler"]
+    case: str = Field(
+        description="the drive's case (python -m harness.engine.scheduler_drive --list)"
+    )
+    timeout_s: float = Field(600.0, gt=0, description="the drive's wall-time limit")
 
 
 class Symptom(StrictModel):
@@ -627,7 +645,7 @@ class BugEntry(FileScenario):
     # skipped with the reason, never judged (a CPU kernel's crash on a CUDA build).
     platform: Platform | None = None
     summary: str = ""
-    trigger: CheckTrigger | StepsTrigger = Field(discriminator="kind")
+    trigger: CheckTrigger | StepsTrigger | SchedulerTrigger = Field(discriminator="kind")
     symptom: Symptom
     reproduce: str = Field("", description="the bug outside the harness: plain vLLM commands")
     notes: str = ""
@@ -701,6 +719,10 @@ class StressScenario(FileScenario):
     # The tier's eviction policy (kv_connector_extra_config's eviction_policy); none
     # keeps the round trip's (vLLM's default: lru).
     eviction_policy: Literal["lru", "arc"] | None = None
+    # Restarts over a disk tier: after the plan, the server is stopped cleanly this many
+    # times and a new one on the same directory is sent the plan again, which must come
+    # back from disk (docs/stress.md).
+    restarts: int = Field(0, ge=0, le=8)
     profiles: dict[str, ProfileTable] = Field(default_factory=dict)  # type: ignore[valid-type]
 
     @field_validator("profile")

@@ -588,6 +588,13 @@ def stress_plan(console: Console, plan: StressPlan) -> None:
             f"duration: rounds with seeds {plan.seed}, {plan.seed + 1}, ... until "
             f"{plan.duration_s:g}s of traffic",
         )
+    if plan.restarts:
+        say(
+            console,
+            f"restarts: {plan.restarts} new server(s) on the same disk directory after the "
+            f"plan, each sent its {len(plan.requests)} requests again (ids restart<k>/...), "
+            "logs in logs/server-restart<k>.log",
+        )
     tier = d["cpu_bytes_to_use"]
     say(
         console,

@@ -5,6 +5,7 @@ are in tests/integration/test_bugs_engine.py."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -146,6 +147,18 @@ SEND_P = '[[trigger.steps]]\ndo = "send"\nname = "a"\nprompt = "P"\ntokens = 300
         ),
         (SEND_P + SEND_P, "[]", "name 'a' is used twice"),
         (
+            SEND_P + '[[trigger.steps]]\ndo = "send"\nname = "b"\nprompt = "Q"\ntokens = 16\n'
+            'after = "z"\n',
+            "[]",
+            "after 'z' names no earlier send",
+        ),
+        (
+            SEND_P + '[[trigger.steps]]\ndo = "send"\nname = "b"\nprompt = "Q"\ntokens = 16\n'
+            'after = "a"\nconcurrent = 2\n',
+            "[]",
+            "a next turn \\(after\\) is one request",
+        ),
+        (
             SEND_P + '[[trigger.steps]]\ndo = "evict"\nmax_tokens = 4\n',
             "[]",
             "max_tokens is not a field of evict steps",
@@ -170,6 +183,42 @@ def test_prompts_are_the_same_everywhere_and_prefixes_are_shared():
     assert a["Q"].token_ids[300:] != a["P"].token_ids[300:400] and len(a["Q"].token_ids) == 400
     # the lower half of the vocabulary: evictions' fillers take the upper half
     assert max(a["P"].token_ids) < 508 and min(a["P"].token_ids) >= 16
+
+
+def test_a_next_turn_sends_the_earlier_prompt_its_answer_and_its_own_tokens(monkeypatch):
+    """``after``: what the named send sent and got back comes first (a chat's next turn,
+    #54193's trigger); the offload_config reaches the connector's extra config."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from harness.results.records import StepRecord
+    from harness.server.workload import Completion, Prompt
+
+    sent: list[list[int]] = []
+
+    def complete(base, model, prompt, phase, **kw):
+        sent.append(prompt.token_ids)
+        return Completion(phase, prompt.name, len(prompt.token_ids), {}, token_ids=[7, 8])
+
+    monkeypatch.setattr(bs, "complete", complete)
+    plan = type("P", (), {"served_name": "m"})()
+    plan.scenario = type("S", (), {"workload": type("W", (), {"logprobs": 0, "seed": 0})()})()
+    script = bs.Script(
+        plan=plan, prompts={"A": Prompt("A", "target", [1, 2]), "B": Prompt("B", "target", [9])}
+    )  # type: ignore[arg-type]
+    ep = type("E", (), {"base": "http://127.0.0.1:1"})()
+    with ThreadPoolExecutor(1) as pool:
+        bs._send(
+            script, ep, Step(do="send", prompt="A"), "first", pool, StepRecord(1, "send", "first")
+        )
+        rec = StepRecord(2, "send", "next")
+        bs._send(script, ep, Step(do="send", prompt="B", after="first"), "next", pool, rec)
+        bs._send(script, ep, Step(do="send", prompt="B", after="next"), "third", pool, rec)
+    assert sent == [[1, 2], [1, 2, 7, 8, 9], [1, 2, 7, 8, 9, 7, 8, 9]]
+    assert "after first's prompt and answer" in rec.detail or "after next's" in rec.detail
+    entry = load_bug(ROOT / "scenarios" / "bugs" / "54193.toml")
+    bs.check_script(entry)
+    scn = bs.scenario_for(entry)
+    assert scn.offload.extra_config["offload_prompt_only"] is False
 
 
 def script_with(**before: Snapshot) -> bs.Script:
@@ -303,3 +352,58 @@ def test_uninstallable_builds_leave_the_grid():
     assert unavailable_builds(cells, ["0.8.5", "0.32.0"]) == ["0.8.5"]
     headers, rows = sweep_grid(cells, ["0.8.5", "0.32.0"], row_of="bug", text_of="outcome")
     assert headers == ["bug", "0.32.0"] and rows == [["a", "reproduced"], ["amx", "skipped"]]
+
+
+# --- scheduler-level triggers -----------------------------------------------------------------
+def test_a_scheduler_drives_report_becomes_the_cell_the_corpus_judges():
+    """An assertion is the build crashing, its text and vLLM's frame the signature (what
+    a symptom's ``error`` matches); no assertion a pass; a drive that could not set up an
+    error, never a pass."""
+    from harness.commands.bugs import scheduler as bsch
+    from harness.results.records import SweepCell
+
+    def cell() -> SweepCell:
+        return SweepCell("0.29.0", "bug/55712", "bug-scheduler", "55712", "")
+
+    line = json.dumps(
+        {
+            "case": "swa-unaligned-hit",
+            "vllm_version": "0.29.0",
+            "outcome": "assert",
+            "exception": "AssertionError: Block 7 not found in cache",
+            "frame": "cpu/manager.py:141 in prepare_load",
+            "figures": {"hit_tokens": 3904},
+        }
+    )
+    report = bsch.parse_report("INFO vLLM says hello\n" + line + "\n")
+    assert report is not None
+    crashed = bsch.cell_from(report, cell())
+    assert crashed.outcome == "crashed" and crashed.vllm_version == "0.29.0"
+    assert (
+        crashed.signature
+        == "AssertionError: Block 7 not found in cache at cpu/manager.py:141 in prepare_load"
+    )
+    assert crashed.detail == "hit_tokens=3904"
+    assert bsch.cell_from({**report, "outcome": "ok", "exception": None}, cell()).outcome == "pass"
+    err = bsch.cell_from({"outcome": "error", "exception": "no MambaSpec here"}, cell())
+    assert err.outcome == "error" and "no MambaSpec here" in err.why
+    assert bsch.parse_report("no json at all\n{broken") is None
+
+
+def test_a_release_no_entry_of_a_check_judges_is_not_run_for_it():
+    """#51875 names neither affected nor fixed for 0.27.x (its Llama 4 crashes at start
+    there): its restart round trip is not launched on 0.27.1, but #51150's row is; on
+    0.29.0 both run. A user's build runs everything (its version is not known yet)."""
+    from harness.commands.sweep import NOT_JUDGED
+
+    builds = [Build("0.27.1", "0.27.1", True), Build("0.29.0", "0.29.0", True)]
+    run = bugs.plan_corpus([entry("51875"), entry("51150")], builds, "x", [], False)
+    old, left = run.sweep.targets_for(builds[0])
+    assert [t.checks for t in old] == [("llama4-issue-51150/connector-on",)]
+    assert [(c.check, c.outcome) for c in left] == [("roundtrip/roundtrip-restart", NOT_JUDGED)]
+    new, none_left = run.sweep.targets_for(builds[1])
+    assert len(new) == 2 and not none_left
+    mine, _ = run.sweep.targets_for(Build("my-build", "/x/python", False))
+    assert len(mine) == 2
+    judged = bugs.judge(entry("51875"), left[0])
+    assert judged.outcome == NOT_JUDGED and judged.matched is None

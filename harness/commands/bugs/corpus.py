@@ -18,16 +18,18 @@ fixed, is unmatched (exit 1): the corpus cannot rot silently.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 # Imported for its runner too: it registers the scripted entries' runner with the sweep.
-from harness.commands.bugs import steps
+from harness.commands.bugs import scheduler, steps
 from harness.commands.sweep import (
     ERROR,
+    KIND_SCHEDULER,
     KIND_STEPS,
+    NOT_JUDGED,
     NOT_RUN,
     UNAVAILABLE,
     Target,
@@ -79,6 +81,9 @@ def plan_targets_for(entries: Sequence[BugEntry]) -> list[Target]:
     for e in entries:
         if e.trigger.kind == "steps":
             targets.append(Target(KIND_STEPS, e, (check_id(e),)))
+            continue
+        if e.trigger.kind == "scheduler":
+            targets.append(Target(KIND_SCHEDULER, e, (check_id(e),)))
             continue
         path = e.resolve(e.trigger.scenario)
         by_file.setdefault((path, e.trigger.amx), []).append(e.trigger.check)
@@ -160,7 +165,7 @@ def judge(entry: BugEntry, cell: SweepCell) -> BugCell:
         run_dir=cell.run_dir,
         why=cell.why,
     )
-    if cell.outcome in (UNAVAILABLE, NOT_RUN, SKIPPED):
+    if cell.outcome in (UNAVAILABLE, NOT_RUN, SKIPPED, NOT_JUDGED):
         return out
     if cell.outcome.split(", ")[-1] == "skipped":  # a crash-repro row the host cannot run
         out.outcome = SKIPPED
@@ -291,9 +296,30 @@ def plan_corpus(
     for e in runnable:
         if e.trigger.kind == "steps":
             steps.check_script(e)
+        elif e.trigger.kind == "scheduler":
+            scheduler.check_case(e)
     targets = plan_targets_for(runnable) if runnable else []
     off = {k: why for k, why in off.items() if k[0] not in skipped}
-    return CorpusRun(list(entries), SweepRun(list(builds), targets, dist), skipped, off)
+    sweep_run = SweepRun(list(builds), targets, dist, narrow=judged_checks(runnable))
+    return CorpusRun(list(entries), sweep_run, skipped, off)
+
+
+def judged_checks(entries: Sequence[BugEntry]) -> Callable[[Any, Target], tuple[str, ...]]:
+    """For the sweep: the checks of a target some entry judges on a build. A release
+    every entry of a check names neither affected nor fixed is not run for it (its cell
+    would only say "not judged"); a user's build, whose version is known only once its
+    environment is made, runs everything."""
+
+    def narrow(build: Any, target: Target) -> tuple[str, ...]:
+        if not build.release:
+            return target.checks
+        return tuple(
+            c
+            for c in target.checks
+            if any(check_id(e) == c and expected_on(e, build.label) for e in entries)
+        )
+
+    return narrow
 
 
 def read_cells(run_dir: Path) -> list[BugCell]:

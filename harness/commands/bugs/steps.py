@@ -63,7 +63,7 @@ COUNTER_OF = {
 # The fields each step kind reads (docs/bugs.md); another one set is a mistake to refuse.
 STEP_FIELDS = {
     "send": {"prompt", "tokens", "prefix", "prefix_tokens", "max_tokens", "prompt_logprobs"}
-    | {"concurrent", "background"},
+    | {"concurrent", "background", "after"},
     "evict": {"pools"},
     "settle": set(),
     "reset-prefix-cache": {"query"},
@@ -100,6 +100,10 @@ def check_script(entry: BugEntry) -> None:
                 n = s.prefix_tokens or lengths[s.prefix]
                 if n > lengths[s.prefix] or n > (s.tokens or 0):
                     raise BadInput(f"{where}: prefix_tokens {n} is longer than a prompt")
+            if s.after is not None and s.after not in sends:
+                raise BadInput(f"{where}: after {s.after!r} names no earlier send")
+            if s.after is not None and s.concurrent != 1:
+                raise BadInput(f"{where}: a next turn (after) is one request, not concurrent")
             lengths.setdefault(s.prompt, s.tokens or 0)
             sends.append(s.name or "")
         if s.do == "expect":
@@ -137,8 +141,13 @@ def scenario_for(entry: BugEntry) -> RoundtripScenario:
     update: dict[str, Any] = {"server": server}
     if trig.geometry is not None:
         update["geometry"] = str(entry.resolve(trig.geometry))
+    offload: dict[str, Any] = {}
     if trig.offload_block_size is not None:
-        update["offload"] = scn.offload.model_copy(update={"block_size": trig.offload_block_size})
+        offload["block_size"] = trig.offload_block_size
+    if trig.offload_config:
+        offload["extra_config"] = {**scn.offload.extra_config, **trig.offload_config}
+    if offload:
+        update["offload"] = scn.offload.model_copy(update=offload)
     return scn.model_copy(update=update)
 
 
@@ -181,6 +190,7 @@ class Script:
     checks: list[CheckResult] = field(default_factory=list)
     pending: list[tuple[str, list[Future[Completion]]]] = field(default_factory=list)
     last_reset: StepRecord | None = None
+    turns: dict[str, Prompt] = field(default_factory=dict)  # by send name: what it sent
 
 
 def run_script(script: Script, ep: Endpoint, steps: list[Step], out: Path) -> None:
@@ -227,6 +237,13 @@ def run_script(script: Script, ep: Endpoint, steps: list[Step], out: Path) -> No
 def _send(script: Script, ep: Endpoint, s: Step, label: str, pool: Any, rec: StepRecord) -> None:
     assert s.prompt is not None
     prompt = script.prompts[s.prompt]
+    if s.after is not None:
+        # A next turn: what that send sent and got back, then this prompt's own tokens.
+        _join(script, ep)
+        before, answer = script.turns[s.after], script.sent[s.after][0]
+        seen = before.token_ids + answer.token_ids
+        prompt = Prompt(s.prompt, "target", seen + prompt.token_ids)
+    script.turns[label] = prompt
     w = script.plan.scenario.workload
 
     def one() -> Completion:
@@ -245,7 +262,8 @@ def _send(script: Script, ep: Endpoint, s: Step, label: str, pool: Any, rec: Ste
             raise ep.failure(label, err) from None
 
     futures = [pool.submit(one) for _ in range(s.concurrent)]
-    rec.detail = f"{s.concurrent} x {len(prompt.token_ids)} tokens of {s.prompt}"
+    turn = f" after {s.after}'s prompt and answer" if s.after else ""
+    rec.detail = f"{s.concurrent} x {len(prompt.token_ids)} tokens of {s.prompt}{turn}"
     script.pending.append((label, futures))
     if not s.background:
         _join(script, ep)

@@ -6,7 +6,7 @@ says which request went wrong where, and each check is tested without an engine.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from harness.commands.stress.driver import Outcome
@@ -267,22 +267,31 @@ def check_prefix_reuse(
     prompt_logprobs: Iterable[str] = (),
     *,
     decode: bool = True,
+    judged: Collection[str] | None = None,
+    may_donate: Callable[[Outcome, Outcome], bool] | None = None,
+    name: str = "prefix-reused",
+    why: str = "a stored prefix the connector does not offer again is a lost hit",
 ) -> CheckResult:
     """Each request served from cache the chunks an earlier, finished request had
     computed of its prompt (of its prompt alone, when ``decode`` is off: the connector
     then stores prompt blocks only), less at most part of one chunk. The CPU tier holds
     everything (it is sized so), so a whole chunk missing is a hit the connector failed
-    to admit."""
+    to admit. ``judged``: only these requests; ``may_donate(d, o)``: whether ``d``'s KV
+    can serve ``o`` at all (a restart: only what the disk carried over)."""
     skip = set(prompt_logprobs)
     done = [o for o in outcomes if o.output and not o.error]
     short: list[tuple[Outcome, int]] = []
-    judged = 0
+    n_judged = 0
     for o in outcomes:
         if o.error or o.aborted or o.id in skip or o.cached_tokens is None:
+            continue
+        if judged is not None and o.id not in judged:
             continue
         best = 0
         for d in done:
             if d is o or d.ended_s > o.started_s:
+                continue
+            if may_donate is not None and not may_donate(d, o):
                 continue
             computed = d.prompt + d.output[:-1] if decode else d.prompt
             n = 0
@@ -292,7 +301,7 @@ def check_prefix_reuse(
                 n += 1
             best = max(best, min(n, len(o.prompt) - 1) // chunk * chunk)
         if best:
-            judged += 1
+            n_judged += 1
             # A GPU hit ending inside a chunk leaves less than a chunk to load, which the
             # connector skips by design ("We can only load less than a chunk, so skip",
             # vLLM's _lookup_complete_chunks): so up to a chunk less, never a whole one.
@@ -303,10 +312,10 @@ def check_prefix_reuse(
         o, best = short[0]
         detail = f"first: {o.id} cached {o.cached_tokens} of {best} reusable tokens"
     return CheckResult(
-        "prefix-reused",
-        not short and judged > 0,
+        name,
+        not short and n_judged > 0,
         "cached tokens > (the chunks an earlier finished request computed of the prompt) - 1 chunk",
-        f"{judged - len(short)}/{judged} requests with a reusable prefix got it",
-        "a stored prefix the connector does not offer again is a lost hit",
+        f"{n_judged - len(short)}/{n_judged} requests with a reusable prefix got it",
+        why,
         detail,
     )

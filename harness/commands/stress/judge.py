@@ -181,6 +181,38 @@ def tolerance_for(floor: Floor) -> float:
 
 
 @dataclass
+class ServerRun:
+    """One server of the run under test: the first, or one restarted over the disk tier
+    (``--restarts``). Each counts from its own start and logs its own transfers, so the
+    byte ledger is judged server by server."""
+
+    label: str  # "server", "restart 1", ...
+    log: str  # its log, relative to the run directory
+    request_ids: list[str] = field(default_factory=list)  # what it was sent
+    counters: dict[str, float] = field(default_factory=dict)  # its deltas, start to end
+    disk_counters: bool = True  # it exports the tiering counters (0.28+)
+    start_seconds: float | None = None  # to /health (None: the first, or it never started)
+    alive: bool = True
+    death: str = ""
+    log_lines: list[str] = field(default_factory=list, repr=False)
+
+    @property
+    def restarted(self) -> bool:
+        return self.label != "server"
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "log": self.log,
+            "requests": len(self.request_ids),
+            "start_seconds": self.start_seconds,
+            "counters": self.counters,
+            "alive": self.alive,
+            "death": self.death or None,
+        }
+
+
+@dataclass
 class StressResult:
     """What a stress run observed (written as it goes; ``checks`` last)."""
 
@@ -215,6 +247,9 @@ class StressResult:
     explanations: dict[str, dict[str, Any]] = field(default_factory=dict)
     disk_files: DiskInventory | None = None  # a disk tier's chunk files after the run
     disk_counters: bool = True  # the server exports the tiering counters (0.28+)
+    # Every server of the run under test in order (``--restarts``: more than one);
+    # ``counters`` and ``log_lines`` above are their sums.
+    servers: list[ServerRun] = field(default_factory=list)
 
     def compared_count(self) -> int:
         return len(compared(self.outcomes))
@@ -253,6 +288,7 @@ class StressResult:
             else None,
             "counters": self.counters,
             "disk_files": self.disk_files.record() if self.disk_files else None,
+            "servers": [sv.record() for sv in self.servers],
             "reference_error": self.reference_error or None,
             "death": self.death or None,
         }
@@ -335,9 +371,14 @@ def group_kinds(groups: Sequence[dict[str, Any]]) -> list[str]:
     return [spec_kind(g) for g in groups]
 
 
-def ledger_of(result: StressResult) -> Any:
+def ledger_of(result: StressResult, server: ServerRun | None = None) -> Any:
     """The byte ledger: vLLM's counters, the host backend's per-kind trace, and what the
-    requests as sent and answered say should have moved."""
+    requests as sent and answered say should have moved; of one ``server`` (its own
+    counters, log and requests) or of the whole run.
+
+    A restarted server's CPU tier starts empty and its lookups promote prefixes from
+    disk into it without a store from the GPU, so it stores up to one chunk fewer per
+    chunk hit (``ext_hits / chunk``) than the chunks its requests filled."""
     from harness.commands.stress.checks import Ledger, parse_transfers, per_kind, stored_chunks
 
     plan = result.plan
@@ -347,7 +388,11 @@ def ledger_of(result: StressResult) -> Any:
     low: list[list[int]] = []
     high: list[list[int]] = []
     decode = plan.offloads_decode
-    for o in result.outcomes:
+    counters = server.counters if server is not None else result.counters
+    lines = server.log_lines if server is not None else result.log_lines
+    mine = set(server.request_ids) if server is not None else None
+    outcomes = [o for o in result.outcomes if mine is None or o.id in mine]
+    for o in outcomes:
         if not o.prompt or (o.error and not o.aborted):
             continue
         if not decode:
@@ -363,20 +408,22 @@ def ledger_of(result: StressResult) -> Any:
             high.append(o.prompt + (o.output + [-1] * want)[: want - 1])
         else:
             high.append(seen)
-    kinds = per_kind(parse_transfers(result.log_lines), group_kinds(result.engine_groups))
+    kinds = per_kind(parse_transfers(lines), group_kinds(result.engine_groups))
     kind_bpt = {k.kind: k.bytes_per_token for k in exp.layout if k.bytes_per_token}
+    ext_hits = counters.get("ext_hits", 0.0)
+    promoted = int(ext_hits // c) if server is not None and server.restarted else 0
     return Ledger(
-        stored=result.counters.get("stored_bytes", 0.0),
-        loaded=result.counters.get("loaded_bytes", 0.0),
-        ext_hits=result.counters.get("ext_hits", 0.0),
+        stored=counters.get("stored_bytes", 0.0),
+        loaded=counters.get("loaded_bytes", 0.0),
+        ext_hits=ext_hits,
         kinds=kinds,
         full_bpt=exp.full_bytes_per_token,
         kind_bpt=kind_bpt,
-        chunks_low=stored_chunks(low, c),
+        chunks_low=max(0, stored_chunks(low, c) - promoted),
         chunks_high=stored_chunks(high, c),
         chunk=c,
-        preemptions=result.counters.get("preemptions", 0.0),
-        longest=max((len(o.prompt) + len(o.output) for o in result.outcomes), default=0),
+        preemptions=counters.get("preemptions", 0.0),
+        longest=max((len(o.prompt) + len(o.output) for o in outcomes), default=0),
     )
 
 
@@ -455,14 +502,20 @@ def evaluate(result: StressResult) -> None:
     logprob_ids = [r.id for r in result.sent if r.prompt_logprobs is not None]
     if result.counters:
         if plan.profile in REUSING and reuse_is_modelled(plan) and not plan.under_pressure:
+            server = server_index(result)
             checks.append(
                 check_prefix_reuse(
                     result.outcomes,
                     plan.base.tokens_per_chunk,
                     logprob_ids,
                     decode=plan.offloads_decode,
+                    # The CPU tier's reuse is a server's own; across a restart it is
+                    # the disk's (restart-reused).
+                    may_donate=lambda d, o: server.get(d.id) == server.get(o.id),
                 )
             )
+        if plan.restarts and reuse_is_modelled(plan):
+            checks.append(check_restart_reuse(result, logprob_ids))
         checks += check_ledger_for(result)
         if plan.under_pressure:
             checks.append(check_tier_evicted(result))
@@ -484,12 +537,72 @@ def reuse_is_modelled(plan: StressPlan) -> bool:
     return not any(k.kind == "sliding-window" for k in plan.base.expected.layout)
 
 
+def check_restart_reuse(result: StressResult, prompt_logprobs: Sequence[str]) -> Any:
+    """Each request a restarted server was sent got from cache what the earlier servers
+    had computed of its prompt: that server's CPU tier started empty, so the disk is
+    where it came from (``prefix-reused``'s rule, on the restarted requests alone)."""
+    from harness.commands.stress.checks import check_prefix_reuse
+
+    later = {i for sv in result.servers if sv.restarted for i in sv.request_ids}
+    server = server_index(result)
+    return check_prefix_reuse(
+        result.outcomes,
+        result.plan.base.tokens_per_chunk,
+        prompt_logprobs,
+        decode=result.plan.offloads_decode,
+        judged=later,
+        may_donate=lambda d, o: server.get(d.id, 0) < server.get(o.id, 0),
+        name="restart-reused",
+        why="a restarted server must find on disk every prefix the servers before it "
+        "stored; a miss is KV lost to the restart",
+    )
+
+
+def server_index(result: StressResult) -> dict[str, int]:
+    """Request id -> which server of the run it was sent to (0: the first)."""
+    return {i: n for n, sv in enumerate(result.servers) for i in sv.request_ids}
+
+
+def per_server(result: StressResult, judge: Callable[[ServerRun], list[Any]]) -> list[Any]:
+    """``judge`` on each server of the run, its checks of one name folded into one: passed
+    when every server's did, expected and observed given server by server. One server:
+    its checks as they are."""
+    if len(result.servers) <= 1:
+        return judge(result.servers[0]) if result.servers else []
+    from harness.results.records import CheckResult
+
+    by_name: dict[str, list[tuple[str, Any]]] = {}
+    for sv in result.servers:
+        for c in judge(sv):
+            by_name.setdefault(c.name, []).append((sv.label, c))
+    out = []
+    for name, parts in by_name.items():
+        first = parts[0][1]
+        bad = [(label, c) for label, c in parts if not c.passed]
+        out.append(
+            CheckResult(
+                name,
+                not bad,
+                "; ".join(f"{label}: {c.expected}" for label, c in parts),
+                "; ".join(f"{label}: {c.observed}" for label, c in parts),
+                first.why,
+                "; ".join(f"{label}: {c.detail}" for label, c in bad if c.detail),
+            )
+        )
+    return out
+
+
 def check_ledger_for(result: StressResult) -> list[Any]:
+    """The byte ledger, server by server (each restarted server counts from its own
+    start and logs its own transfers)."""
     from harness.commands.stress.checks import check_ledger
 
     # Under pressure a chunk may be stored again after its eviction, or not at all when
     # the tier has no room: the store count is the policy's choice, not judged.
-    return check_ledger(ledger_of(result), stores=not result.plan.under_pressure)
+    stores = not result.plan.under_pressure
+    if not result.servers:
+        return check_ledger(ledger_of(result), stores=stores)
+    return per_server(result, lambda sv: check_ledger(ledger_of(result, sv), stores=stores))
 
 
 def check_disk_for(result: StressResult) -> list[Any]:
@@ -507,14 +620,26 @@ def check_disk_for(result: StressResult) -> list[Any]:
     checks = [dc.check_whole_files(files, per_key, written)]
     if written is None:
         return checks
+    size = files.file_size or per_key or 0
+
+    def served(sv: ServerRun) -> list[Any]:
+        # A restarted server's CPU tier starts empty: what it hits came from disk.
+        hits, read = sv.counters.get("disk_hits", 0.0), sv.counters.get("disk_read_bytes", 0.0)
+        return [dc.check_served(result.plan.under_pressure, hits, read, size, sv.restarted)]
+
+    if result.servers:
+        checks += per_server(result, served)
+    else:
+        checks.append(
+            dc.check_served(
+                result.plan.under_pressure,
+                c.get("disk_hits", 0.0),
+                c.get("disk_read_bytes", 0.0),
+                size,
+            )
+        )
     return [
         *checks,
-        dc.check_served(
-            result.plan.under_pressure,
-            c.get("disk_hits", 0.0),
-            c.get("disk_read_bytes", 0.0),
-            files.file_size or per_key or 0,
-        ),
         dc.check_failures(
             c.get("disk_write_failures", 0.0), c.get("disk_read_failures", 0.0), files.partial
         ),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Unpack
 
 from harness.commands.stress.workload import PlannedRequest, plan_profile
@@ -39,6 +39,8 @@ class StressPlan:
     storable_tokens: int = 0  # what one round can store at most (sizes the CPU tier)
     # Pressure: the tier holds this fraction of what the plan can store (None: all of it).
     tier_fraction: float | None = None
+    # Over a disk tier: new servers on the same directory after the plan, each sent it again.
+    restarts: int = 0
 
     @property
     def under_pressure(self) -> bool:
@@ -74,6 +76,15 @@ class StressPlan:
                 r.parent = f"round{k}/{r.parent}"
         return reqs
 
+    def restart_round(self, k: int) -> list[PlannedRequest]:
+        """What the ``k``-th restarted server is sent: round 0 again, ids prefixed, so
+        every prefix it asks for was stored (and written to disk) by the first server."""
+        reqs = [replace(r, id=f"restart{k}/{r.id}") for r in self.requests]
+        for r in reqs:
+            if r.parent is not None:
+                r.parent = f"restart{k}/{r.parent}"
+        return reqs
+
     def describe(self) -> dict[str, Any]:
         from harness.commands.stress.workload import plan_summary
 
@@ -100,6 +111,7 @@ class StressPlan:
             "cpu_bytes_to_use": self.connector_config.get("cpu_bytes_to_use"),
             "cpu_tier_fraction": self.tier_fraction,
             "disk_tier": self.base.disk.record() if self.base.disk else None,
+            "restarts": self.restarts,
             "eviction_policy": self.connector_config.get("eviction_policy", "lru"),
             "server_argv": self.base.server.argv() if self.base.server else None,
             "reference_argv": reference_spec(self).argv() if self.base.server else None,
@@ -181,15 +193,15 @@ def plan_stress(
     tier_fraction: float | None = None,
     eviction_policy: str | None = None,
     disk: bool = False,
+    restarts: int | None = None,
     **launch: Unpack[RoundtripOptions],
 ) -> StressPlan:
     """Everything known before launch; refuses what cannot run with one clear line.
     ``launch`` goes to ``plan_roundtrip``, the stress engine arguments before its own;
     with ``url`` the base is planned against that server (``attach_plan``: no launch,
     no reference), and only ``launch``'s ``config`` applies. ``disk`` puts vLLM's fs tier
-    under the CPU tier (the round trip's ``[offload.disk]``)."""
-    from dataclasses import replace
-
+    under the CPU tier (the round trip's ``[offload.disk]``); ``restarts`` sends the plan
+    again to that many new servers over the same directory."""
     from harness.commands.roundtrip import attach_plan, plan_roundtrip
     from harness.names import ENV_TRACE
     from harness.scenario.schema import load_roundtrip
@@ -204,6 +216,9 @@ def plan_stress(
 
         base_scn.offload.disk = DiskTier()
     launch["extra_args"] = [*engine_args, *STRESS_ENGINE_ARGS, *(launch.get("extra_args") or [])]
+    n_restarts = scenario.restarts if restarts is None else restarts
+    duration = duration_s if duration_s is not None else scenario.duration_s
+    refuse_restarts(n_restarts, disk=base_scn.offload.disk is not None, url=url, duration=duration)
     if url is not None:
         # The scenario's geometry plans the byte ledger when no --config says otherwise,
         # as a launch plan would (the engine's log, and with it the per-kind trace, is not
@@ -232,7 +247,6 @@ def plan_stress(
     # Size the CPU tier to hold every byte the plan can store (twice for --duration,
     # whose rounds never share prefixes): a prefix evicted from the tier would make a
     # missed hit the tier's choice, not a bug. Under pressure, a fraction of that.
-    duration = duration_s if duration_s is not None else scenario.duration_s
     rounds = 2 if duration else 1
     fraction = tier_fraction if tier_fraction is not None else scenario.cpu_tier_fraction
     policy = eviction_policy or scenario.eviction_policy
@@ -263,7 +277,27 @@ def plan_stress(
         request_limit=limit,
         storable_tokens=storable,
         tier_fraction=fraction,
+        restarts=n_restarts,
     )
+
+
+def refuse_restarts(restarts: int, *, disk: bool, url: str | None, duration: float | None) -> None:
+    """Restarts need what carries KV across them, a launch to restart, and one plan to
+    send again: each refused with one line."""
+    if not restarts:
+        return
+    if not disk:
+        raise BadInput(
+            "--restarts needs a disk tier (--disk, or [offload.disk] in the round trip): "
+            "only the disk keeps KV across a restart"
+        )
+    if url is not None:
+        raise BadInput("--restarts restarts the server it launched; --url attaches to one")
+    if duration:
+        raise BadInput(
+            "--restarts sends the plan again to each new server; --duration's rounds have "
+            "new prompts that share no prefix with the first server's, so not both"
+        )
 
 
 # The reference's GPU pool, in tokens, per token the plan can store: enough that its
@@ -277,8 +311,6 @@ def reference_spec(plan: StressPlan) -> Any:
     """The reference server: the run under test's engine and arguments, the connector
     off, and a GPU pool (``--num-gpu-blocks-override``, where the scenario sets one)
     large enough to hold everything the plan stores."""
-    from dataclasses import replace
-
     server = plan.base.server
     assert server is not None
     blocks = math.ceil(plan.storable_tokens * REFERENCE_POOL_FACTOR / plan.base.kv_block_size)

@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Unpack
 
 from harness.commands.stress.driver import Outcome, drive, http_sender
-from harness.commands.stress.judge import StressResult, http_scorer, run_reference_side
+from harness.commands.stress.judge import ServerRun, StressResult, http_scorer, run_reference_side
 from harness.commands.stress.plan import StressPlan
 from harness.errors import HarnessError, RuntimeFailure
 from harness.server import disk_tier, engine_log, kv_layout, metrics
 
 if TYPE_CHECKING:
     from harness.commands.roundtrip.run import ServerChoice
+    from harness.server.launcher import VllmServer
 
 SAMPLE_S = 0.5  # metrics sampling period for the timeline
 # Each generated token comes back with the served top two: the floor measures how far
@@ -82,7 +83,8 @@ def execute_stress(
     on_record: Callable[[StressResult], None],
     **at: Unpack[ServerChoice],
 ) -> StressResult:
-    """The run under test, then (launched runs) the reference, then the checks."""
+    """The run under test (with ``--restarts``, its first server and then each restarted
+    one over the same disk tier), then (launched runs) the reference, then the checks."""
     url, port = at.get("url"), at.get("port")
     from harness.commands.roundtrip import resolve_disk
     from harness.commands.roundtrip.run import Endpoint, server_under_test, start_server
@@ -92,27 +94,48 @@ def execute_stress(
     result = StressResult(plan)
     base = plan.base
     server = server_under_test(base, out_dir, url, port)
+    launched = [server] if server is not None else []
     try:
+        run = ServerRun("server", "logs/server.log" if server is not None else str(url))
+        result.servers.append(run)
         if server is not None:
-            start_server(server, base.scenario.server, reporter, "server under test")
+            run.start_seconds = start_server(
+                server, base.scenario.server, reporter, "server under test"
+            )
             where = server.url
         else:
             assert url is not None
             where = url.rstrip("/")
-        ep = Endpoint(where, server)
-        _run_under_test(plan, result, ep, reporter, on_record, out_dir)
-    finally:
-        if server is not None:
-            # The log as the run left it: stopping the server makes its API process log
-            # the engine's exit (EngineDeadError and a traceback), which is not the run's.
-            if server.log_path.is_file():
-                lines = server.log_path.read_text(errors="replace").splitlines()
-                result.log_lines = lines
-                result.engine_groups = kv_layout.parse_report(lines) or []
-                result.engine_kernels["server"] = engine_kernels(lines)
+        t0 = time.monotonic()
+        _serve(plan, result, Endpoint(where, server), run, reporter, on_record, out_dir, t0)
+        for k in range(1, plan.restarts + 1):
+            if not run.alive or server is None or base.server is None:
+                break
+            _read_log(result, run, server, first=k == 1)
+            reporter.status(f"stopping the server; its disk tier stays (restart {k})")
             server.stop()
-            if base.disk is not None:
-                result.disk_files = disk_tier.inventory(Path(base.disk.dir))
+            log = f"logs/server-restart{k}.log"
+            server = base.server.server(out_dir / log, port)
+            launched.append(server)
+            run = ServerRun(f"restart {k}", log)
+            result.servers.append(run)
+            try:
+                run.start_seconds = start_server(
+                    server, base.scenario.server, reporter, f"restarted server {k}"
+                )
+            except HarnessError as err:
+                run.alive, run.death = False, str(err)
+                break
+            ep = Endpoint(server.url, server)
+            _serve(plan, result, ep, run, reporter, on_record, out_dir, t0, restart=k)
+    finally:
+        if server is not None and result.servers:
+            _read_log(result, result.servers[-1], server, first=len(result.servers) == 1)
+        for s in launched:
+            s.stop()
+        _totals(result)
+        if base.disk is not None:
+            result.disk_files = disk_tier.inventory(Path(base.disk.dir))
     on_record(result)
     if server is not None and base.server is not None and result.compared_count():
         from harness.commands.stress.plan import reference_spec
@@ -143,40 +166,78 @@ def execute_stress(
     return result
 
 
-def _run_under_test(
+def _read_log(result: StressResult, run: ServerRun, server: VllmServer, *, first: bool) -> None:
+    """A server's log as the run left it, read before it is stopped: stopping makes its
+    API process log the engine's exit (EngineDeadError and a traceback), which is not
+    the run's. The first server's log also gives the KV layout and the kernels."""
+    if not server.log_path.is_file():
+        return
+    run.log_lines = server.log_path.read_text(errors="replace").splitlines()
+    if first:
+        result.engine_groups = kv_layout.parse_report(run.log_lines) or []
+        result.engine_kernels["server"] = engine_kernels(run.log_lines)
+
+
+def _totals(result: StressResult) -> None:
+    """The run's sums over its servers: counters, log lines, and whether all survived."""
+    totals: dict[str, float] = {}
+    for sv in result.servers:
+        for key, value in sv.counters.items():
+            totals[key] = totals.get(key, 0.0) + value
+    result.counters = totals
+    result.log_lines = [line for sv in result.servers for line in sv.log_lines]
+    result.disk_counters = all(sv.disk_counters for sv in result.servers)
+    result.server_alive = all(sv.alive for sv in result.servers)
+    dead = [sv for sv in result.servers if sv.death]
+    if dead:
+        many = len(result.servers) > 1
+        result.death = f"{dead[0].label}: {dead[0].death}" if many else dead[0].death
+
+
+def _serve(
     plan: StressPlan,
     result: StressResult,
     ep: object,
+    run: ServerRun,
     reporter: StressReporter,
     on_record: Callable[[StressResult], None],
     out_dir: Path,
+    t0: float,
+    restart: int = 0,
 ) -> None:
+    """One server's part of the run: the plan's rounds (``restart`` k: round 0 again, on
+    the k-th restarted server), its metrics from its start to when its stores settle.
+    Request times count from ``t0``, the run's start, across servers."""
     from harness.commands.roundtrip.run import Endpoint
 
     assert isinstance(ep, Endpoint)
     metrics_dir = out_dir / "metrics"
     metrics_dir.mkdir(parents=True, exist_ok=True)
+    prefix = f"restart{restart}-" if restart else ""
     start, cache = ep.snapshot("start")
-    (metrics_dir / "start.prom").write_text(ep.last_text)
-    if cache is not None:
+    (metrics_dir / f"{prefix}start.prom").write_text(ep.last_text)
+    if cache is not None and not restart:
         result.pool_tokens = int(cache.labels.get("kv_cache_size_tokens") or 0) or (
             cache.pool_tokens
         )
     send = http_sender(ep.base, plan.base.served_name, logprobs=SERVED_TOP, seed=0)
     sampler = Sampler(ep.base)
     sampler.start()
-    t0 = time.monotonic()
+    began = time.monotonic()
+    carried = dict(result.samples[-1][1]) if result.samples else {}
     k = 0
     try:
         while True:
-            reqs = plan.round(k)
+            reqs = plan.restart_round(restart) if restart else plan.round(k)
             result.sent.extend(reqs)
+            run.request_ids.extend(r.id for r in reqs)
             total = len(result.sent)
             offset = time.monotonic() - t0
+            where = f"restart {restart}: " if restart else ""
             reporter.status(
-                f"round {k}: {len(reqs)} requests at concurrency {plan.concurrency}"
+                f"{where}round {k}: {len(reqs)} requests at concurrency {plan.concurrency}"
                 if plan.duration_s
-                else f"{len(reqs)} requests at concurrency {plan.concurrency}"
+                else f"{where}{len(reqs)} requests at concurrency {plan.concurrency}"
             )
 
             def done(o: Outcome, offset: float = offset, total: int = total) -> None:
@@ -190,26 +251,27 @@ def _run_under_test(
             drive(reqs, send, plan.concurrency, on_done=done)
             on_record(result)
             k += 1
-            if ep.server is not None and not ep.server.alive():
+            if restart or (ep.server is not None and not ep.server.alive()):
                 break
             if not plan.duration_s or time.monotonic() - t0 >= plan.duration_s:
                 break
-        result.rounds = k
-        result.traffic_seconds = time.monotonic() - t0
+        if not restart:
+            result.rounds = k
+        result.traffic_seconds += time.monotonic() - began
         alive = ep.server.alive(grace_s=1.0) if ep.server is not None else True
-        result.server_alive = alive
+        run.alive = alive
         if alive:
             try:
                 end = ep.settle("end", plan.base.scenario.workload.settle_timeout_s)
-                (metrics_dir / "end.prom").write_text(ep.last_text)
-                result.counters = (end - start).as_dict()
-                result.disk_counters = metrics.disk_counters_exported(ep.last_text)
+                (metrics_dir / f"{prefix}end.prom").write_text(ep.last_text)
+                run.counters = (end - start).as_dict()
+                run.disk_counters = metrics.disk_counters_exported(ep.last_text)
             except (HarnessError, RuntimeFailure) as err:
-                result.server_alive = False
-                result.death = str(err)
+                run.alive = False
+                run.death = str(err)
         else:
             code = ep.server.proc.returncode if ep.server and ep.server.proc else None
-            result.death = f"the server died during the run (exit code {code})"
+            run.death = f"the server died during the run (exit code {code})"
             if ep.server is not None and ep.server.log_path.is_file():
                 from harness.server.crash_signatures import crash_signature
 
@@ -217,9 +279,15 @@ def _run_under_test(
                 lines = ep.server.log_path.read_text(errors="replace").splitlines()
                 sig = crash_signature(lines, code)
                 if sig.frame or sig.exception:
-                    result.death = f"{sig.summary()} (the server died during the run)"
+                    run.death = f"{sig.summary()} (the server died during the run)"
     finally:
         sampler.stop()
-        result.samples = [(t, s.as_dict()) for t, s in sampler.points]
+        # A restarted server counts from zero: its samples go on from the last one's.
+        shift = began - t0
+        result.samples += [
+            (t + shift, {k_: v + carried.get(k_, 0.0) for k_, v in s.as_dict().items()})
+            for t, s in sampler.points
+        ]
+        _totals(result)
         order = {r.id: i for i, r in enumerate(result.sent)}
         result.outcomes.sort(key=lambda o: order.get(o.id, 0))

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from harness.commands.sweep.builds import Build
 from harness.commands.sweep.runners import SweepReporter, run_target
 from harness.commands.sweep.spans import BisectResult, Transition, bisect, transitions
-from harness.commands.sweep.targets import NOT_RUN, UNAVAILABLE, Target, selects, unrun_cells
+from harness.commands.sweep.targets import (
+    NOT_JUDGED,
+    NOT_RUN,
+    UNAVAILABLE,
+    Target,
+    selects,
+    unrun_cells,
+)
 from harness.errors import BadInput, HarnessError
 from harness.results.records import SweepCell
 
@@ -26,6 +33,28 @@ class SweepRun:
     cells: list[SweepCell] = field(default_factory=list)
     envs: list[dict[str, Any]] = field(default_factory=list)
     bisect: list[BisectResult] = field(default_factory=list)
+    # The checks of a target worth running on a build (None: all of them). The corpus
+    # names only those some entry judges there: a launch no verdict reads is not made.
+    narrow: Callable[[Build, Target], tuple[str, ...]] | None = None
+
+    def targets_for(self, build: Build) -> tuple[list[Target], list[SweepCell]]:
+        """The targets to run on ``build`` (narrowed), and a ``not-judged`` cell for each
+        check left out."""
+        if self.narrow is None:
+            return list(self.targets), []
+        keep: list[Target] = []
+        left: list[SweepCell] = []
+        for t in self.targets:
+            checks = self.narrow(build, t)
+            if checks:
+                keep.append(replace(t, checks=checks))
+            why = "no entry says anything of this release: not run"
+            left += [
+                SweepCell(build.label, c, t.kind, t.name, NOT_JUDGED, why=why)
+                for c in t.checks
+                if c not in checks
+            ]
+        return keep, left
 
     @property
     def release_order(self) -> list[str]:
@@ -139,12 +168,21 @@ def execute_sweep(
     on_change: Callable[[], None],
     **options: Any,
 ) -> None:
-    """Every target on every build, one build (and one server) at a time."""
+    """Every target on every build, one build (and one server) at a time; a build with
+    nothing to run (``SweepRun.narrow``) is not even installed."""
     for i, build in enumerate(run.builds, 1):
+        targets, left = run.targets_for(build)
+        for cell in left:
+            run.cells.append(cell)
+            reporter.cell_done(cell)
+        if left:
+            on_change()
+        if not targets:
+            continue
         run_build(
             run,
             build,
-            run.targets,
+            targets,
             out_dir,
             reporter,
             on_change,

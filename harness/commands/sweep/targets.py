@@ -22,11 +22,14 @@ KIND_ROUNDTRIP = "roundtrip"
 KIND_MATRIX = "matrix"
 KIND_PRESSURE = "pressure"
 KIND_STEPS = "bug-steps"  # a bug entry's own script (harness.commands.bugs.steps)
+# a bug entry's in-process scheduler drive (harness.commands.bugs.scheduler)
+KIND_SCHEDULER = "bug-scheduler"
 
 # Outcomes a cell may have besides its command's own.
 UNAVAILABLE = "unavailable"  # the build could not be installed (the cell was never run)
 NOT_RUN = "not-run"  # interrupted before this cell's turn
 ERROR = "error"  # the harness could not judge it (a plan refused for this build, ...)
+NOT_JUDGED = "not-judged"  # no one judges this check on this build: not run (the corpus)
 
 Scenario = CrashReproScenario | RoundtripScenario | MatrixScenario | PressureScenario
 
