@@ -97,5 +97,3 @@ def sweep_heatmap(cells: Sequence[Any], builds: Sequence[str], out: Path) -> Pat
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
-
-

@@ -275,7 +275,10 @@ def sweep_report(cells: Rows, envs: Envs, transitions: Rows, meta: Meta) -> str:
     rows = [[c.release, c.check, c.state, c.expected, c.why] for c in bad]
     headers = ["release", "check", "outcome", "expected", "why"]
     lines = grid_report_head(
-        f"sweep: {verdict}", f"{summary}{len(unjudged)} not run)", meta, ("Not as expected", headers, rows)
+        f"sweep: {verdict}",
+        f"{summary}{len(unjudged)} not run)",
+        meta,
+        ("Not as expected", headers, rows),
     )
     lines += grid_section("Release x check", "* = not as expected", cells, meta)
     lines += ["## Transitions", ""]
@@ -322,15 +325,20 @@ def pressure_report(
         f"- results: `{meta.get('results_dir', '')}`",
         "",
         table(
-            ("server", "round", "policy", "store_threshold", "deviations", "must fail",
-             "verdict"),
+            ("server", "round", "policy", "store_threshold", "deviations", "must fail", "verdict"),
             [
-                [s["name"], s["round"], s["policy"], s["store_threshold"],
-                 ", ".join(s["deviations"]) or "-", ", ".join(s["must_fail"]) or "-",
-                 s["verdict"]]
+                [
+                    s["name"],
+                    s["round"],
+                    s["policy"],
+                    s["store_threshold"],
+                    ", ".join(s["deviations"]) or "-",
+                    ", ".join(s["must_fail"]) or "-",
+                    s["verdict"],
+                ]
                 for s in servers
             ],
-        ),  # fmt: skip
+        ),
         "",
     ]
     if bad:
@@ -338,8 +346,10 @@ def pressure_report(
         lines.append(
             table(
                 ("server", "round", "check", "passed", "expected", "observed", "where"),
-                [[c.server, c.round, c.check, c.passed, c.expected, c.observed, c.detail]
-                 for c in bad],  # fmt: skip
+                [
+                    [c.server, c.round, c.check, c.passed, c.expected, c.observed, c.detail]
+                    for c in bad
+                ],
             )
         )
         lines.append("")

@@ -159,3 +159,26 @@ class PressureCheck:
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class MutantRecord:
+    """One mutant of a mutation session and its verdict: a row of ``mutants.csv``."""
+
+    id: str  # deterministic: the same mutant has the same id on every machine
+    target: str  # the mutated module, dotted
+    line: int
+    function: str  # the definition it sits in ("" at module level)
+    operator: str  # cosmic-ray's operator name
+    change: str  # the one-line diff: `before` -> `after`
+    # killed | survived | timeout | incompetent | equivalent | "" (not run yet)
+    verdict: str = ""
+    command: str = ""  # the command that noticed it (killed, timeout) or "import"
+    failed: str = ""  # the checks that command failed, comma-separated
+    detail: str = ""
+    # the commands whose unmutated run executed its line; "" for none: not reached
+    reached: str = ""
+    seconds: float = 0.0
+
+    def record(self) -> dict[str, Any]:
+        return csv_row(self)

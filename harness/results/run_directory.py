@@ -56,7 +56,9 @@ def finish_unfinished(
     return runs
 
 
-def read_json_object(path: Path, what: str, error: type[HarnessError] = HarnessError) -> dict[str, Any]:
+def read_json_object(
+    path: Path, what: str, error: type[HarnessError] = HarnessError
+) -> dict[str, Any]:
     """A JSON file that must hold one object (a run's ``run.json``, a record); anything
     else is ``error`` in one line: "<path>: not valid JSON: ..." or "<path>: not <what>"."""
     try:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.results.records import BugCell, CheckResult, StepRecord, SweepCell
+from harness.results.records import BugCell, CheckResult, MutantRecord, StepRecord, SweepCell
 from harness.results.run_directory import JUnitCase, RunDirectory, junit_xml
 
 if TYPE_CHECKING:
@@ -426,8 +426,18 @@ PRESSURE_REQUESTS = TableFile(
 )  # fmt: skip
 PRESSURE_CHECKS = TableFile(
     "pressure-checks.csv",
-    ("server", "round", "check", "passed", "expected", "observed", "why", "detail", "known",
-     "matched"),
+    (
+        "server",
+        "round",
+        "check",
+        "passed",
+        "expected",
+        "observed",
+        "why",
+        "detail",
+        "known",
+        "matched",
+    ),
     title="checks",
     key=("server", "round", "check"),
     compared=("passed", "matched"),
@@ -437,14 +447,40 @@ PRESSURE_CHECKS = TableFile(
     junit=JUnitMap(
         "pressure.{server}.{round}",
         "{check}",
-        lambda r: None
-        if r.matched
-        else (
-            "passed, but this round's mutant or fault must fail it"
-            if r.passed
-            else f"expected {r.expected}; observed {r.observed}. {r.detail}"
+        lambda r: (
+            None
+            if r.matched
+            else (
+                "passed, but this round's mutant or fault must fail it"
+                if r.passed
+                else f"expected {r.expected}; observed {r.observed}. {r.detail}"
+            )
         ),
         properties=("known",),
+    ),
+)
+
+
+# --- mutate ---------------------------------------------------------------------------------
+MUTANTS = TableFile(
+    "mutants.csv",
+    _record_fields(MutantRecord),
+    key=("id",),
+    compared=("verdict", "reached"),
+    outcomes=("verdict",),
+    shown=("id", "line", "function", "operator", "verdict", "command", "reached"),
+    display=("id", "line", "function", "change", "verdict", "command", "reached"),
+    junit=JUnitMap(
+        "mutate.{target}",
+        "{id} line {line} {operator}",
+        lambda m: (
+            f"survived ({'reached by ' + m.reached if m.reached else 'never reached'}): {m.change}"
+            if m.verdict == "survived"
+            else None
+        ),
+        stdout="{change}\nverdict={verdict} command={command} failed={failed}\n{detail}",
+        properties=("verdict", "command", "reached"),
+        seconds="seconds",
     ),
 )
 
@@ -469,7 +505,9 @@ ROUNDTRIP = ResultsKind(
     ),
 )
 MATRIX = ResultsKind(
-    "matrix", (MATRIX_CELLS,), ("junit.xml", "report.md", "cells/<family>__<geometry>__<variant>__<tier>/")
+    "matrix",
+    (MATRIX_CELLS,),
+    ("junit.xml", "report.md", "cells/<family>__<geometry>__<variant>__<tier>/"),
 )
 FAULTS_KIND = ResultsKind(
     "faults", (FAULT_ROUNDS,), ("junit.xml", "report.md", "logs/server.log", "rounds/<NN>-<fault>/")
@@ -513,6 +551,18 @@ STRESS = ResultsKind(
 )
 
 
+BUG_SCHEDULER = ResultsKind("bug-scheduler", (), ("drive.json", "drive.stdout", "drive.stderr"))
+MUTATE = ResultsKind(
+    "mutate",
+    (MUTANTS,),
+    (
+        "session.sqlite",
+        "junit.xml",
+        "report.md",
+        "baseline/<command>/",
+        "mutants/<id>/<command>/",
+    ),
+)
 PRESSURE = ResultsKind(
     "pressure",
     (PRESSURE_REQUESTS, PRESSURE_CHECKS),
@@ -524,7 +574,7 @@ KINDS: dict[str, ResultsKind] = {
     k.command: k
     for k in (
         CRASH_REPRO, ROUNDTRIP, MATRIX, FAULTS_KIND, BENCH, SWEEP, BUGS, BUG_SCRIPT, STRESS,
-        PRESSURE,
+        PRESSURE, BUG_SCHEDULER, MUTATE,
     )
 }  # fmt: skip
 """Every command that writes a results directory, by its ``run.json`` ``command``."""

@@ -41,7 +41,13 @@ def write_faults(run_dir: RunDirectory, rounds: Sequence[Any], meta: dict[str, A
 
 
 def write_sweep(
-    run_dir: RunDirectory, cells: Rows, envs: Envs, transitions: Rows, meta: Meta, *, chart: bool = True
+    run_dir: RunDirectory,
+    cells: Rows,
+    envs: Envs,
+    transitions: Rows,
+    meta: Meta,
+    *,
+    chart: bool = True,
 ) -> None:
     """Every sweep file from what is known so far (rewritten after each cell)."""
 
@@ -54,7 +60,6 @@ def write_sweep(
         sweep_report(cells, envs, transitions, {"results_dir": str(run_dir.path), **meta}),
     )
     if chart and cells:
-
         sweep_heatmap(cells, meta.get("release_order", []), run_dir.path / "heatmap.png")
 
 

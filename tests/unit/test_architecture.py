@@ -41,6 +41,7 @@ COMMAND_ORDER = {
     "sweep": 2,
     "bugs": 3,
     "validate": 4,
+    "mutate": 4,
 }
 # Third-party packages that only some floors may import: typer only in the CLI; rich only
 # where a person reads; pandas only where tables are read back. Never in engine/.

@@ -82,6 +82,8 @@ def test_every_command_with_a_run_directory_is_registered():
         "bugs",
         "bug-steps",
         "stress",
+        "bug-scheduler",
+        "mutate",
         "pressure",
     }
     for kind in rk.KINDS.values():

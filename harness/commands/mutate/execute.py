@@ -1,0 +1,350 @@
+"""Running a mutation session: each mutant in its own copy of the environment, through
+the harness's own commands, until one of them notices it.
+
+Why whole commands and not unit tests: the point is what ``offload-check`` itself would
+catch, so a mutant is judged exactly as a user's build would be: ``offload-check
+roundtrip`` (or ``stress``, or a scenario of either) launched with ``--python`` pointing
+at the mutant's copy. Exit 0 is the mutant going unnoticed by that command; exit 1 is
+a check failing (``killed``, with the failing checks read from the command's own
+``checks.csv``); exit 3 the engine dying or a server not starting (``killed``, a crash);
+exit 2 the harness refusing the interpreter (the mutant broke vLLM's import:
+``incompetent``); past the time limit, ``timeout``. A mutant killed by one command does
+not run the next.
+
+Before any mutant, each command runs once on the unmutated environment with the engine
+processes' line tracer on (``harness.engine.reach``): a command that fails there is
+refused (it would kill every mutant), and the lines it executed tell a surviving mutant
+that no run reached from one that ran and went unnoticed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from harness.errors import BadInput, ExitCode, RuntimeFailure
+from harness.names import ENV_COVER, ENV_COVER_OUT
+
+# Seconds a command may take per mutant; a mutant that makes the engine spin past this
+# is a ``timeout`` (roundtrip about 2 minutes here, the default stress about 5).
+DEFAULT_TIMEOUT_S = 1200.0
+IMPORT_TIMEOUT_S = 300.0  # a cold import of vLLM without bytecode takes ~25 s here
+STOP_GRACE_S = 90.0  # after SIGINT, the harness stops its servers and writes its results
+
+
+@dataclass(frozen=True)
+class MutateCommand:
+    """One harness command a mutant is run through: ``roundtrip``, ``stress``, or a
+    scenario file of either (its kind decides the command)."""
+
+    name: str  # as given on the command line; the column in the report
+    argv: tuple[str, ...]  # after ``offload-check``
+
+    @classmethod
+    def parse(cls, text: str) -> MutateCommand:
+        if text in ("roundtrip", "stress"):
+            return cls(text, (text,))
+        path = Path(text)
+        if not path.is_file():
+            raise BadInput(
+                f"--command {text}: neither roundtrip, stress nor a scenario file of either"
+            )
+        from harness.scenario.kinds import load_any
+
+        kind, _ = load_any(path)
+        if kind not in ("roundtrip", "stress"):
+            raise BadInput(f"--command {text}: a {kind} scenario; mutate runs roundtrip or stress")
+        return cls(text, (kind, "--scenario", str(path.resolve())))
+
+    @property
+    def slug(self) -> str:
+        return Path(self.name).stem if self.name not in ("roundtrip", "stress") else self.name
+
+
+@dataclass
+class CommandRun:
+    """One command's run on one environment: its exit, its run directory, what failed."""
+
+    command: str
+    code: int | None  # None: timed out
+    run_dir: Path | None
+    failed: list[str] = field(default_factory=list)
+    last_line: str = ""
+    seconds: float = 0.0
+
+    @property
+    def verdict(self) -> str:
+        """survived / killed / timeout / incompetent, for this command alone."""
+        if self.code is None:
+            return "timeout"
+        if self.code == ExitCode.OK:
+            return "survived"
+        if self.code == ExitCode.BAD_INPUT:
+            return "incompetent"
+        return "killed"
+
+    def detail(self) -> str:
+        if self.code is None:
+            return f"{self.command}: past the time limit"
+        if self.failed:
+            return f"{self.command}: {', '.join(self.failed)}"
+        return f"{self.command}: exit {self.code}: {self.last_line}"
+
+
+class MutateReporter(Protocol):
+    def status(self, message: str) -> None: ...
+
+
+def run_command(
+    cmd: MutateCommand,
+    python: str,
+    out: Path,
+    timeout_s: float,
+    *,
+    env: dict[str, str] | None = None,
+) -> CommandRun:
+    """``offload-check <cmd> --python <python> --results-dir <out>`` in its own process
+    group; on time out it is asked to stop (SIGINT: the harness stops its servers and
+    keeps its results), then killed."""
+    out.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "harness", *cmd.argv, "--python", python]
+    argv += ["--results-dir", str(out)]
+    log = out / "command.log"
+    t0 = time.monotonic()
+    with log.open("w") as fh:
+        proc = subprocess.Popen(
+            argv,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        try:
+            code: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+            _stop(proc)
+    lines = log.read_text(errors="replace").strip().splitlines()
+    run_dir = _run_dir(out)
+    return CommandRun(
+        cmd.name,
+        code,
+        run_dir,
+        failed_checks(run_dir) if code == ExitCode.MISMATCH else [],
+        lines[-1][:300] if lines else "",
+        time.monotonic() - t0,
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=STOP_GRACE_S)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _run_dir(out: Path) -> Path | None:
+    """The run directory the command made under ``out`` (the newest)."""
+    runs = sorted(p for p in out.iterdir() if p.is_dir() and (p / "run.json").is_file())
+    return runs[-1] if runs else None
+
+
+def failed_checks(run_dir: Path | None) -> list[str]:
+    """The checks a run failed, from its ``checks.csv`` (both commands write one)."""
+    if run_dir is None or not (run_dir / "checks.csv").is_file():
+        return []
+    with (run_dir / "checks.csv").open() as fh:
+        return [r["name"] for r in csv.DictReader(fh) if r.get("passed") not in ("True", "true")]
+
+
+def import_check(python: str, module: str) -> str:
+    """ "" when the mutant's module imports in its copy, else the error's last line."""
+    try:
+        proc = subprocess.run(
+            [python, "-c", f"import {module}"],
+            capture_output=True,
+            text=True,
+            timeout=IMPORT_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return f"import {module} ran past {IMPORT_TIMEOUT_S:g}s"
+    if proc.returncode == 0:
+        return ""
+    tail = proc.stderr.strip().splitlines()
+    return tail[-1] if tail else f"exit {proc.returncode}"
+
+
+def coverage_env(relpath: str, out: Path) -> dict[str, str]:
+    return {ENV_COVER: relpath, ENV_COVER_OUT: str(out)}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A mutant's verdict over every command it ran through."""
+
+    verdict: str
+    command: str = ""  # the command that decided it
+    failed: str = ""  # its failing checks, comma-separated
+    detail: str = ""
+    seconds: float = 0.0
+
+
+def judge_runs(runs: Sequence[CommandRun]) -> Verdict:
+    """The first command that noticed decides; every command passing is a survivor."""
+    seconds = sum(r.seconds for r in runs)
+    for r in runs:
+        if r.verdict != "survived":
+            return Verdict(r.verdict, r.command, ",".join(r.failed), r.detail(), seconds)
+    return Verdict("survived", "", "", "every command passed", seconds)
+
+
+def baseline(
+    commands: Sequence[MutateCommand],
+    python: str,
+    relpath: str,
+    out: Path,
+    timeout_s: float,
+    reporter: MutateReporter,
+) -> dict[str, list[int]]:
+    """Each command on the unmutated environment with the line tracer on: the lines of
+    the target it reached. A command failing here is refused: it would kill every
+    mutant, and its kills would mean nothing."""
+    from harness.engine.reach import read_lines
+
+    covered: dict[str, list[int]] = {}
+    for cmd in commands:
+        where = out / cmd.slug
+        reporter.status(f"baseline: {cmd.name} on the unmutated build (line coverage on)")
+        run = run_command(cmd, python, where, timeout_s, env=coverage_env(relpath, where / "lines"))
+        if run.verdict != "survived":
+            raise RuntimeFailure(
+                f"{cmd.name} fails on the unmutated build ({run.detail()}); every mutant "
+                f"would count as killed. Its run: {run.run_dir or where}"
+            )
+        covered[cmd.name] = sorted(read_lines(where / "lines"))
+    return covered
+
+
+def run_mutant(
+    mutant: Any,
+    source: str,
+    commands: Sequence[MutateCommand],
+    make_env: Callable[[Any, str], str],
+    out: Path,
+    timeout_s: float,
+    reporter: MutateReporter,
+    drop_env: Callable[[str], None],
+) -> Verdict:
+    """One mutant: its copy of the environment (``make_env`` gives the copy's python),
+    the import check, then the commands until one notices; the copy is removed after."""
+    from harness.commands.mutate.mutants import mutated_source
+
+    python = make_env(mutant, mutated_source(source, mutant))
+    try:
+        broken = import_check(python, mutant.module)
+        if broken:
+            return Verdict("incompetent", "import", "", broken)
+        runs: list[CommandRun] = []
+        for cmd in commands:
+            reporter.status(f"{mutant.id}: {cmd.name} ({mutant.one_line()})")
+            runs.append(run_command(cmd, python, out / cmd.slug, timeout_s))
+            if runs[-1].verdict != "survived":
+                break
+        return judge_runs(runs)
+    finally:
+        drop_env(python)
+
+
+def reached_by(line: int, covered: dict[str, list[int]]) -> str:
+    """The commands whose unmutated run executed ``line`` ("" when none did)."""
+    return ",".join(name for name, lines in covered.items() if line in set(lines))
+
+
+COVERAGE_FILE = "coverage.json"  # baseline/: each command's lines of the target
+
+
+def execute_session(
+    plan: Any,
+    session: Any,
+    out: Path,
+    reporter: MutateReporter,
+    on_verdict: Callable[[], None],
+) -> None:
+    """The baseline (once per session: a resume reads ``baseline/coverage.json``), then
+    every pending mutant of this shard, each verdict in the session as it lands. The
+    build's own file is checked unchanged before and after every mutant."""
+    import json
+
+    from harness.commands.mutate import sandbox
+
+    where = out / "baseline"
+    coverage = where / COVERAGE_FILE
+    if coverage.is_file():
+        covered = json.loads(coverage.read_text())
+    else:
+        covered = baseline(
+            plan.commands, plan.python, plan.relpath, where, plan.timeout_s, reporter
+        )
+        coverage.write_text(json.dumps(covered, sort_keys=True) + "\n")
+    on_verdict()
+    source = plan.path.read_text()
+    pending = session.pending(plan.shard)
+    reporter.status(f"{len(pending)} mutant(s) to run of {len(session.mutants())}")
+
+    def untouched() -> None:
+        if sandbox.file_sha256(plan.path) != plan.sha256:
+            raise RuntimeFailure(
+                f"{plan.path} changed during the session: the build itself is no longer "
+                "the one mutated (stopped; the verdicts so far are kept)"
+            )
+
+    def make_env(mutant: Any, text: str) -> str:
+        dest = out / "mutants" / mutant.id / "env"
+        if dest.exists():  # an interrupted run's copy
+            sandbox.remove_copy(dest)
+        sandbox.make_copy(plan.prefix, dest, plan.site_rel)
+        sandbox.replace_module(dest, plan.site_rel, plan.relpath, text)
+        return str(dest / "bin" / "python")
+
+    def drop_env(python: str) -> None:
+        sandbox.remove_copy(Path(python).parent.parent)
+
+    for n, mutant in enumerate(pending, 1):
+        untouched()
+        reporter.status(f"[{n}/{len(pending)}] {mutant.id}: {mutant.one_line()}")
+        verdict = run_mutant(
+            mutant,
+            source,
+            plan.commands,
+            make_env,
+            out / "mutants" / mutant.id,
+            plan.timeout_s,
+            reporter,
+            drop_env,
+        )
+        untouched()
+        session.record(
+            mutant.id,
+            verdict.verdict,
+            command=verdict.command,
+            failed=verdict.failed,
+            detail=verdict.detail,
+            seconds=verdict.seconds,
+            reached=reached_by(mutant.line, covered),
+            diff=mutant.unified_diff(source),
+        )
+        reporter.status(f"  {mutant.id}: {verdict.verdict} ({verdict.detail})")
+        on_verdict()

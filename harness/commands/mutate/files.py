@@ -1,0 +1,142 @@
+"""What a mutation session writes, rewritten after every verdict: ``mutants.csv``,
+``junit.xml`` and ``report.md`` (the score, survivors first)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harness.results.records import MutantRecord
+from harness.results.run_directory import RunDirectory
+from harness.results.tables import MUTANTS
+
+DETECTED = ("killed", "timeout")  # a mutant that hangs the engine was noticed
+NOT_SCORED = ("incompetent", "equivalent", "")  # never a real change of behaviour, or not run
+
+
+def records(session: Any) -> list[MutantRecord]:
+    """Every mutant of the session with its verdict so far, in source order."""
+    verdicts = {v["job_id"]: v for v in session.verdicts()}
+    out = []
+    for m in session.mutants():
+        v = verdicts.get(m.id, {})
+        out.append(
+            MutantRecord(
+                id=m.id,
+                target=m.module,
+                line=m.line,
+                function=m.function or "",
+                operator=m.operator,
+                change=f"`{m.before}` -> `{m.after}`",
+                verdict=v.get("verdict", ""),
+                command=v.get("command", ""),
+                failed=v.get("failed", ""),
+                detail=v.get("detail", ""),
+                reached=v.get("reached", ""),
+                seconds=float(v.get("seconds") or 0.0),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Score:
+    """Killed (and timed out) over every mutant that really changed behaviour."""
+
+    detected: int
+    scored: int
+    survived: int
+    survived_reached: int
+    by_verdict: dict[str, int]
+    by_command: dict[str, int]
+
+    @property
+    def value(self) -> float | None:
+        return self.detected / self.scored if self.scored else None
+
+    def text(self) -> str:
+        if self.value is None:
+            return "no mutant judged yet"
+        return (
+            f"{self.detected}/{self.scored} detected ({self.value:.0%}); {self.survived} "
+            f"survived, {self.survived_reached} of them on lines a run executed"
+        )
+
+
+def score(rows: Sequence[MutantRecord]) -> Score:
+    verdicts = Counter(r.verdict for r in rows)
+    scored = [r for r in rows if r.verdict not in NOT_SCORED]
+    survivors = [r for r in scored if r.verdict == "survived"]
+    return Score(
+        detected=sum(1 for r in scored if r.verdict in DETECTED),
+        scored=len(scored),
+        survived=len(survivors),
+        survived_reached=sum(1 for r in survivors if r.reached),
+        by_verdict=dict(sorted(verdicts.items())),
+        by_command=dict(Counter(r.command for r in scored if r.verdict in DETECTED)),
+    )
+
+
+def report_md(rows: Sequence[MutantRecord], meta: dict[str, Any]) -> str:
+    """Survivors first (reached ones before unreached: those are the checks' misses),
+    then every mutant."""
+    s = score(rows)
+    lines = [
+        f"# mutate: {meta.get('target', '?')}",
+        "",
+        f"- build: vLLM {meta.get('vllm_version', '?')} (`{meta.get('python', '')}`)",
+        f"- commands: {', '.join(meta.get('commands', []))}",
+        f"- mutants: {len(rows)} of the file's {meta.get('total_mutants', '?')} "
+        + (
+            f"(sample of {meta['sample']}, seed {meta.get('seed')})"
+            if meta.get("sample")
+            else "(all)"
+        ),
+        f"- score: {s.text()}",
+        "- verdicts: " + ", ".join(f"{k or 'not run'} {n}" for k, n in s.by_verdict.items()),
+        "- detected by: "
+        + (", ".join(f"{k} {n}" for k, n in sorted(s.by_command.items())) or "none"),
+        "",
+        "## Survivors",
+        "",
+        "A survivor on a line some run executed is a change no check noticed; one on a "
+        "line no run executed needs a workload that reaches it first.",
+        "",
+    ]
+    survivors = sorted(
+        (r for r in rows if r.verdict == "survived"), key=lambda r: (not r.reached, r.line)
+    )
+    if survivors:
+        lines += ["| id | line | function | change | reached by |", "|---|---|---|---|---|"]
+        lines += [
+            f"| {r.id} | {r.line} | {r.function} | {r.change} | {r.reached or 'not reached'} |"
+            for r in survivors
+        ]
+    else:
+        lines.append("None.")
+    lines += [
+        "",
+        "## Every mutant",
+        "",
+        "| id | line | operator | change | verdict | by | failed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r.id} | {r.line} | {r.operator} | {r.change} | {r.verdict or 'not run'} | "
+        f"{r.command} | {r.failed or r.detail[:80]} |"
+        for r in rows
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_mutate(run_dir: RunDirectory, session: Any) -> Score:
+    """Every file from the session as it stands."""
+    rows = records(session)
+    MUTANTS.write(run_dir, [r.record() for r in rows])
+    MUTANTS.write_junit(run_dir, "mutate", rows)
+    run_dir.write_text("report.md", report_md(rows, session.meta))
+    s = score(rows)
+    run_dir.update_meta(mutate={"score": s.value, "summary": s.text(), **s.by_verdict})
+    return s

@@ -1,0 +1,146 @@
+"""A mutation session's plan: the build, the module, the mutants and the commands, all
+known before any copy or launch (what ``--dry-run`` prints).
+
+The target is resolved in the build's own environment (``--variant``/``--python``), so
+the session mutates the vLLM that build has, and records the file's sha256: a resumed
+session on a changed file would renumber cosmic-ray's occurrences under the old ids.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.commands.mutate.execute import DEFAULT_TIMEOUT_S, MutateCommand
+from harness.commands.mutate.mutants import (
+    Mutant,
+    enumerate_mutants,
+    resolve_target,
+    sample,
+    site_packages,
+)
+from harness.commands.mutate.sandbox import env_prefix, file_sha256
+from harness.errors import BadInput
+
+
+@dataclass
+class MutatePlan:
+    """Everything a session needs before it runs."""
+
+    python: str  # the build's interpreter (the unmutated baseline runs on it)
+    prefix: Path  # its environment (copied per mutant)
+    site_rel: str  # its site-packages, relative to the prefix
+    module: str
+    relpath: str  # the target under site-packages
+    path: Path
+    sha256: str
+    vllm_version: str
+    mutants: list[Mutant]  # the session's mutants (a sample, or all)
+    total: int  # every mutant the operators give for the file
+    commands: list[MutateCommand]
+    seed: int
+    sample_size: int | None  # None: --all
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    shard: tuple[int, int] | None = None
+
+    def meta(self) -> dict[str, Any]:
+        """What the session file keeps of the plan (and a resume must agree with)."""
+        return {
+            "target": self.module,
+            "relpath": self.relpath,
+            "sha256": self.sha256,
+            "vllm_version": self.vllm_version,
+            "python": self.python,
+            "commands": [c.name for c in self.commands],
+            "seed": self.seed,
+            "sample": self.sample_size,
+            "total_mutants": self.total,
+            "timeout_s": self.timeout_s,
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """``run.json``'s ``plan`` and the dry run's JSON."""
+        return {
+            **self.meta(),
+            "shard": list(self.shard) if self.shard else None,
+            "mutants": [m.record() for m in self.mutants],
+        }
+
+
+def vllm_version(python: str) -> str:
+    code = "import importlib.metadata as m; print(m.version('vllm'))"
+    try:
+        out = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise BadInput(f"{python}: cannot ask it for its vLLM version ({err})") from None
+    if out.returncode != 0 or not out.stdout.strip():
+        raise BadInput(f"{python}: no vLLM installed there")
+    return out.stdout.strip()
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """``--shard i/n`` (0-based): this runner's part of the session."""
+    if not text:
+        return None
+    try:
+        i, n = (int(p) for p in text.split("/"))
+    except ValueError:
+        raise BadInput(f"--shard {text}: give INDEX/COUNT, e.g. 0/4") from None
+    if n < 1 or not 0 <= i < n:
+        raise BadInput(f"--shard {text}: need 0 <= INDEX < COUNT")
+    return i, n
+
+
+def plan_mutate(
+    target: str,
+    commands: Sequence[str],
+    python: str,
+    *,
+    sample_size: int | None,
+    seed: int,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    shard: str | None = None,
+) -> MutatePlan:
+    """Refuses what cannot run with one line: no command, a target outside the build's
+    site-packages, a sample larger than the file's mutants."""
+    if not commands:
+        raise BadInput("mutate needs at least one --command (roundtrip, stress, or a scenario)")
+    cmds = [MutateCommand.parse(c) for c in commands]
+    if len({c.slug for c in cmds}) != len(cmds):
+        raise BadInput("each --command once (two of them would share a results directory)")
+    site = site_packages(python)
+    prefix = env_prefix(python)
+    try:
+        site_rel = str(site.relative_to(prefix))
+    except ValueError:
+        raise BadInput(f"{python}: its site-packages {site} is not inside {prefix}") from None
+    module, relpath, path = resolve_target(target, site)
+    if not relpath.startswith("vllm/"):
+        raise BadInput(f"--target {target}: {relpath} is not vLLM's code (mutate copies vllm/)")
+    every = enumerate_mutants(path, relpath, module)
+    if not every:
+        raise BadInput(f"--target {target}: the operators give no mutant in {relpath}")
+    if sample_size is not None and sample_size > len(every):
+        raise BadInput(f"--sample {sample_size}: {relpath} has only {len(every)} mutants")
+    return MutatePlan(
+        python=python,
+        prefix=prefix,
+        site_rel=site_rel,
+        module=module,
+        relpath=relpath,
+        path=path,
+        sha256=file_sha256(path),
+        vllm_version=vllm_version(python),
+        mutants=sample(every, sample_size, seed),
+        total=len(every),
+        commands=cmds,
+        seed=seed,
+        sample_size=sample_size,
+        timeout_s=timeout_s,
+        shard=parse_shard(shard),
+    )
