@@ -392,7 +392,12 @@ def _bugs_expected(run: Any) -> list[tuple[str, str, list[str]]]:
     out = []
     for e in run.entries:
         trig = e.trigger
-        what = trig.check if trig.kind == "check" else f"{len(trig.steps)} steps"
+        if trig.kind == "check":
+            what = trig.check
+        elif trig.kind == "scheduler":
+            what = f"scheduler drive {trig.case}"
+        else:
+            what = f"{len(trig.steps)} steps"
         if e.id in run.skipped:
             cells = ["skipped"] * len(sweep.builds)
         else:
@@ -692,3 +697,49 @@ def pressure_plan(console: Console, plan: object) -> None:
                 f"#{r.index} {r.label} ({len(r.prompt.token_ids)} tokens): {what}",
                 indent=4,
             )
+
+
+def mutate_plan_record(plan: object) -> dict[str, Any]:
+    from harness.commands.mutate.plan import MergePlan
+
+    if isinstance(plan, MergePlan):
+        return {"command": "mutate", "merge": [str(r) for r in plan.runs], "launches": 0}
+    assert hasattr(plan, "describe")
+    return {"command": "mutate", "host": host_state(), **plan.describe()}
+
+
+def mutate_plan(console: Console, plan: object) -> None:
+    from harness.commands.mutate.plan import MergePlan, MutatePlan
+
+    if isinstance(plan, MergePlan):
+        say(console, f"mutate: merge {len(plan.runs)} shard sessions into one report", 0, "bold")
+        for run in plan.runs:
+            say(console, str(run))
+        return
+    assert isinstance(plan, MutatePlan)
+    chosen = (
+        "all" if plan.sample_size is None else f"a sample of {plan.sample_size} (seed {plan.seed})"
+    )
+    say(
+        console,
+        f"mutate plan: {plan.module} of vLLM {plan.vllm_version} ({plan.python})",
+        0,
+        "bold",
+    )
+    host_line(console)
+    say(
+        console, f"file: {plan.relpath} (sha256 {plan.sha256[:12]}), {plan.total} mutants; {chosen}"
+    )
+    say(
+        console,
+        "commands, in order (the first that fails a mutant kills it): "
+        + ", ".join(c.name for c in plan.commands)
+        + "; each first once on the unmutated build with line coverage; "
+        + f"{plan.timeout_s:g}s a command",
+    )
+    if plan.shard:
+        say(console, f"shard {plan.shard[0]}/{plan.shard[1]}: the mutants whose id falls there")
+    if plan.resume:
+        say(console, f"resumes {plan.resume}")
+    for m in plan.mutants:
+        console.print(f"    {m.id} {m.one_line()}", highlight=False, markup=False)

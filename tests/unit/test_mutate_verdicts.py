@@ -64,3 +64,87 @@ def test_reached_names_the_commands_whose_clean_run_executed_the_line():
     assert ex.reached_by(10, covered) == "stress,roundtrip"
     assert ex.reached_by(40, covered) == "stress"
     assert ex.reached_by(99, covered) == ""
+
+
+def rec(id_: str, verdict: str, line: int = 1, reached: str = "", command: str = ""):
+    from harness.results.records import MutantRecord
+
+    return MutantRecord(
+        id_, "vllm.x", line, "f", "Op", "`a` -> `b`", verdict, command, reached=reached
+    )
+
+
+def test_the_score_counts_what_changed_behaviour_and_timeouts_as_noticed():
+    from harness.commands.mutate.files import report_md, score
+
+    rows = [
+        rec("a", "killed", command="stress"),
+        rec("b", "killed", command="roundtrip"),
+        rec("c", "timeout", command="stress"),
+        rec("d", "survived", line=40, reached=""),
+        rec("e", "survived", line=50, reached="roundtrip"),
+        rec("f", "incompetent", command="import"),
+        rec("g", ""),  # not run yet
+    ]
+    s = score(rows)
+    assert (s.detected, s.scored, s.survived, s.survived_reached) == (3, 5, 2, 1)
+    assert s.value == 0.6 and s.by_command == {"stress": 2, "roundtrip": 1}
+    assert s.text() == "3/5 detected (60%); 2 survived, 1 of them on lines a run executed"
+    md = report_md(rows, {"target": "vllm.x", "commands": ["stress", "roundtrip"]})
+    survivors = md[md.index("## Survivors") : md.index("## Every mutant")]
+    assert survivors.index("| e |") < survivors.index("| d |")  # reached ones first
+    assert "| d | 40 | f | `a` -> `b` | not reached |" in survivors
+    assert score([]).text() == "no mutant judged yet"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "mutate needs --target"),
+        (("--target", "vllm.v1.kv_offload.cpu.manager"), "at least one --command"),
+        (
+            ("--target", "vllm.v1.kv_offload.cpu.manager", "--command", "roundtrip",
+             "--mutant", "000000000000"),
+            "--mutant 000000000000: no mutant of vllm/v1/kv_offload/cpu/manager.py",
+        ),
+        (
+            ("--target", "vllm.v1.kv_offload.cpu.manager", "--command", "roundtrip",
+             "--sample", "3", "--all"),
+            "give one of --sample N, --all and --mutant ID",
+        ),
+        (("--target", "packaging.version", "--command", "roundtrip"), "not vLLM's code"),
+        (("--resume", "/nonexistent"), "no session.sqlite there"),
+        (("--merge", "/nonexistent", "--target", "x"), "--merge takes the session's own plan"),
+        (("--target", "x", "--port", "8000", "--command", "roundtrip"), "--port does not apply"),
+    ],
+)  # fmt: skip
+def test_bad_mutate_input_is_one_line_and_exit_2(args, message, tmp_path):
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "mutate", *args, "--dry-run",
+         "--results-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+
+
+def test_a_dry_run_lists_the_sample_the_same_on_every_run(tmp_path):
+    import json
+    import subprocess
+
+    def plan() -> dict:
+        proc = subprocess.run(
+            [sys.executable, "-m", "harness", "mutate", "--target",
+             "vllm.v1.kv_offload.cpu.policies.lru", "--command", "roundtrip", "--sample", "3",
+             "--seed", "1", "--dry-run", "--json", "--results-dir", str(tmp_path)],
+            capture_output=True, text=True, timeout=120, cwd=ROOT, check=True,
+        )  # fmt: skip
+        return json.loads(proc.stdout)
+
+    first = plan()
+    assert first["command"] == "mutate" and first["relpath"].endswith("policies/lru.py")
+    assert len(first["mutants"]) == 3 and first["total_mutants"] > 3
+    assert [m["id"] for m in plan()["mutants"]] == [m["id"] for m in first["mutants"]]

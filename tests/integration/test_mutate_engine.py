@@ -1,0 +1,52 @@
+"""``offload-check mutate`` against real vLLM servers: two mutants of vLLM 0.32.0's CPU
+offloading manager through the round trip, each in its own copy of the environment.
+
+One is a mutant the round trip must kill (``lookup`` treating every stored chunk as
+missing: the replay's hits and loads vanish), the other one it cannot: on a tier that
+never fills, ``num_chunks_to_evict`` is never positive, so ``> 1`` for ``> 0`` changes
+nothing; its line runs on every store, so it is a survivor the coverage calls reached.
+Nightly: three launches (the baseline and one per mutant).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from harness.commands.mutate.sandbox import file_sha256
+from tests.conftest import ROOT, run_cli
+
+pytestmark = [pytest.mark.engine, pytest.mark.nightly]
+
+TARGET = "vllm.v1.kv_offload.cpu.manager"
+KILLED = "55649a3f55f8"  # manager.py lookup: `if chunk is None:` -> `if chunk is not None:`
+SURVIVOR = "08d5da6d2846"  # prepare_store: `if num_chunks_to_evict > 0:` -> `> 1:`
+MANAGER = (
+    ROOT / ".venv" / "lib" / "python3.11" / "site-packages" / "vllm" / "v1" / "kv_offload"
+    / "cpu" / "manager.py"
+)  # fmt: skip
+
+
+@pytest.mark.launches(3)
+def test_a_mutant_the_round_trip_must_catch_is_killed_and_a_blind_one_survives(tmp_path):
+    before = file_sha256(MANAGER)
+    code, run, out = run_cli(
+        tmp_path, "mutate", "--target", TARGET, "--command", "roundtrip",
+        "--mutant", KILLED, "--mutant", SURVIVOR, timeout=2400,
+    )  # fmt: skip
+    assert code == 0, out
+    assert file_sha256(MANAGER) == before  # the build itself never changed
+    df = pd.read_csv(run / "mutants.csv", keep_default_na=False).set_index("id")
+    killed, survivor = df.loc[KILLED], df.loc[SURVIVOR]
+    assert (killed.verdict, killed.command) == ("killed", "roundtrip"), killed.detail
+    assert "replay-external-hits" in killed.failed
+    assert survivor.verdict == "survived" and survivor.reached == "roundtrip"
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["mutate"]["score"] == 0.5
+    report = (run / "report.md").read_text()
+    assert report.index(SURVIVOR) < report.index("## Every mutant")  # survivors first
+    assert not list((run / "mutants").glob("*/env"))  # every copy removed
+    lines = json.loads((run / "baseline" / "coverage.json").read_text())["roundtrip"]
+    assert int(survivor.line) in lines
