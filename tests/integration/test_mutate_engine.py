@@ -1,8 +1,9 @@
 """``offload-check mutate`` against real vLLM servers: two mutants of vLLM 0.32.0's CPU
 offloading manager through the round trip, each in its own copy of the environment.
 
-One is a mutant the round trip must kill (``lookup`` treating every stored chunk as
-missing: the replay's hits and loads vanish), the other one it cannot: on a tier that
+One is a mutant the round trip must kill (``lookup`` inverting its ``chunk is None``
+test: it then reads a chunk that is not there, and the engine dies), the other one it
+cannot: on a tier that
 never fills, ``num_chunks_to_evict`` is never positive, so ``> 1`` for ``> 0`` changes
 nothing; its line runs on every store, so it is a survivor the coverage calls reached.
 Nightly: three launches (the baseline and one per mutant).
@@ -41,7 +42,9 @@ def test_a_mutant_the_round_trip_must_catch_is_killed_and_a_blind_one_survives(t
     df = pd.read_csv(run / "mutants.csv", keep_default_na=False).set_index("id")
     killed, survivor = df.loc[KILLED], df.loc[SURVIVOR]
     assert (killed.verdict, killed.command) == ("killed", "roundtrip"), killed.detail
-    assert "replay-external-hits" in killed.failed
+    # Measured on 0.32.0: the lookup then reads a missing chunk's fields and the engine
+    # dies on the first cold request; the round trip names it.
+    assert killed.failed == "engine-survived" and "AttributeError" in killed.detail
     assert survivor.verdict == "survived" and survivor.reached == "roundtrip"
     meta = json.loads((run / "run.json").read_text())
     assert meta["mutate"]["score"] == 0.5

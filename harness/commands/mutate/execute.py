@@ -80,6 +80,7 @@ class CommandRun:
     failed: list[str] = field(default_factory=list)
     last_line: str = ""
     seconds: float = 0.0
+    first_observed: str = ""  # what the first failing check saw (a crash's signature)
 
     @property
     def verdict(self) -> str:
@@ -96,7 +97,10 @@ class CommandRun:
         if self.code is None:
             return f"{self.command}: past the time limit"
         if self.failed:
-            return f"{self.command}: {', '.join(self.failed)}"
+            seen = (
+                f" ({self.failed[0]}: {self.first_observed[:160]})" if self.first_observed else ""
+            )
+            return f"{self.command}: {', '.join(self.failed)}{seen}"
         return f"{self.command}: exit {self.code}: {self.last_line}"
 
 
@@ -140,13 +144,15 @@ def run_command(
             raise
     lines = log.read_text(errors="replace").strip().splitlines()
     run_dir = _run_dir(out)
+    rows = failed_rows(run_dir) if code == ExitCode.MISMATCH else []
     return CommandRun(
         cmd.name,
         code,
         run_dir,
-        failed_checks(run_dir) if code == ExitCode.MISMATCH else [],
+        [r["name"] for r in rows],
         lines[-1][:300] if lines else "",
         time.monotonic() - t0,
+        rows[0].get("observed", "") if rows else "",
     )
 
 
@@ -166,12 +172,16 @@ def _run_dir(out: Path) -> Path | None:
     return runs[-1] if runs else None
 
 
-def failed_checks(run_dir: Path | None) -> list[str]:
-    """The checks a run failed, from its ``checks.csv`` (both commands write one)."""
+def failed_rows(run_dir: Path | None) -> list[dict[str, str]]:
+    """The checks a run failed, rows of its ``checks.csv`` (both commands write one)."""
     if run_dir is None or not (run_dir / "checks.csv").is_file():
         return []
     with (run_dir / "checks.csv").open() as fh:
-        return [r["name"] for r in csv.DictReader(fh) if r.get("passed") not in ("True", "true")]
+        return [r for r in csv.DictReader(fh) if r.get("passed") not in ("True", "true")]
+
+
+def failed_checks(run_dir: Path | None) -> list[str]:
+    return [r["name"] for r in failed_rows(run_dir)]
 
 
 def import_check(python: str, module: str) -> str:
@@ -330,6 +340,7 @@ def execute_session(
     for n, mutant in enumerate(pending, 1):
         untouched()
         reporter.status(f"[{n}/{len(pending)}] {mutant.id}: {mutant.one_line()}")
+        began = time.monotonic()
         verdict = run_mutant(
             mutant,
             source,
@@ -347,7 +358,7 @@ def execute_session(
             command=verdict.command,
             failed=verdict.failed,
             detail=verdict.detail,
-            seconds=verdict.seconds,
+            seconds=time.monotonic() - began,  # the copy and the import check included
             reached=reached_by(mutant.line, covered),
             diff=mutant.unified_diff(source),
         )

@@ -93,6 +93,8 @@ def report_md(rows: Sequence[MutantRecord], meta: dict[str, Any]) -> str:
             f"(sample of {meta['sample']}, seed {meta.get('seed')})"
             if meta.get("sample")
             else "(all)"
+            if len(rows) == meta.get("total_mutants")
+            else "(chosen by id)"
         ),
         f"- score: {s.text()}",
         "- verdicts: " + ", ".join(f"{k or 'not run'} {n}" for k, n in s.by_verdict.items()),
