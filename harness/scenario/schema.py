@@ -447,6 +447,7 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 ScenarioT = TypeVar("ScenarioT", bound=FileScenario)
+TriggerT = TypeVar("TriggerT", bound=StrictModel)
 
 
 def _load(path: Path, model: type[ScenarioT]) -> ScenarioT:
@@ -651,6 +652,12 @@ class BugEntry(FileScenario):
     notes: str = ""
 
     _specs = field_validator("affected", "fixed")(_spec_or_none)
+
+    def trigger_as(self, kind: type[TriggerT]) -> TriggerT:
+        """The trigger, which must be of ``kind`` (a runner handed another entry is bad input)."""
+        if not isinstance(self.trigger, kind):
+            raise BadInput(f"{self.source}: not a {kind.__name__} entry")
+        return self.trigger
 
     @field_validator("id")
     @classmethod

@@ -29,10 +29,7 @@ DRIVE_MODULE = "harness.engine.scheduler_drive"
 
 
 def _trigger(entry: BugEntry) -> SchedulerTrigger:
-    trig = entry.trigger
-    if not isinstance(trig, SchedulerTrigger):
-        raise BadInput(f"{entry.source}: not a scheduler trigger")
-    return trig
+    return entry.trigger_as(SchedulerTrigger)
 
 
 def check_case(entry: BugEntry) -> None:

@@ -127,10 +127,7 @@ def check_script(entry: BugEntry) -> None:
 
 
 def _steps(entry: BugEntry) -> StepsTrigger:
-    trig = entry.trigger
-    if not isinstance(trig, StepsTrigger):
-        raise BadInput(f"{entry.source}: not a steps trigger")
-    return trig
+    return entry.trigger_as(StepsTrigger)
 
 
 def scenario_for(entry: BugEntry) -> RoundtripScenario:
