@@ -62,10 +62,14 @@ def test_a_live_bug_reproduces_and_its_control_passes(tmp_path):
     code, run, out = bugs_cli(results, "--bug", "57727", "--releases", "0.26.0", "--build", CURRENT)
     assert code == 0, out
     df = table(run)
-    # 0.26.0 pins a torch no index here offers: a cell, with the reason, never judged.
+    # #57727 says nothing of 0.26.0 (affected >=0.27.0): a cell, with the reason, never
+    # judged, and never run (not even installed: that release pins a torch no index here
+    # offers, which would have made it unavailable).
     old = df[df.release == "0.26.0"].set_index("bug")
     assert set(old.matched) == {""}
-    assert old.loc["57727"].outcome == "unavailable" and "torch" in old.loc["57727"].why
+    assert old.loc["57727"].outcome == "not-judged" and "not run" in old.loc["57727"].why
+    envs = pd.read_csv(run / "envs.csv", keep_default_na=False)
+    assert "0.26.0" not in set(envs.release.astype(str))
     df = df[df.release == ".venv"]
     live = df[df.bug == "57727"].iloc[0]
     assert (live.outcome, live.expected, live.matched) == ("reproduced", "reproduced", "True")
