@@ -563,12 +563,13 @@ def server_index(result: StressResult) -> dict[str, int]:
     return {i: n for n, sv in enumerate(result.servers) for i in sv.request_ids}
 
 
-def per_server(result: StressResult, judge: Callable[[ServerRun], list[Any]]) -> list[Any]:
+def per_server(result: StressResult, judge: Callable[[ServerRun | None], list[Any]]) -> list[Any]:
     """``judge`` on each server of the run, its checks of one name folded into one: passed
     when every server's did, expected and observed given server by server. One server:
-    its checks as they are."""
+    its checks as they are; none recorded (a result built by hand): ``judge(None)``, the
+    whole run."""
     if len(result.servers) <= 1:
-        return judge(result.servers[0]) if result.servers else []
+        return judge(result.servers[0] if result.servers else None)
     from harness.results.records import CheckResult
 
     by_name: dict[str, list[tuple[str, Any]]] = {}
@@ -600,8 +601,6 @@ def check_ledger_for(result: StressResult) -> list[Any]:
     # Under pressure a chunk may be stored again after its eviction, or not at all when
     # the tier has no room: the store count is the policy's choice, not judged.
     stores = not result.plan.under_pressure
-    if not result.servers:
-        return check_ledger(ledger_of(result), stores=stores)
     return per_server(result, lambda sv: check_ledger(ledger_of(result, sv), stores=stores))
 
 
@@ -622,22 +621,14 @@ def check_disk_for(result: StressResult) -> list[Any]:
         return checks
     size = files.file_size or per_key or 0
 
-    def served(sv: ServerRun) -> list[Any]:
+    def served(sv: ServerRun | None) -> list[Any]:
         # A restarted server's CPU tier starts empty: what it hits came from disk.
-        hits, read = sv.counters.get("disk_hits", 0.0), sv.counters.get("disk_read_bytes", 0.0)
-        return [dc.check_served(result.plan.under_pressure, hits, read, size, sv.restarted)]
+        counted = sv.counters if sv is not None else c
+        hits, read = counted.get("disk_hits", 0.0), counted.get("disk_read_bytes", 0.0)
+        again = sv is not None and sv.restarted
+        return [dc.check_served(result.plan.under_pressure, hits, read, size, again)]
 
-    if result.servers:
-        checks += per_server(result, served)
-    else:
-        checks.append(
-            dc.check_served(
-                result.plan.under_pressure,
-                c.get("disk_hits", 0.0),
-                c.get("disk_read_bytes", 0.0),
-                size,
-            )
-        )
+    checks += per_server(result, served)
     return [
         *checks,
         dc.check_failures(

@@ -111,7 +111,7 @@ def execute_stress(
         for k in range(1, plan.restarts + 1):
             if not run.alive or server is None or base.server is None:
                 break
-            _read_log(result, run, server, first=k == 1)
+            _read_log(result, run, server)
             reporter.status(f"stopping the server; its disk tier stays (restart {k})")
             server.stop()
             log = f"logs/server-restart{k}.log"
@@ -130,7 +130,7 @@ def execute_stress(
             _serve(plan, result, ep, run, reporter, on_record, out_dir, t0, restart=k)
     finally:
         if server is not None and result.servers:
-            _read_log(result, result.servers[-1], server, first=len(result.servers) == 1)
+            _read_log(result, result.servers[-1], server)
         for s in launched:
             s.stop()
         _totals(result)
@@ -166,14 +166,14 @@ def execute_stress(
     return result
 
 
-def _read_log(result: StressResult, run: ServerRun, server: VllmServer, *, first: bool) -> None:
+def _read_log(result: StressResult, run: ServerRun, server: VllmServer) -> None:
     """A server's log as the run left it, read before it is stopped: stopping makes its
     API process log the engine's exit (EngineDeadError and a traceback), which is not
     the run's. The first server's log also gives the KV layout and the kernels."""
     if not server.log_path.is_file():
         return
     run.log_lines = server.log_path.read_text(errors="replace").splitlines()
-    if first:
+    if run is result.servers[0]:
         result.engine_groups = kv_layout.parse_report(run.log_lines) or []
         result.engine_kernels["server"] = engine_kernels(run.log_lines)
 
@@ -288,6 +288,6 @@ def _serve(
             (t + shift, {k_: v + carried.get(k_, 0.0) for k_, v in s.as_dict().items()})
             for t, s in sampler.points
         ]
-        _totals(result)
+        _totals(result)  # so what is written while the next server runs has this one's
         order = {r.id: i for i, r in enumerate(result.sent)}
         result.outcomes.sort(key=lambda o: order.get(o.id, 0))
