@@ -84,22 +84,13 @@ def parse_report(stdout: str) -> dict[str, Any] | None:
 def run_scheduler(job: Job) -> list[SweepCell]:
     """A sweep runner (``harness.commands.sweep.run_target``) for a scheduler-level entry:
     the drive in the build's interpreter, its stdout and stderr kept, one cell."""
-    from harness.results.run_directory import RunDirectory
+    from harness.commands.bugs.steps import open_entry_run
 
     entry: BugEntry = job.target.scenario
     trig = _trigger(entry)
     check_case(entry)
     python = job.variants[job.build.label].python
-    run_dir = RunDirectory(job.out_dir, "bug-scheduler")
-    run_dir.update_meta(bug=entry.id, scenario_file=str(entry.source), sweep_build=job.build.label)
-    cell = SweepCell(
-        job.build.label,
-        job.target.checks[0],
-        job.target.kind,
-        entry.id,
-        "",
-        run_dir=str(run_dir.path),
-    )
+    run_dir, cell = open_entry_run(job, "bug-scheduler")
     argv = drive_argv(python, trig.case)
     job.reporter.status(f"bug {entry.id}: scheduler drive {trig.case} (no server)")
     t0 = time.perf_counter()

@@ -334,13 +334,31 @@ def _expect(script: Script, s: Step, now: metrics.Snapshot) -> CheckResult:
     return CheckResult(s.name, bool(ok), expected, observed, s.why)
 
 
+def open_entry_run(job: Job, kind: str, **cell: Any) -> tuple[Any, SweepCell]:
+    """A bug entry's own run directory on one build (``kind``: its ``run.json`` command)
+    and the one cell it will decide, as every entry runner makes them."""
+    from harness.results.run_directory import RunDirectory
+
+    entry: BugEntry = job.target.scenario
+    run_dir = RunDirectory(job.out_dir, kind)
+    run_dir.update_meta(bug=entry.id, scenario_file=str(entry.source), sweep_build=job.build.label)
+    return run_dir, SweepCell(
+        job.build.label,
+        job.target.checks[0],
+        job.target.kind,
+        entry.id,
+        "",
+        run_dir=str(run_dir.path),
+        **cell,
+    )
+
+
 def run_steps(job: Job) -> list[SweepCell]:
     """A sweep runner (``harness.commands.sweep.run_target``) for a bug entry's script: launch,
     the steps, the checks; the cell is ``pass``, ``fail`` (the failing checks named),
     ``crashed`` (at start or during a step, with the crash's signature) or ``error``."""
     from harness.commands.roundtrip import StartupFailure, build_local_model, plan_roundtrip
     from harness.commands.roundtrip.run import Endpoint, EngineFailure, start_server
-    from harness.results.run_directory import RunDirectory
     from harness.server.crash_signatures import crash_signature, known_label
 
     entry: BugEntry = job.target.scenario
@@ -352,17 +370,7 @@ def run_steps(job: Job) -> list[SweepCell]:
     )
     assert plan.env is not None and plan.server is not None
     build_local_model(plan)
-    run_dir = RunDirectory(job.out_dir, "bug-steps")
-    run_dir.update_meta(bug=entry.id, scenario_file=str(entry.source), sweep_build=job.build.label)
-    cell = SweepCell(
-        job.build.label,
-        job.target.checks[0],
-        job.target.kind,
-        entry.id,
-        "",
-        vllm_version=plan.env.vllm_version,
-        run_dir=str(run_dir.path),
-    )
+    run_dir, cell = open_entry_run(job, "bug-steps", vllm_version=plan.env.vllm_version)
     script = Script(plan, build_prompts(trig.steps, plan.vocab_size, scn.workload.seed))
     server = plan.server.server(run_dir.path / "logs" / "server.log", job.port)
     t0 = time.perf_counter()
