@@ -132,13 +132,18 @@ def plan_and_run(
     raise typer.Exit(run(plan))
 
 
+def given_flags(**given: object) -> list[str]:
+    """The options among ``given`` (by name without dashes) that were set, as flags."""
+    return [f"--{k.replace('_', '-')}" for k, v in given.items() if v not in (None, [], False)]
+
+
 def refuse_on_attach(url: str | None, **given: object) -> None:
     """``--url`` attaches to a server someone else launched: an option that only chooses
     what a launch starts is refused (one line, exit 2), the same for every command.
     ``given``: each such option's value by its name without dashes (``engine_arg``)."""
     if url is None:
         return
-    named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v not in (None, [], False)]
+    named = given_flags(**given)
     if named:
         which = ", ".join(named[:-1]) + f" and {named[-1]}" if len(named) > 1 else named[0]
         verb = "do not apply (they choose" if len(named) > 1 else "does not apply (it chooses"

@@ -84,7 +84,7 @@ def mutate_cmd(
 
 def refuse_with(option: str, **given: object) -> None:
     """What a resumed or merged session already fixed cannot be given again."""
-    named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v not in (None, [], False)]
+    named = common.given_flags(**given)
     if named:
         raise BadInput(
             f"{option} takes the session's own plan: {', '.join(named)} cannot change it"
