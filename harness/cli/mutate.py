@@ -134,6 +134,13 @@ def resume_plan(run: Path, shard: str | None, timeout: float | None) -> Any:
     return planned
 
 
+def survivors_mismatch(outcome: Any, survived: int) -> None:
+    """A finished session with survivors exits 1, as a run whose checks did not all hold:
+    each survivor is an edit of vLLM no command noticed (junit.xml fails each one)."""
+    if survived and outcome.code == ExitCode.OK:
+        outcome.code = ExitCode.MISMATCH
+
+
 def run_mutate(plan: Any, opts: RunOptions) -> int:
     from harness.commands.mutate import execute as ex
     from harness.commands.mutate import plan as mp
@@ -148,7 +155,9 @@ def run_mutate(plan: Any, opts: RunOptions) -> int:
             sessions = [r / "session.sqlite" for r in plan.runs]
             with merge(sessions, run_dir.path / "session.sqlite") as merged:
                 run_dir.update_meta(merged=[str(r) for r in plan.runs], plan=merged.meta)
-                summary = write_mutate(run_dir, merged).text()
+                got = write_mutate(run_dir, merged)
+                summary = got.text()
+                survivors_mismatch(outcome, got.survived)
         run_dir.finish(outcome.status, int(outcome.code), passed=outcome.code == ExitCode.OK)
         common.console.print(f"merged {len(plan.runs)} sessions: {summary}; {run_dir.path}")
         return int(outcome.code)
@@ -181,7 +190,9 @@ def run_mutate(plan: Any, opts: RunOptions) -> int:
             try:
                 ex.execute_session(plan, session, run_dir.path, Progress(), rewrite)
             finally:
-                summary = write_mutate(run_dir, session).text()
+                got = write_mutate(run_dir, session)
+                summary = got.text()
+            survivors_mismatch(outcome, got.survived)
     run_dir.finish(outcome.status, int(outcome.code), passed=outcome.code == ExitCode.OK)
     shown = f"score: {summary}; results" if summary else "results so far"
     common.console.print(f"{shown}: {run_dir.path}", highlight=False)

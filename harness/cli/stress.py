@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
+import typer
+
 from harness.cli import common
 from harness.cli.options import (
     EngineArgs,
@@ -49,6 +51,21 @@ def stress_cmd(
     config: Geometry = None,
     url: Annotated[str | None, opt("stress.url", callback=check_url)] = None,
     engine_arg: EngineArgs = None,
+    reference_cache: Annotated[
+        Path | None,
+        # Its help here rather than in help.toml only while that file is someone
+        # else's to edit; it belongs there as "stress.reference-cache". A panel of its
+        # own: a name this long in the main table narrows every help text (--url's
+        # longest word would no longer fit at 80 columns).
+        typer.Option(
+            "--reference-cache",
+            metavar="DIR",
+            rich_help_panel="Reusing the reference",
+            help="keep the connector-off reference's noise floor and scores in this "
+            "directory and reuse them: a run whose tokens it already scored launches no "
+            "reference (a divergence or a miss launches it, and fills the cache)",
+        ),
+    ] = None,
     *,
     opts: RunOptions,
 ) -> None:
@@ -65,7 +82,7 @@ def stress_cmd(
         common.refuse_on_attach(
             url, variant=variant, python=python, patch=patch, fault=fault, tp=tp,
             engine_arg=engine_arg, tier_fraction=tier_fraction, eviction_policy=eviction_policy,
-            disk=disk, restarts=restarts,
+            disk=disk, restarts=restarts, reference_cache=reference_cache,
         )  # fmt: skip
         scen = load_stress(scenario or common.default_scenario("stress.toml"))
         common.known_fault(fault)
@@ -84,6 +101,7 @@ def stress_cmd(
             eviction_policy=eviction_policy.value if eviction_policy else None,
             disk=disk,
             restarts=restarts,
+            reference_cache=reference_cache,
             **launch,
         )
         return plan
@@ -131,6 +149,8 @@ def run_stress(plan: object, opts: RunOptions) -> int:
             f"{f['tolerance']}",
             highlight=False,
         )
+        if result.reference_source is not None:
+            common.console.print(f"  {result.reference_source.line()}", highlight=False)
         common.show(checks_table([c.record() for c in result.checks]))
         verdict = "[green]all checks passed[/]" if result.passed else "[red]some checks failed[/]"
         common.console.print(f"{verdict}; results: {run_dir.path}", highlight=False)

@@ -30,7 +30,7 @@ from harness.names import (
 from harness.scenario.schema import OffloadSettings, ServerSettings
 from harness.server.interpreters import Environment
 from harness.server.launcher import ServerSpec
-from harness.server.model_builder import default_cache_dir
+from harness.server.modelinfo import vllm_cache_root
 
 
 def offload_backend(settings: OffloadSettings, env: Environment) -> str:
@@ -147,9 +147,7 @@ def server_spec(
         # One vLLM cache per build: vLLM keys its model-class cache by one file name and
         # rewrites it whenever another version's source differs, so alternating stock and
         # current servers re-inspected the model in a subprocess at every launch (~10 s).
-        penv["VLLM_CACHE_ROOT"] = str(
-            default_cache_dir() / "vllm" / f"{env.vllm_dist}-{env.vllm_version}"
-        )
+        penv["VLLM_CACHE_ROOT"] = str(vllm_cache_root(env.vllm_dist, env.vllm_version))
     penv[ENV_PATCH] = patch or PATCH_NONE
     # AMX tile permission in every vLLM process (harness.engine.amx): an environment
     # fix, on unless the variant or the user (OFFLOAD_CHECK_AMX=off) switches it off.

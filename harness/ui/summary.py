@@ -4,12 +4,14 @@
     .venv/bin/python -m harness.ui.summary results/* > summary.md   # Buildkite annotation
 
 One section per run directory: a headline verdict, then the crash-repro outcome table
-(``outcomes.csv``) or the roundtrip phase and check tables (``phases.csv``,
-``checks.csv``). It reads only the files a run leaves (schema in
-``results/README.md``), so it works on runs that crashed, timed out or were killed:
-a missing or unreadable file becomes a line saying so, never a traceback, and the
-exit code is always 0 so a summary step can never turn a green job red (or hide
-why a red one failed). Stdlib and pandas only: no import of the rest of the harness.
+(``outcomes.csv``), the roundtrip phase and check tables (``phases.csv``,
+``checks.csv``) or a mutation session's score and survivors (``mutants.csv``). It reads
+only the files a run leaves (schema in ``results/README.md``), so it works on runs that
+crashed, timed out or were killed: a missing or unreadable file becomes a line saying
+so, never a traceback, and the exit code is always 0 so a summary step can never turn a
+green job red (or hide why a red one failed). It imports the results schema (the
+tables' names and columns) and the readers of the sweep and corpus cells, nothing that
+starts a server.
 """
 
 from __future__ import annotations
@@ -414,6 +416,70 @@ def _stress(run_dir: Path, run: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+MAX_SURVIVORS = 50  # rows; report.md and mutants.csv list every one
+
+
+def _mutate(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    """The score, then the survivors: reached ones first (a change no check noticed),
+    then the unreached (a line no workload runs)."""
+    from harness.results.tables import MUTANTS
+
+    frame, problem = _read_csv(run_dir / MUTANTS.name)
+    raw_plan, raw_score = run.get("plan"), run.get("mutate")
+    plan = raw_plan if isinstance(raw_plan, dict) else {}
+    score = raw_score if isinstance(raw_score, dict) else {}
+    passed = run.get("passed") if isinstance(run.get("passed"), bool) else None
+    raw_commands = plan.get("commands")
+    commands = raw_commands if isinstance(raw_commands, list) else []
+    facts = [
+        f"`{plan.get('target', '?')}` of vLLM {plan.get('vllm_version', '?')}",
+        "through " + (", ".join(str(c) for c in commands) or "?"),
+    ]
+    shard = plan.get("shard")
+    if isinstance(shard, list) and len(shard) == 2:
+        facts.append(f"shard {shard[0]}/{shard[1]}")
+    if isinstance(run.get("merged"), list):
+        facts.append(f"merged from {len(run['merged'])} shard run(s)")
+    if score.get("summary"):
+        facts.append(f"score: {score['summary']}")
+    lines = _headline(run_dir, run, _verdict(run, passed), "; ".join(facts))
+    if problem:
+        return [*lines, problem, ""]
+    assert frame is not None
+    if not len(frame):
+        return [*lines, f"_`{MUTANTS.name}` has no rows yet._", ""]
+    verdicts = frame["verdict"] if "verdict" in frame.columns else pd.Series(dtype=str)
+    counts = verdicts.replace("", "not run").value_counts()
+    lines += ["Verdicts: " + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())), ""]
+    survivors = [r for _, r in frame.iterrows() if _col(r, "verdict") == "survived"]
+    survivors.sort(
+        key=lambda r: (
+            not _col(r, "reached"),
+            int(_col(r, "line")) if _col(r, "line").isdigit() else 0,
+        )
+    )
+    lines += ["### Survivors", ""]
+    if not survivors:
+        lines.append("None.")
+    else:
+        rows = [
+            [
+                _col(r, "id"),
+                _col(r, "line"),
+                _col(r, "function"),
+                _col(r, "change"),
+                _col(r, "reached") or "not reached",
+            ]
+            for r in survivors[:MAX_SURVIVORS]
+        ]
+        lines += _table(["id", "line", "function", "change", "reached by"], rows)
+        if len(survivors) > MAX_SURVIVORS:
+            lines += ["", f"_and {len(survivors) - MAX_SURVIVORS} more in `report.md`._"]
+    if (run_dir / "report.md").is_file():
+        lines += ["", f"Files: full report `{run_dir / 'report.md'}`."]
+    return [*lines, ""]
+
+
 def _section(run_dir: Path) -> list[str]:
     run, problem = _load_run(run_dir)
     if problem:
@@ -426,6 +492,7 @@ def _section(run_dir: Path) -> list[str]:
         "sweep": _sweep,
         "bugs": _bugs,
         "stress": _stress,
+        "mutate": _mutate,
     }.get(str(run.get("command")), _other)
     try:
         return render_one(run_dir, run)

@@ -155,3 +155,31 @@ def test_releases_either_side_of_a_fix_and_a_wrong_entry(tmp_path):
     checks = pd.read_csv(sub / "checks.csv", keep_default_na=False)
     failing = set(checks[checks.passed.astype(str) == "False"].name)
     assert failing == {"logprobs-not-an-external-query"}
+
+
+@pytest.mark.nightly
+@pytest.mark.launches(1)
+def test_three_scripts_share_one_server_each_judged_as_alone(tmp_path):
+    """#54193, #57596 and #57727 ask for the same server (harness/commands/bugs/groups.py):
+    on 0.29.0, where all three bugs live, one launch serves the three scripts in turn, a
+    reset of both caches between them, and each fails exactly its own checks."""
+    results = tmp_path / "results"
+    results.mkdir()
+    code, run, out = bugs_cli(
+        results, "--bug", "54193", "--bug", "57596", "--bug", "57727", "--releases", "0.29.0"
+    )
+    assert code == 0, out
+    df = table(run).set_index("bug")
+    assert set(df.outcome) == {"reproduced"} and set(df.matched) == {"True"}, df
+    assert df.loc["54193"].signature == "fails no-hit-on-unwritten-slot, unwritten-slot-not-stored"
+    assert df.loc["57596"].signature == "fails logprobs-not-an-external-query"
+    assert df.loc["57727"].signature == "fails reset-clears-offloaded"
+    group = run / "releases" / "0.29.0" / "bug-54193+57596+57727"
+    logs = sorted(p.name for p in (group / "logs").iterdir())
+    assert logs == ["server.log"], logs  # one server, no restart between the scripts
+    assert "Application startup complete" in (group / "logs" / "server.log").read_text()
+    for bug, before in (("54193", None), ("57596", ["54193"]), ("57727", ["54193", "57596"])):
+        meta = json.loads((group / bug / "run.json").read_text())
+        assert meta["bug"] == bug and meta["shared_server"] == before, meta
+        assert meta["server_log"] == str(group / "logs" / "server.log")
+        assert (group / bug / "checks.csv").is_file() and (group / bug / "steps.csv").is_file()

@@ -39,7 +39,8 @@ NIGHTLY = ROOT / ".github" / "workflows" / "nightly-gpu.yml"
 CI = ROOT / ".github" / "workflows" / "ci.yml"
 BUILDKITE = ROOT / ".buildkite" / "nightly.yml"
 SWEEP = ROOT / ".github" / "workflows" / "sweep.yml"
-GH_FILES = [NIGHTLY, CI, SWEEP]
+MUTATE = ROOT / ".github" / "workflows" / "mutate.yml"
+GH_FILES = [NIGHTLY, CI, SWEEP, MUTATE]
 FIXTURES = ROOT / "tests" / "fixtures" / "results"
 BIN = Path(sys.executable).parent
 CLI = BIN / "offload-check"
@@ -350,7 +351,7 @@ def test_setup_goes_through_the_makefile() -> None:
     targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
     gh = gh_commands(NIGHTLY, "make")
     bk = buildkite_commands(BUILDKITE, "make")
-    for args in [*gh, *bk, *gh_commands(CI, "make")]:
+    for args in [*gh, *bk, *gh_commands(CI, "make"), *gh_commands(MUTATE, "make")]:
         assert args[0] in targets, args
     for commands in (gh, bk):
         assert ["setup", "GPU=1"] in commands
@@ -531,6 +532,23 @@ def test_broken_copy_fails_zizmor(
 # --- the commands are ones the CLI accepts -------------------------------------------
 
 
+# The GPU worker's mutation sample: on GitHub's nightly only, the Buildkite twin does not
+# run it (yet).
+NIGHTLY_MUTATE = [
+    "mutate",
+    "--target",
+    "vllm.v1.kv_offload.cpu.gpu_worker",
+    "--command",
+    "roundtrip",
+    "--sample",
+    "5",
+    "--seed",
+    "1",
+    "--results-dir",
+    "results",
+]
+
+
 def _offload_check_invocations() -> dict[str, list[list[str]]]:
     return {
         NIGHTLY.name: gh_commands(NIGHTLY, "offload-check"),
@@ -541,10 +559,12 @@ def _offload_check_invocations() -> dict[str, list[list[str]]]:
 
 def test_nightly_runs_the_same_commands_on_github_and_buildkite() -> None:
     found = _offload_check_invocations()
-    assert found[NIGHTLY.name] == found[BUILDKITE.name]
+    assert found[NIGHTLY.name].count(NIGHTLY_MUTATE) == 1
+    assert [a for a in found[NIGHTLY.name] if a != NIGHTLY_MUTATE] == found[BUILDKITE.name]
     assert sorted(a[0] for a in found[NIGHTLY.name]) == [
         "bugs",
         "crash-repro",
+        "mutate",
         "roundtrip",
         "roundtrip",
         "roundtrip",
@@ -569,7 +589,7 @@ def test_nightly_runs_the_same_commands_on_github_and_buildkite() -> None:
 )
 def test_ci_command_is_accepted_by_the_cli(args: tuple[str, ...]) -> None:
     assert not any("$" in a for a in args), f"unresolved variable in {args}"
-    planned = args[0] in ("crash-repro", "roundtrip", "bugs", "stress")
+    planned = args[0] in ("crash-repro", "roundtrip", "bugs", "stress", "mutate")
     cmd = [str(CLI), *args, "--dry-run" if planned else "--help"]
     env = {**os.environ, "OFFLOAD_CHECK_DEVICE": "cuda"}  # the GPU runners' plan
     proc = run(cmd, cwd=ROOT, env=env)
@@ -684,10 +704,10 @@ def test_summary_command_from_the_ci_files(tmp_path: Path) -> None:
         for line in logical_lines(step["command"])
         if "harness.ui.summary" in line
     ]
-    assert len(lines) == 5
+    assert len(lines) == 6
     for line in lines:
         line = line.removeprefix("if ").removesuffix("; then")
-        if line.startswith("python "):  # sweep.yml's jobs install the harness, no .venv
+        if line.startswith("python "):  # sweep.yml and mutate.yml install the harness, no .venv
             line = f"{sys.executable} {line.removeprefix('python ')}"
         target = tmp_path / "GITHUB_STEP_SUMMARY"
         target.unlink(missing_ok=True)

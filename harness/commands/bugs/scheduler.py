@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from harness.commands import sweep
+from harness.commands.bugs.groups import EntryGroup
 from harness.commands.sweep import ERROR, Job
 from harness.errors import BadInput
 from harness.results.records import SweepCell
@@ -43,8 +44,8 @@ def check_case(entry: BugEntry) -> None:
         )
 
 
-def drive_argv(python: str, case: str) -> list[str]:
-    return [python, "-m", DRIVE_MODULE, case]
+def drive_argv(python: str, cases: list[str]) -> list[str]:
+    return [python, "-m", DRIVE_MODULE, *cases]
 
 
 def cell_from(report: dict[str, Any], cell: SweepCell) -> SweepCell:
@@ -67,60 +68,82 @@ def cell_from(report: dict[str, Any], cell: SweepCell) -> SweepCell:
     return cell
 
 
-def parse_report(stdout: str) -> dict[str, Any] | None:
-    """The drive's last JSON line (vLLM may log to stdout before it)."""
-    for line in reversed(stdout.splitlines()):
+def parse_reports(stdout: str) -> dict[str, dict[str, Any]]:
+    """The drive's JSON lines by case (vLLM may log to stdout around them)."""
+    out: dict[str, dict[str, Any]] = {}
+    for line in stdout.splitlines():
         line = line.strip()
-        if line.startswith("{"):
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(value, dict):
-                return value
-    return None
+        if not line.startswith("{"):
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict) and isinstance(value.get("case"), str):
+            out[value["case"]] = value
+    return out
+
+
+def parse_report(stdout: str) -> dict[str, Any] | None:
+    """The drive's last JSON line (one case's run)."""
+    reports = parse_reports(stdout)
+    return list(reports.values())[-1] if reports else None
 
 
 def run_scheduler(job: Job) -> list[SweepCell]:
-    """A sweep runner (``harness.commands.sweep.run_target``) for a scheduler-level entry:
-    the drive in the build's interpreter, its stdout and stderr kept, one cell."""
-    from harness.commands.bugs.steps import open_entry_run
+    """A sweep runner (``harness.commands.sweep.run_target``) for scheduler-level
+    entries: one drive process in the build's interpreter for all of them (importing
+    vLLM is most of a drive's time), its stdout and stderr kept, one cell per entry."""
+    from harness.commands.bugs.steps import entry_dir, open_entry_run
 
-    entry: BugEntry = job.target.scenario
-    trig = _trigger(entry)
-    check_case(entry)
+    group: EntryGroup = job.target.scenario
+    entries = group.chosen(job.target.checks)
+    for e in entries:
+        check_case(e)
+    cases = [_trigger(e).case for e in entries]
     python = job.variants[job.build.label].python
-    run_dir, cell = open_entry_run(job, "bug-scheduler")
-    argv = drive_argv(python, trig.case)
-    job.reporter.status(f"bug {entry.id}: scheduler drive {trig.case} (no server)")
+    opened = [open_entry_run(job, "bug-scheduler", e, entry_dir(job, e)) for e in entries]
+    argv = drive_argv(python, cases)
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    job.reporter.status(f"bugs {', '.join(e.id for e in entries)}: scheduler drive (no server)")
+    timeout = sum(_trigger(e).timeout_s for e in entries)
     t0 = time.perf_counter()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    reports: dict[str, dict[str, Any]] = {}
+    failure = ""
     try:
         proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=trig.timeout_s, env=env, check=False
+            argv, capture_output=True, text=True, timeout=timeout, env=env, check=False
         )
-        run_dir.write_text("drive.stdout", proc.stdout)
-        run_dir.write_text("drive.stderr", proc.stderr)
-        report = parse_report(proc.stdout)
+        (job.out_dir / "drive.stdout").write_text(proc.stdout)
+        (job.out_dir / "drive.stderr").write_text(proc.stderr)
+        reports = parse_reports(proc.stdout)
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        failure = f"the drive printed no report (exit {proc.returncode}): {tail}"
+    except subprocess.TimeoutExpired:
+        failure = f"the drive ran past {timeout:g}s"
+    seconds = time.perf_counter() - t0
+    cells = []
+    for case, (run_dir, cell) in zip(cases, opened, strict=True):
+        report = reports.get(case)
         if report is None:
-            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            cell.outcome, cell.why = (
-                ERROR,
-                f"the drive printed no report (exit {proc.returncode}): {tail}",
-            )
+            cell.outcome = "timeout" if "ran past" in failure else ERROR
+            cell.why = failure
         else:
             run_dir.write_text("drive.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
             cell_from(report, cell)
-    except subprocess.TimeoutExpired:
-        cell.outcome, cell.why = "timeout", f"the drive ran past {trig.timeout_s:g}s"
-    finally:
-        cell.seconds = time.perf_counter() - t0
-        run_dir.update_meta(drive_argv=argv)
+        # The process's time, shared: the case's own is in drive.json (figures.wall_s).
+        cell.seconds = seconds / len(entries)
+        run_dir.update_meta(
+            drive_argv=argv,
+            drive_output=[str(job.out_dir / "drive.stdout"), str(job.out_dir / "drive.stderr")],
+        )
         run_dir.finish(
             "finished", 0 if cell.outcome == "pass" else 1, passed=cell.outcome == "pass"
         )
-    job.on_cell(cell)
-    return [cell]
+        job.on_cell(cell)
+        cells.append(cell)
+    return cells
 
 
 sweep.RUNNERS[sweep.KIND_SCHEDULER] = run_scheduler

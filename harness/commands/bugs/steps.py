@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.commands import sweep
+from harness.commands.bugs.groups import EntryGroup
 from harness.commands.sweep import ERROR, Job
 from harness.errors import BadInput, HarnessError
 from harness.results.records import CheckResult, StepRecord, SweepCell
@@ -149,15 +150,19 @@ def scenario_for(entry: BugEntry) -> RoundtripScenario:
 
 
 # --- prompts ------------------------------------------------------------------------------------
-def prompt_tokens(name: str, n: int, vocab_size: int, seed: int) -> list[int]:
-    """A named prompt's tokens: the same for the same name on every build and run, from the
-    lower half of the vocabulary (the evictions' filler takes the upper half)."""
+def prompt_tokens(name: str, n: int, vocab_size: int, seed: int, entry: str = "") -> list[int]:
+    """A named prompt's tokens: the same for the same entry and name on every build and
+    run, from the lower half of the vocabulary (the evictions' filler takes the upper
+    half). The entry's id is part of the seed, so two entries' prompts of one name never
+    share a prefix when they run on one server."""
     mid = (FIRST_ORDINARY_ID + vocab_size) // 2
-    rng = random.Random(zlib.crc32(name.encode()) + seed)
+    rng = random.Random(zlib.crc32(f"{entry}/{name}".encode()) + seed)
     return [rng.randrange(FIRST_ORDINARY_ID, mid) for _ in range(n)]
 
 
-def build_prompts(steps: list[Step], vocab_size: int, seed: int) -> dict[str, Prompt]:
+def build_prompts(
+    steps: list[Step], vocab_size: int, seed: int, entry: str = ""
+) -> dict[str, Prompt]:
     """Every prompt the script sends; one with a ``prefix`` starts with that prompt's
     first ``prefix_tokens`` tokens and goes on with its own."""
     out: dict[str, Prompt] = {}
@@ -165,7 +170,7 @@ def build_prompts(steps: list[Step], vocab_size: int, seed: int) -> dict[str, Pr
         if s.do != "send" or s.prompt is None or s.prompt in out:
             continue
         n = s.tokens or 0
-        own = prompt_tokens(s.prompt, n, vocab_size, seed)
+        own = prompt_tokens(s.prompt, n, vocab_size, seed, entry)
         if s.prefix is not None:
             head = out[s.prefix].token_ids[: s.prefix_tokens or len(out[s.prefix].token_ids)]
             own = head + own[len(head) :]
@@ -334,17 +339,21 @@ def _expect(script: Script, s: Step, now: metrics.Snapshot) -> CheckResult:
     return CheckResult(s.name, bool(ok), expected, observed, s.why)
 
 
-def open_entry_run(job: Job, kind: str, **cell: Any) -> tuple[Any, SweepCell]:
-    """A bug entry's own run directory on one build (``kind``: its ``run.json`` command)
-    and the one cell it will decide, as every entry runner makes them."""
+def open_entry_run(
+    job: Job, kind: str, entry: BugEntry, where: Path | None = None, **cell: Any
+) -> tuple[Any, SweepCell]:
+    """A bug entry's own run directory on one build (``kind``: its ``run.json`` command;
+    ``where``: the target's directory unless the entry shares it with others) and the
+    one cell it will decide, as every entry runner makes them."""
     from harness.results.run_directory import RunDirectory
 
-    entry: BugEntry = job.target.scenario
-    run_dir = RunDirectory(job.out_dir, kind)
+    path = where or job.out_dir
+    path.mkdir(parents=True, exist_ok=True)
+    run_dir = RunDirectory(path, kind)
     run_dir.update_meta(bug=entry.id, scenario_file=str(entry.source), sweep_build=job.build.label)
     return run_dir, SweepCell(
         job.build.label,
-        job.target.checks[0],
+        f"bug/{entry.id}",
         job.target.kind,
         entry.id,
         "",
@@ -353,30 +362,131 @@ def open_entry_run(job: Job, kind: str, **cell: Any) -> tuple[Any, SweepCell]:
     )
 
 
+def entry_dir(job: Job, entry: BugEntry) -> Path | None:
+    """Where an entry's run goes: the target's directory when it is the target's only
+    entry (as a lone entry always was), else a directory of its own inside it."""
+    group: EntryGroup = job.target.scenario
+    return None if len(group.entries) == 1 else job.out_dir / entry.id
+
+
+# What clears a shared server between two entries' scripts: the GPU prefix cache and
+# the connector's tiers (reset_external: honoured on every release, #57727's control).
+RESET_BETWEEN = "/reset_prefix_cache?reset_external=true"
+
+
 def run_steps(job: Job) -> list[SweepCell]:
-    """A sweep runner (``harness.commands.sweep.run_target``) for a bug entry's script: launch,
-    the steps, the checks; the cell is ``pass``, ``fail`` (the failing checks named),
-    ``crashed`` (at start or during a step, with the crash's signature) or ``error``."""
-    from harness.commands.roundtrip import StartupFailure, build_local_model, plan_roundtrip
+    """A sweep runner (``harness.commands.sweep.run_target``) for bug entries' scripts:
+    launch, each entry's steps and checks, one cell per entry, each ``pass``, ``fail``
+    (the failing checks named), ``crashed`` (at start or during a step, with the crash's
+    signature) or ``error``.
+
+    Entries of one group (:mod:`harness.commands.bugs.groups`) share the server, one
+    after another: between two scripts the server settles and both prefix caches are
+    reset, and a new server is started instead when that reset is refused or the
+    previous script left the server dead."""
+    from harness.commands.roundtrip import build_local_model, plan_roundtrip
+
+    group: EntryGroup = job.target.scenario
+    cells: list[SweepCell] = []
+    shared: _Shared | None = None
+    try:
+        for n, entry in enumerate(group.chosen(job.target.checks)):
+            trig = _steps(entry)
+            check_script(entry)
+            scn = scenario_for(entry)
+            plan = plan_roundtrip(
+                scn,
+                variant=job.build.label,
+                extra_variants=job.variants,
+                extra_args=trig.server_args,
+            )
+            assert plan.env is not None and plan.server is not None
+            build_local_model(plan)
+            where = entry_dir(job, entry)
+            run_dir, cell = open_entry_run(
+                job, "bug-steps", entry, where, vllm_version=plan.env.vllm_version
+            )
+            if shared is not None and not shared.cleared(job, entry):
+                shared.server.stop()
+                shared = None
+            if shared is None:
+                logs = (where.parent if where else run_dir.path) / "logs"
+                name = "server.log" if n == 0 else f"server-{entry.id}.log"
+                shared = _Shared(plan.server.server(logs / name, job.port), plan, needs_start=True)
+            run_dir.update_meta(
+                server_log=str(shared.server.log_path),
+                shared_server=[e.id for e in shared.entries] or None,
+            )
+            shared.entries.append(entry)
+            _run_one(job, entry, plan, scn, shared, run_dir, cell)
+            cells.append(cell)
+            job.on_cell(cell)
+    finally:
+        if shared is not None:
+            shared.server.stop()
+    return cells
+
+
+@dataclass
+class _Shared:
+    """The server a group's scripts run on, and the entries it has served."""
+
+    server: Any  # harness.server.launcher.VllmServer
+    plan: RoundtripPlan
+    needs_start: bool
+    entries: list[BugEntry] = field(default_factory=list)
+
+    def cleared(self, job: Job, entry: BugEntry) -> bool:
+        """Ready for the next entry's script: alive, settled, both caches reset."""
+        from harness.commands.roundtrip.run import Endpoint
+
+        if self.needs_start or not self.server.alive():
+            return False
+        ep = Endpoint(self.server.url, self.server)
+        try:
+            job.reporter.status(f"bug {entry.id}: the shared server, reset for it")
+            ep.settle("between entries", self.plan.scenario.workload.settle_timeout_s)
+            status, body = http_post(f"{ep.base}{RESET_BETWEEN}")
+        except HarnessError:
+            return False
+        return reset_accepted(status, body)
+
+
+def reset_accepted(status: int | None, body: str) -> bool:
+    """A ``/reset_prefix_cache`` answer that says the caches were cleared: HTTP 200 and,
+    where the body gives a verdict (``{"success": ...}``, newer servers), that verdict."""
+    if status != 200:
+        return False
+    try:
+        value = json.loads(body) if body.strip() else {}
+    except json.JSONDecodeError:
+        return True  # a bare 200 with text (older servers): judged by its status
+    return not isinstance(value, dict) or value.get("success", True) is True
+
+
+def _run_one(
+    job: Job,
+    entry: BugEntry,
+    plan: RoundtripPlan,
+    scn: RoundtripScenario,
+    shared: _Shared,
+    run_dir: Any,
+    cell: SweepCell,
+) -> None:
+    """One entry's script on the group's server (started here if it is not yet)."""
+    from harness.commands.roundtrip import StartupFailure
     from harness.commands.roundtrip.run import Endpoint, EngineFailure, start_server
     from harness.server.crash_signatures import crash_signature, known_label
 
-    entry: BugEntry = job.target.scenario
     trig = _steps(entry)
-    check_script(entry)
-    scn = scenario_for(entry)
-    plan = plan_roundtrip(
-        scn, variant=job.build.label, extra_variants=job.variants, extra_args=trig.server_args
-    )
-    assert plan.env is not None and plan.server is not None
-    build_local_model(plan)
-    run_dir, cell = open_entry_run(job, "bug-steps", vllm_version=plan.env.vllm_version)
-    script = Script(plan, build_prompts(trig.steps, plan.vocab_size, scn.workload.seed))
-    server = plan.server.server(run_dir.path / "logs" / "server.log", job.port)
+    script = Script(plan, build_prompts(trig.steps, plan.vocab_size, scn.workload.seed, entry.id))
+    server = shared.server
     t0 = time.perf_counter()
     try:
-        job.reporter.status(f"bug {entry.id}: starting the server")
-        start_server(server, plan.scenario.server, job.reporter, "server")
+        if shared.needs_start:
+            shared.needs_start = False
+            job.reporter.status(f"bug {entry.id}: starting the server")
+            start_server(server, plan.scenario.server, job.reporter, "server")
         ep = Endpoint(server.url, server)
         job.reporter.status(f"bug {entry.id}: {len(trig.steps)} steps")
         run_script(script, ep, trig.steps, run_dir.path)
@@ -403,14 +513,13 @@ def run_steps(job: Job) -> list[SweepCell]:
         else:
             cell.outcome, cell.why = ERROR, str(err)
     finally:
-        server.stop()
+        if cell.outcome != "pass" and cell.outcome != "fail":
+            server.stop()  # a crashed or unjudged server serves no further entry
         cell.seconds = time.perf_counter() - t0
         _write(run_dir, script)
         run_dir.finish(
             "finished", 0 if cell.outcome == "pass" else 1, passed=cell.outcome == "pass"
         )
-    job.on_cell(cell)
-    return [cell]
 
 
 def _write(run_dir: Any, script: Script) -> None:

@@ -69,6 +69,11 @@ class MutateCommand:
     def slug(self) -> str:
         return Path(self.name).stem if self.name not in ("roundtrip", "stress") else self.name
 
+    @property
+    def kind(self) -> str:
+        """``roundtrip`` or ``stress``: the harness command it runs."""
+        return self.argv[0]
+
 
 @dataclass
 class CommandRun:
@@ -108,6 +113,24 @@ class MutateReporter(Protocol):
     def status(self, message: str) -> None: ...
 
 
+REFERENCE_CACHE = "reference-cache"  # <session>/reference-cache/<command slug>/
+
+
+def command_argv(
+    cmd: MutateCommand, python: str, out: Path, reference_cache: Path | None = None
+) -> list[str]:
+    """``python -m harness <cmd> --python <python> --results-dir <out>``; a stress command
+    also ``--reference-cache <reference_cache>/<slug>``, so the baseline's connector-off
+    reference is reused by every mutant whose run generated the tokens it scored: the
+    reference never imports the mutated module (no connector), and equal tokens are
+    equal scores (docs/mutate.md). A round trip has no reference to reuse."""
+    argv = [sys.executable, "-m", "harness", *cmd.argv, "--python", python]
+    argv += ["--results-dir", str(out)]
+    if reference_cache is not None and cmd.kind == "stress":
+        argv += ["--reference-cache", str(reference_cache / cmd.slug)]
+    return argv
+
+
 def run_command(
     cmd: MutateCommand,
     python: str,
@@ -115,13 +138,13 @@ def run_command(
     timeout_s: float,
     *,
     env: dict[str, str] | None = None,
+    reference_cache: Path | None = None,
 ) -> CommandRun:
-    """``offload-check <cmd> --python <python> --results-dir <out>`` in its own process
-    group; on time out it is asked to stop (SIGINT: the harness stops its servers and
-    keeps its results), then killed."""
+    """``offload-check <cmd> --python <python> --results-dir <out>`` (``command_argv``) in
+    its own process group; on time out it is asked to stop (SIGINT: the harness stops its
+    servers and keeps its results), then killed."""
     out.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "harness", *cmd.argv, "--python", python]
-    argv += ["--results-dir", str(out)]
+    argv = command_argv(cmd, python, out, reference_cache)
     log = out / "command.log"
     t0 = time.monotonic()
     with log.open("w") as fh:
@@ -233,17 +256,26 @@ def baseline(
     out: Path,
     timeout_s: float,
     reporter: MutateReporter,
+    reference_cache: Path | None = None,
 ) -> dict[str, list[int]]:
     """Each command on the unmutated environment with the line tracer on: the lines of
     the target it reached. A command failing here is refused: it would kill every
-    mutant, and its kills would mean nothing."""
+    mutant, and its kills would mean nothing. A stress command's reference fills
+    ``reference_cache`` here, for the mutants."""
     from harness.engine.reach import read_lines
 
     covered: dict[str, list[int]] = {}
     for cmd in commands:
         where = out / cmd.slug
         reporter.status(f"baseline: {cmd.name} on the unmutated build (line coverage on)")
-        run = run_command(cmd, python, where, timeout_s, env=coverage_env(relpath, where / "lines"))
+        run = run_command(
+            cmd,
+            python,
+            where,
+            timeout_s,
+            env=coverage_env(relpath, where / "lines"),
+            reference_cache=reference_cache,
+        )
         if run.verdict != "survived":
             raise RuntimeFailure(
                 f"{cmd.name} fails on the unmutated build ({run.detail()}); every mutant "
@@ -262,6 +294,7 @@ def run_mutant(
     timeout_s: float,
     reporter: MutateReporter,
     drop_env: Callable[[str], None],
+    reference_cache: Path | None = None,
 ) -> Verdict:
     """One mutant: its copy of the environment (``make_env`` gives the copy's python),
     the import check, then the commands until one notices; the copy is removed after."""
@@ -275,7 +308,9 @@ def run_mutant(
         runs: list[CommandRun] = []
         for cmd in commands:
             reporter.status(f"{mutant.id}: {cmd.name} ({mutant.one_line()})")
-            runs.append(run_command(cmd, python, out / cmd.slug, timeout_s))
+            runs.append(
+                run_command(cmd, python, out / cmd.slug, timeout_s, reference_cache=reference_cache)
+            )
             if runs[-1].verdict != "survived":
                 break
         return judge_runs(runs)
@@ -307,11 +342,14 @@ def execute_session(
 
     where = out / "baseline"
     coverage = where / COVERAGE_FILE
+    # The stress commands' connector-off references, filled by the baseline and reused by
+    # the mutants (``command_argv``); a resumed session keeps its own.
+    cache = out / REFERENCE_CACHE
     if coverage.is_file():
         covered = json.loads(coverage.read_text())
     else:
         covered = baseline(
-            plan.commands, plan.python, plan.relpath, where, plan.timeout_s, reporter
+            plan.commands, plan.python, plan.relpath, where, plan.timeout_s, reporter, cache
         )
         coverage.write_text(json.dumps(covered, sort_keys=True) + "\n")
     on_verdict()
@@ -350,6 +388,7 @@ def execute_session(
             plan.timeout_s,
             reporter,
             drop_env,
+            cache,
         )
         untouched()
         session.record(

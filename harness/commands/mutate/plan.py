@@ -52,7 +52,7 @@ class MutatePlan:
         return {
             "target": self.module,
             "relpath": self.relpath,
-            "sha256": self.sha256,
+            "source_sha256": self.sha256,
             "vllm_version": self.vllm_version,
             "python": self.python,
             "commands": [c.name for c in self.commands],

@@ -127,6 +127,8 @@ def divergence_md(result: StressResult) -> str:
         f"Attention kernels: {kernels_text(result.engine_kernels)}.",
         "",
     ]
+    if result.reference_source is not None:  # --reference-cache: where it came from
+        lines += [f"Reference: {result.reference_source.line()}.", ""]
     bad = [
         (o, result.verdicts[o.id])
         for o in result.outcomes

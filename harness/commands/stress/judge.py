@@ -85,6 +85,9 @@ def score_request(prompt: list[int], output: list[int]) -> PlannedRequest:
 # The reference scores each position's actual token and its top two: the gap between the
 # two is what the logprobs' resolution is measured from.
 SCORE_TOP = 2
+# Each generated token comes back with the served top two: the floor measures how far
+# a two-token gap moves between serving and scoring (``Floor.pair``).
+SERVED_TOP = 2
 
 Scorer = Callable[[list[int], list[int]], Scores]
 """Score prompt + output alone on the reference server: per position, token -> logprob."""
@@ -213,6 +216,47 @@ class ServerRun:
 
 
 @dataclass
+class ReferenceSource:
+    """Where a run's reference came from (``run.json`` → ``stress.reference_source`` and
+    ``reference_cache``; one line on the console and in ``divergence.md``)."""
+
+    path: str  # the cache file
+    launched: bool = False
+    floor: str = "cache"  # "cache" or "measured" (by the launched reference)
+    cached: int = 0  # compared requests whose scores the cache held
+    scored: int = 0  # compared requests the launched reference scored
+    reason: str = ""  # why it was launched
+    warning: str = ""  # the cache was unreadable, or could not be written
+
+    @property
+    def label(self) -> str:
+        return "launched" if self.launched else f"cache {self.path}"
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "launched": self.launched,
+            "floor": self.floor,
+            "scores_cached": self.cached,
+            "scores_scored": self.scored,
+            "reason": self.reason or None,
+            "warning": self.warning or None,
+        }
+
+    def line(self) -> str:
+        counts = f"{self.cached} scores cached, {self.scored} scored"
+        if not self.launched:
+            text = f"reference from cache {self.path} ({counts}; no reference server launched)"
+        else:
+            text = (
+                f"reference launched ({self.reason}); floor from "
+                f"{'the cache' if self.floor == 'cache' else 'its replay'}, {counts}; "
+                f"cache {self.path}"
+            )
+        return f"{text}; {self.warning}" if self.warning else text
+
+
+@dataclass
 class StressResult:
     """What a stress run observed (written as it goes; ``checks`` last)."""
 
@@ -250,6 +294,8 @@ class StressResult:
     # Every server of the run under test in order (``--restarts``: more than one);
     # ``counters`` and ``log_lines`` above are their sums.
     servers: list[ServerRun] = field(default_factory=list)
+    # Where the reference came from with ``--reference-cache`` (None: launched, no cache)
+    reference_source: ReferenceSource | None = None
 
     def compared_count(self) -> int:
         return len(compared(self.outcomes))
@@ -262,7 +308,7 @@ class StressResult:
         """``run.json``'s ``stress``: what the run did, in numbers."""
         outs = self.outcomes
         diffs = served_differences(self) if self.reference else []
-        return {
+        figures: dict[str, Any] = {
             "requests_sent": len(outs),
             "requests_compared": self.compared_count(),
             "requests_aborted": sum(o.aborted for o in outs),
@@ -292,6 +338,10 @@ class StressResult:
             "reference_error": self.reference_error or None,
             "death": self.death or None,
         }
+        if self.reference_source is not None:  # only with --reference-cache
+            figures["reference_source"] = self.reference_source.label
+            figures["reference_cache"] = self.reference_source.record()
+        return figures
 
 
 def http_scorer(base_url: str, model: str) -> Scorer:
@@ -332,13 +382,17 @@ def run_reference_side(result: StressResult, send: Callable[..., Reply], score: 
     run under test's requests scored alone."""
     plan = result.plan
     result.reference = drive(plan.requests, send, plan.concurrency)
-    fl = floor_of(result.reference, score)
+    set_floor(result, floor_of(result.reference, score))
+    judge_run(result, score)
+    explain_divergences(result, send)
+
+
+def set_floor(result: StressResult, fl: Floor) -> None:
+    """The floor's figures on the result, and the tolerance it gives."""
     result.floor, result.floor_tokens = fl.value, fl.tokens
     result.floor_stray, result.floor_resolution = fl.stray, fl.resolution
     result.floor_pair, result.floor_lost = fl.pair, fl.lost
     result.tolerance = tolerance_for(fl)
-    judge_run(result, score)
-    explain_divergences(result, send)
 
 
 # Tokens of each side shown from the first divergence on (divergence.md).

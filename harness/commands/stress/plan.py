@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
 from harness.commands.stress.workload import PlannedRequest, plan_profile
@@ -41,6 +42,9 @@ class StressPlan:
     tier_fraction: float | None = None
     # Over a disk tier: new servers on the same directory after the plan, each sent it again.
     restarts: int = 0
+    # ``--reference-cache``: the directory of the reference's cache (None: no cache; the
+    # reference is launched on every run, as it always was)
+    reference_cache: Path | None = None
 
     @property
     def under_pressure(self) -> bool:
@@ -88,7 +92,7 @@ class StressPlan:
     def describe(self) -> dict[str, Any]:
         from harness.commands.stress.workload import plan_summary
 
-        return {
+        described: dict[str, Any] = {
             "scenario": self.scenario.name if self.scenario is not None else None,
             "profile": self.profile,
             "settings": dict(vars(self.settings)),
@@ -116,6 +120,9 @@ class StressPlan:
             "server_argv": self.base.server.argv() if self.base.server else None,
             "reference_argv": reference_spec(self).argv() if self.base.server else None,
         }
+        if self.reference_cache is not None:  # only then: a plan without it is as before
+            described["reference_cache"] = str(self.reference_cache)
+        return described
 
 
 def cap_requests(reqs: Sequence[PlannedRequest], limit: int | None) -> list[PlannedRequest]:
@@ -194,6 +201,7 @@ def plan_stress(
     eviction_policy: str | None = None,
     disk: bool = False,
     restarts: int | None = None,
+    reference_cache: Path | None = None,
     **launch: Unpack[RoundtripOptions],
 ) -> StressPlan:
     """Everything known before launch; refuses what cannot run with one clear line.
@@ -201,7 +209,8 @@ def plan_stress(
     with ``url`` the base is planned against that server (``attach_plan``: no launch,
     no reference), and only ``launch``'s ``config`` applies. ``disk`` puts vLLM's fs tier
     under the CPU tier (the round trip's ``[offload.disk]``); ``restarts`` sends the plan
-    again to that many new servers over the same directory."""
+    again to that many new servers over the same directory. ``reference_cache`` names the
+    directory of the reference's cache (``harness.commands.stress.reference_cache``)."""
     from harness.commands.roundtrip import attach_plan, plan_roundtrip
     from harness.names import ENV_TRACE
     from harness.scenario.schema import load_roundtrip
@@ -219,6 +228,7 @@ def plan_stress(
     n_restarts = scenario.restarts if restarts is None else restarts
     duration = duration_s if duration_s is not None else scenario.duration_s
     refuse_restarts(n_restarts, disk=base_scn.offload.disk is not None, url=url, duration=duration)
+    cache_dir = check_reference_cache(reference_cache, url)
     if url is not None:
         # The scenario's geometry plans the byte ledger when no --config says otherwise,
         # as a launch plan would (the engine's log, and with it the per-kind trace, is not
@@ -278,7 +288,22 @@ def plan_stress(
         storable_tokens=storable,
         tier_fraction=fraction,
         restarts=n_restarts,
+        reference_cache=cache_dir,
     )
+
+
+def check_reference_cache(directory: Path | None, url: str | None) -> Path | None:
+    """``--reference-cache``: a directory (made at the first save), absolute so the plan
+    names it wherever it is read; refused with one line on an attached run (no
+    reference) or where a file is in the way."""
+    if directory is None:
+        return None
+    if url is not None:
+        raise BadInput("--reference-cache: an attached run (--url) launches no reference")
+    path = Path(directory).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        raise BadInput(f"--reference-cache {directory}: not a directory")
+    return path
 
 
 def refuse_restarts(restarts: int, *, disk: bool, url: str | None, duration: float | None) -> None:

@@ -14,24 +14,29 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Unpack
 
 from harness.commands.stress.driver import Outcome, drive, http_sender
-from harness.commands.stress.judge import ServerRun, StressResult, http_scorer, run_reference_side
+from harness.commands.stress.judge import (
+    SERVED_TOP,
+    ServerRun,
+    StressResult,
+    http_scorer,
+    run_reference_side,
+)
 from harness.commands.stress.plan import StressPlan
 from harness.errors import HarnessError, RuntimeFailure
 from harness.server import disk_tier, engine_log, kv_layout, metrics
 
 if TYPE_CHECKING:
     from harness.commands.roundtrip.run import ServerChoice
+    from harness.commands.stress.reference_cache import LiveReference
     from harness.server.launcher import VllmServer
 
 SAMPLE_S = 0.5  # metrics sampling period for the timeline
-# Each generated token comes back with the served top two: the floor measures how far
-# a two-token gap moves between serving and scoring (``harness.commands.stress.judge.Floor.pair``).
-SERVED_TOP = 2
 
 
 def engine_kernels(lines: list[str]) -> dict[str, str]:
@@ -138,32 +143,83 @@ def execute_stress(
             result.disk_files = disk_tier.inventory(Path(base.disk.dir))
     on_record(result)
     if server is not None and base.server is not None and result.compared_count():
-        from harness.commands.stress.plan import reference_spec
-
-        rserver = reference_spec(plan).server(out_dir / "logs" / "reference-server.log", port)
-        try:
-            start_server(
-                rserver, base.scenario.server, reporter, "reference server (connector off)"
-            )
-            reporter.status(
-                f"reference: round 0 at concurrency {plan.concurrency} (the noise floor), "
-                f"then {result.compared_count()} requests scored alone"
-            )
-            send = http_sender(rserver.url, base.served_name, logprobs=SERVED_TOP, seed=0)
-            run_reference_side(result, send, http_scorer(rserver.url, base.served_name))
-        except HarnessError as err:
-            result.reference_error = str(err)
-        finally:
-            if rserver.log_path.is_file():
-                lines = rserver.log_path.read_text(errors="replace").splitlines()
-                result.engine_kernels["reference"] = engine_kernels(lines)
-            rserver.stop()
+        if plan.reference_cache is not None:
+            _cached_reference(plan, result, out_dir, reporter, port)
+        else:
+            try:
+                with _live_reference(plan, result, out_dir, reporter, port) as live:
+                    reporter.status(
+                        f"reference: round 0 at concurrency {plan.concurrency} (the noise "
+                        f"floor), then {result.compared_count()} requests scored alone"
+                    )
+                    run_reference_side(result, live.send, live.score)
+            except HarnessError as err:
+                result.reference_error = str(err)
     elif url is not None:
         result.attached = True
         result.reference_error = "attached (--url): outputs not compared, no reference launched"
     evaluate(result)
     on_record(result)
     return result
+
+
+@contextmanager
+def _live_reference(
+    plan: StressPlan,
+    result: StressResult,
+    out_dir: Path,
+    reporter: StressReporter,
+    port: int | None,
+) -> Iterator[LiveReference]:
+    """The reference server (same engine and arguments, the connector off), started and
+    ready; on exit its kernels are read from its log and it is stopped."""
+    from harness.commands.roundtrip.run import start_server
+    from harness.commands.stress.plan import reference_spec
+    from harness.commands.stress.reference_cache import LiveReference
+
+    base = plan.base
+    rserver = reference_spec(plan).server(out_dir / "logs" / "reference-server.log", port)
+    try:
+        start_server(rserver, base.scenario.server, reporter, "reference server (connector off)")
+        send = http_sender(rserver.url, base.served_name, logprobs=SERVED_TOP, seed=0)
+        yield LiveReference(send, http_scorer(rserver.url, base.served_name))
+    finally:
+        if rserver.log_path.is_file():
+            lines = rserver.log_path.read_text(errors="replace").splitlines()
+            result.engine_kernels["reference"] = engine_kernels(lines)
+        rserver.stop()
+
+
+def _cached_reference(
+    plan: StressPlan,
+    result: StressResult,
+    out_dir: Path,
+    reporter: StressReporter,
+    port: int | None,
+) -> None:
+    """The reference through ``--reference-cache``: from the cache when it holds the
+    floor and every score and nothing diverges, else launched for what it lacks
+    (``harness.commands.stress.reference_cache.reference_side``); one line says which."""
+    import os
+
+    from harness.commands.stress import reference_cache as rc
+
+    assert plan.reference_cache is not None
+    inputs = rc.key_inputs(plan, host=rc.host_identity(), environ=os.environ)
+    cache = rc.ReferenceCache.open(plan.reference_cache, inputs)
+    if cache.warning:
+        reporter.status(cache.warning)
+    try:
+        rc.reference_side(
+            result,
+            cache,
+            lambda: _live_reference(plan, result, out_dir, reporter, port),
+            reporter.status,
+        )
+    except HarnessError as err:
+        result.reference_error = str(err)
+    if result.reference_source is not None:
+        reporter.status(result.reference_source.line())
 
 
 def _read_log(result: StressResult, run: ServerRun, server: VllmServer) -> None:

@@ -12,6 +12,7 @@ from harness.commands.sweep.builds import Build
 from harness.commands.sweep.runners import SweepReporter, run_target
 from harness.commands.sweep.spans import BisectResult, Transition, bisect, transitions
 from harness.commands.sweep.targets import (
+    KIND_SCHEDULER,
     NOT_JUDGED,
     NOT_RUN,
     UNAVAILABLE,
@@ -154,11 +155,38 @@ def run_build(
         reporter.cell_done(cell)
         on_change()
 
+    if any(t.kind != KIND_SCHEDULER for t in targets):
+        warm_model_classes(build, status.python, reporter)
     out: list[SweepCell] = []
     for t in targets:
         sub = out_dir / "releases" / build.slug / t.slug
         out += run_target(t, build, status.python, sub, reporter, on_cell, port)
     return out
+
+
+def warm_model_classes(build: Build, python: str, reporter: SweepReporter) -> None:
+    """vLLM's model-class cache for every architecture of the harness's geometries, in
+    one process before the build's first launch (``harness.server.modelinfo``): on a
+    fresh machine each architecture would otherwise cost every release a cold
+    subprocess at its first launch. A failure only loses the saving."""
+    from harness.server.interpreters import probe
+    from harness.server.modelinfo import warm_build
+
+    try:
+        env = probe(python)
+    except HarnessError:
+        return
+    if not env.vllm_version or not env.vllm_dist:
+        return
+    reporter.build_step(build, "vLLM's model-class cache")
+    got = warm_build(python, env.vllm_dist, env.vllm_version)
+    if got["state"] == "warmed":
+        what = f"{len(got.get('warmed', []))} architectures inspected in {got.get('seconds')} s"
+    elif got["state"] == "cached":
+        what = "already filled"
+    else:
+        what = f"not filled ({got.get('why')}); vLLM inspects at launch"
+    reporter.build_step(build, f"vLLM's model-class cache: {what}")
 
 
 def execute_sweep(
