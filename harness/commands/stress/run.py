@@ -37,12 +37,27 @@ if TYPE_CHECKING:
     from harness.server.launcher import VllmServer
 
 SAMPLE_S = 0.5  # metrics sampling period for the timeline
+# An engine that takes no prompt token and generates none for this long while requests
+# are outstanding has stalled (a transfer job that never completes, a lost wake-up):
+# its server is stopped, so the run fails at once instead of each request waiting out
+# its timeout (600 s; a mutate command's 1200 s). A healthy step here is under a second.
+STALL_S = 120.0
 
 
 def engine_kernels(lines: list[str]) -> dict[str, str]:
     """The attention backend and ISA a server's engine reported, and its AMX permission
     (as the round trip records them)."""
     return {**engine_log.kernels(lines), "amx_permission": engine_log.amx_permission(lines)}
+
+
+def stalled(waiting: int, still_s: float, progress: tuple[float, float]) -> str:
+    """What the stall watch says of an engine that stopped moving (``run.death``)."""
+    prompt, generated = progress
+    return (
+        f"the engine stalled: {waiting} request(s) outstanding and no token taken or "
+        f"generated for {still_s:.0f} s (prompt tokens {prompt:.0f}, generated "
+        f"{generated:.0f}); the harness stopped the server"
+    )
 
 
 class StressReporter(Protocol):
@@ -52,11 +67,27 @@ class StressReporter(Protocol):
 
 class Sampler:
     """Reads ``/metrics`` every ``SAMPLE_S`` in the background: cumulative stored and
-    loaded bytes and preemptions over time, for the timeline."""
+    loaded bytes and preemptions over time, for the timeline; and the stall watch: when
+    ``outstanding()`` requests wait while the engine's prompt and generation token
+    counters stay still for ``stall_s``, ``on_stall`` is called once with what was seen
+    (:func:`stalled`)."""
 
-    def __init__(self, base: str) -> None:
+    def __init__(
+        self,
+        base: str,
+        *,
+        outstanding: Callable[[], int] | None = None,
+        on_stall: Callable[[str], None] | None = None,
+        stall_s: float = STALL_S,
+    ) -> None:
         self.base = base
         self.points: list[tuple[float, metrics.Snapshot]] = []
+        self.stall: str = ""  # what the watch saw, once it fired
+        self._outstanding = outstanding
+        self._on_stall = on_stall
+        self._stall_s = stall_s
+        self._progress: tuple[float, float] | None = None
+        self._moved = time.monotonic()
         self._stop = threading.Event()
         self._t0 = time.monotonic()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -74,10 +105,29 @@ class Sampler:
             except HarnessError:
                 continue  # a dying server: the run's own checks say so
             snap, _, _ = metrics.parse(str(text))
-            self.points.append((time.monotonic() - self._t0, snap))
+            now = time.monotonic()
+            self.points.append((now - self._t0, snap))
+            self._watch(snap, now)
+
+    def _watch(self, snap: metrics.Snapshot, now: float) -> None:
+        """The stall watch, one sample at a time (pure but for the callback)."""
+        progress = (snap.prompt_tokens, snap.generation_tokens)
+        waiting = self._outstanding() if self._outstanding is not None else 0
+        if progress != self._progress or not waiting:
+            self._progress, self._moved = progress, now
+            return
+        if self.stall or now - self._moved < self._stall_s:
+            return
+        self.stall = stalled(waiting, now - self._moved, progress)
+        if self._on_stall is not None:
+            self._on_stall(self.stall)
 
     def stop(self) -> None:
+        """Stop sampling; wait for the thread, so a stall's server stop has finished
+        before the run stops its servers itself."""
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
         self._thread.join(timeout=10)
 
 
@@ -277,7 +327,18 @@ def _serve(
             cache.pool_tokens
         )
     send = http_sender(ep.base, plan.base.served_name, logprobs=SERVED_TOP, seed=0)
-    sampler = Sampler(ep.base)
+    server = ep.server
+
+    def stop_stalled(why: str) -> None:
+        reporter.status(why)
+        if server is not None:
+            server.stop()  # the requests in flight fail now, the run ends
+
+    sampler = Sampler(
+        ep.base,
+        outstanding=lambda: len(result.sent) - len(result.outcomes),
+        on_stall=stop_stalled if server is not None else None,
+    )
     sampler.start()
     began = time.monotonic()
     carried = dict(result.samples[-1][1]) if result.samples else {}
@@ -328,7 +389,9 @@ def _serve(
         else:
             code = ep.server.proc.returncode if ep.server and ep.server.proc else None
             run.death = f"the server died during the run (exit code {code})"
-            if ep.server is not None and ep.server.log_path.is_file():
+            if sampler.stall:
+                run.death = sampler.stall
+            elif ep.server is not None and ep.server.log_path.is_file():
                 from harness.server.crash_signatures import crash_signature
 
                 # Name what killed it, as the round trip does: the frame and the error.
