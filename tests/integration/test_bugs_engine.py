@@ -171,7 +171,7 @@ def test_three_scripts_share_one_server_each_judged_as_alone(tmp_path):
     assert code == 0, out
     df = table(run).set_index("bug")
     assert set(df.outcome) == {"reproduced"} and set(df.matched) == {"True"}, df
-    assert df.loc["54193"].signature == "fails no-hit-on-unwritten-slot, unwritten-slot-not-stored"
+    assert df.loc["54193"].signature == "fails unwritten-slot-not-stored, no-hit-on-unwritten-slot"
     assert df.loc["57596"].signature == "fails logprobs-not-an-external-query"
     assert df.loc["57727"].signature == "fails reset-clears-offloaded"
     group = run / "releases" / "0.29.0" / "bug-54193+57596+57727"
