@@ -375,7 +375,7 @@ def test_a_scheduler_drives_report_becomes_the_cell_the_corpus_judges():
             "figures": {"hit_tokens": 3904},
         }
     )
-    report = bsch.parse_report("INFO vLLM says hello\n" + line + "\n")
+    report = bsch.parse_reports("INFO vLLM says hello\n" + line + "\n").get("swa-unaligned-hit")
     assert report is not None
     crashed = bsch.cell_from(report, cell())
     assert crashed.outcome == "crashed" and crashed.vllm_version == "0.29.0"
@@ -387,7 +387,7 @@ def test_a_scheduler_drives_report_becomes_the_cell_the_corpus_judges():
     assert bsch.cell_from({**report, "outcome": "ok", "exception": None}, cell()).outcome == "pass"
     err = bsch.cell_from({"outcome": "error", "exception": "no MambaSpec here"}, cell())
     assert err.outcome == "error" and "no MambaSpec here" in err.why
-    assert bsch.parse_report("no json at all\n{broken") is None
+    assert bsch.parse_reports("no json at all\n{broken") == {}
 
 
 def test_a_release_no_entry_of_a_check_judges_is_not_run_for_it():

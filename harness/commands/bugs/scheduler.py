@@ -84,12 +84,6 @@ def parse_reports(stdout: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def parse_report(stdout: str) -> dict[str, Any] | None:
-    """The drive's last JSON line (one case's run)."""
-    reports = parse_reports(stdout)
-    return list(reports.values())[-1] if reports else None
-
-
 def run_scheduler(job: Job) -> list[SweepCell]:
     """A sweep runner (``harness.commands.sweep.run_target``) for scheduler-level
     entries: one drive process in the build's interpreter for all of them (importing
@@ -110,7 +104,7 @@ def run_scheduler(job: Job) -> list[SweepCell]:
     t0 = time.perf_counter()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     reports: dict[str, dict[str, Any]] = {}
-    failure = ""
+    failure, timed_out = "", False
     try:
         proc = subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout, env=env, check=False
@@ -121,13 +115,13 @@ def run_scheduler(job: Job) -> list[SweepCell]:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         failure = f"the drive printed no report (exit {proc.returncode}): {tail}"
     except subprocess.TimeoutExpired:
-        failure = f"the drive ran past {timeout:g}s"
+        failure, timed_out = f"the drive ran past {timeout:g}s", True
     seconds = time.perf_counter() - t0
     cells = []
     for case, (run_dir, cell) in zip(cases, opened, strict=True):
         report = reports.get(case)
         if report is None:
-            cell.outcome = "timeout" if "ran past" in failure else ERROR
+            cell.outcome = "timeout" if timed_out else ERROR
             cell.why = failure
         else:
             run_dir.write_text("drive.json", json.dumps(report, indent=2, sort_keys=True) + "\n")

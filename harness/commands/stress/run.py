@@ -126,9 +126,7 @@ class Sampler:
         """Stop sampling; wait for the thread, so a stall's server stop has finished
         before the run stops its servers itself."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=60)
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=60)
 
 
 def execute_stress(
