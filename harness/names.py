@@ -45,11 +45,13 @@ PATCH_FIX = "chunked-local-fix"  # PR #51161's fix, on a stock build
 PATCH_FLOOR = "chunked-local-floor"  # a mutant of the fix: the window rounded down
 PATCH_HITS_MINUS_CHUNK = "hits-minus-chunk"  # a mutant connector admitting a chunk fewer
 PATCH_THRESHOLD_PLUS_ONE = "store-threshold-plus-one"  # a mutant manager asking one offer more
+PATCH_ABORTED_STORES_PROMPT = "aborted-stores-prompt"  # PRs #49146, #49285 undone: #49118
 PATCHES: tuple[str, ...] = (
     PATCH_FIX,
     PATCH_FLOOR,
     PATCH_HITS_MINUS_CHUNK,
     PATCH_THRESHOLD_PLUS_ONE,
+    PATCH_ABORTED_STORES_PROMPT,
 )
 PATCH_NONE = "none"
 

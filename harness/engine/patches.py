@@ -17,6 +17,12 @@ attention) at start: vLLM issue #51150. PR #51161 adds a chunked-local branch.
 - ``store-threshold-plus-one``: a mutant CPU manager that, given ``store_threshold`` N >=
   2, admits a chunk only at its (N+1)-th offer (an off-by-one in the admission count).
   Only the threshold's own figures move: stores, skips, and the hits they feed.
+- ``aborted-stores-prompt``: vLLM #49118 brought back (PRs #49146 and #49285 undone, on
+  builds that have them: every installable one). Up to 0.26 a finished request's store
+  covered its whole prompt, computed or not, and nothing capped the chunks at the blocks
+  it was given, so aborting a request that was never scheduled asked to store chunks
+  with no GPU block and ``_build_store_jobs`` asserted. The bug corpus's #49118 trigger
+  must catch it.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 
 from harness.names import (
     LOG_PATCH,
+    PATCH_ABORTED_STORES_PROMPT,
     PATCH_FIX,
     PATCH_FLOOR,
     PATCH_HITS_MINUS_CHUNK,
@@ -154,6 +161,22 @@ def _threshold_plus_one(orig: Any) -> Any:
     return __init__
 
 
+def _aborted_stores_prompt(orig: Any) -> Any:
+    def storable_chunks(self: Any, group_config: Any, *args: Any, **kwargs: Any) -> Any:
+        chunks = orig(self, group_config, *args, **kwargs)
+        req = self.req
+        if getattr(req.status, "name", "") == "FINISHED_ABORTED":
+            # The seeded fault (0.26's code): an aborted request's cutoff is its prompt,
+            # whatever it computed, and the blocks it holds do not cap it.
+            groups = list(self.config.kv_group_configs)
+            keys = self.group_states[groups.index(group_config)].offload_keys
+            prompt_chunks = req.num_prompt_tokens // group_config.tokens_per_chunk
+            chunks = max(chunks, min(prompt_chunks, len(keys)))
+        return chunks
+
+    return storable_chunks
+
+
 def apply(patch: str) -> PatchReport:
     """Apply ``patch`` in this process; idempotent (vLLM may load plugins twice)."""
     if patch == PATCH_HITS_MINUS_CHUNK:
@@ -165,6 +188,11 @@ def apply(patch: str) -> PatchReport:
         return _patch_method(
             patch, MANAGER_MODULE, "CPUOffloadingManager", "__init__", _threshold_plus_one
         )
+    if patch == PATCH_ABORTED_STORES_PROMPT:
+        return _patch_method(
+            patch, SCHEDULER_MODULE, "RequestOffloadState", "storable_chunks",
+            _aborted_stores_prompt,
+        )  # fmt: skip
     if patch not in (PATCH_FIX, PATCH_FLOOR):
         raise ValueError(f"unknown patch {patch!r}")
     from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec

@@ -365,7 +365,7 @@ SWEEP_CELLS = TableFile(
 )
 SWEEP_ENVS = TableFile(
     "envs.csv",
-    ("release", "state", "reason", "seconds", "disk_bytes", "vllm_version", "python"),
+    ("release", "state", "reason", "seconds", "disk_bytes", "vllm_version", "python", "ahead"),
     title="builds",
     key=("release",),
     compared=("state", "vllm_version"),

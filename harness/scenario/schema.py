@@ -535,6 +535,7 @@ StepQuantity = Literal[
     "gpu_queries",
     "stored_bytes",
     "loaded_bytes",
+    "prompt_tokens",
     "http_status",
     "reset_success",
     "same_output",
@@ -565,6 +566,11 @@ class Step(StrictModel):
     prompt_logprobs: int | None = Field(None, ge=0)
     concurrent: int = Field(1, ge=1, description="send: copies in flight at once")
     background: bool = Field(False, description="send: do not wait; the next steps run meanwhile")
+    abort: Literal["queued"] | None = Field(
+        None,
+        description="send: hang up while the request waits in the scheduler's queue, never "
+        "scheduled (the server must be full: another request running, --max-num-seqs 1)",
+    )
     # evict
     pools: float = Field(1.5, gt=0, description="evict: the live pool's tokens times this")
     # reset-prefix-cache
@@ -650,6 +656,16 @@ class BugEntry(FileScenario):
     symptom: Symptom
     reproduce: str = Field("", description="the bug outside the harness: plain vLLM commands")
     notes: str = ""
+    # A bug that lived only in releases no machine here can install is shown caught on a
+    # build with its fix, with the fix undone by this harness patch (harness.engine.patches).
+    seeded_by: str | None = Field(None, description="the patch that puts the bug back")
+
+    @field_validator("seeded_by")
+    @classmethod
+    def _known_patch(cls, value: str | None) -> str | None:
+        if value is not None and value not in PATCHES:
+            raise ValueError(f"unknown patch {value!r}; known: {', '.join(PATCHES)}")
+        return value
 
     _specs = field_validator("affected", "fixed")(_spec_or_none)
 

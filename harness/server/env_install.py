@@ -161,6 +161,31 @@ class Build:
     fingerprint: str | None = None  # a local wheel's size and mtime: a rebuilt wheel rebuilds
 
 
+def source_flags(torch_index: str | None = None) -> list[str]:
+    """Where uv finds packages: pip's sources as uv flags, plus ``torch_index``."""
+    flags = [*uv_flags_from_pip_config(), "--index-strategy", "unsafe-best-match"]
+    return [*flags, "--extra-index-url", torch_index] if torch_index else flags
+
+
+def install_argv(
+    build: Build, uv: str, python: str, flags: Sequence[str], *options: str
+) -> list[str]:
+    """``uv pip install`` of the build into ``python``'s environment, from ``flags``'s
+    sources (:func:`source_flags`), with ``options`` before the requirement."""
+    # Wheels only for a release and what it pulls in: an old release with no wheel for
+    # this platform is unavailable in seconds, not an hour of compiling vLLM from source.
+    binary = ["--no-build"] if build.version is not None else []
+    return [uv, "pip", "install", "--python", python, *flags, *binary, *options, build.requirement]
+
+
+def resolve(build: Build, uv: str, python: str, flags: Sequence[str]) -> None:
+    """Resolve the build's install without installing anything (``--dry-run`` against
+    ``python``'s environment, best an empty one); raises Unavailable with the reason the
+    install itself would give (``torch==2.11.0+cpu not found``). About a second, and
+    several can run side by side: what a sweep over every release asks first."""
+    run_step(install_argv(build, uv, python, flags, "--dry-run"), "", 300)
+
+
 def install(build: Build, path: Path, uv: str, torch_index: str | None, on_step: Step) -> str:
     """Fill ``path``; raises Unavailable with the reason. Returns the vLLM version."""
     from harness.server.interpreters import probe
@@ -168,31 +193,16 @@ def install(build: Build, path: Path, uv: str, torch_index: str | None, on_step:
     if not (REPO_ROOT / "pyproject.toml").is_file():
         raise HarnessError(f"the harness's source is not at {REPO_ROOT}: cannot install it")
     python = str(path / "bin" / "python")
-    flags = [*uv_flags_from_pip_config(), "--index-strategy", "unsafe-best-match"]
-    if torch_index:
-        flags += ["--extra-index-url", torch_index]
+    flags = source_flags(torch_index)
     on_step("creating the environment")
     run_step(
         [uv, "venv", "--quiet", "--seed", "--python", sys.executable, str(path)], "uv venv", 300
     )
     on_step(f"installing {build.release}")
-    # Wheels only for a release and what it pulls in: an old release with no wheel for
-    # this platform is unavailable in seconds, not an hour of compiling vLLM from source.
-    binary = ["--no-build"] if build.version is not None else []
     # Bytecode at install (harness/server/bytecode.py): without it each vLLM process of every
     # launch compiles vLLM and torch again.
     run_step(
-        [
-            uv,
-            "pip",
-            "install",
-            "--python",
-            python,
-            *flags,
-            *binary,
-            "--compile-bytecode",
-            build.requirement,
-        ],
+        install_argv(build, uv, python, flags, "--compile-bytecode"),
         "",  # the build's own install: its reason needs no label (torch==... not found)
         INSTALL_TIMEOUT_S,
     )

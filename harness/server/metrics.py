@@ -169,5 +169,19 @@ def disk_jobs_in_flight(text: str) -> float:
     return sum(_counter_value(families, name, {}) or 0.0 for name in DISK_JOBS)
 
 
+# The scheduler's queues, as gauges (every release 0.27-0.33).
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+
+
+def queue_lengths(text: str) -> tuple[float, float] | None:
+    """The scheduler's (running, waiting) requests; None when the server exports neither."""
+    families = {fam.name: fam for fam in text_string_to_metric_families(text)}
+    running, waiting = _counter_value(families, RUNNING, {}), _counter_value(families, WAITING, {})
+    if running is None and waiting is None:
+        return None
+    return running or 0.0, waiting or 0.0
+
+
 def offload_metrics_present(names: set[str]) -> bool:
     return any(n.startswith("vllm:kv_offload_") for n in names)

@@ -8,7 +8,9 @@ passing on the same server; a release that cannot be installed is a cell, never 
 The nightly tier runs the AMX-only entry (skipped on hosts without AMX, reproduced where
 there is AMX: the PR tier's crash-repro already launches that SIGILL there), #51150 on
 releases either side of its fix, with a seeded wrong entry sharing its launches, and
-#57596 on both.
+#57596 on both, the four scripts that share one server (#49118's queued abort among
+them), and #49118's trigger on the current build with its fix undone (a seeded fault:
+the bug lived only in releases this machine cannot install).
 """
 
 from __future__ import annotations
@@ -159,27 +161,68 @@ def test_releases_either_side_of_a_fix_and_a_wrong_entry(tmp_path):
 
 @pytest.mark.nightly
 @pytest.mark.launches(1)
-def test_three_scripts_share_one_server_each_judged_as_alone(tmp_path):
-    """#54193, #57596 and #57727 ask for the same server (harness/commands/bugs/groups.py):
-    on 0.29.0, where all three bugs live, one launch serves the three scripts in turn, a
-    reset of both caches between them, and each fails exactly its own checks."""
+def test_four_scripts_share_one_server_each_judged_as_alone(tmp_path):
+    """#49118, #54193, #57596 and #57727 ask for the same server
+    (harness/commands/bugs/groups.py): on 0.29.0, where the last three bugs live and the
+    first is fixed, one launch serves the four scripts in turn, a reset of both caches
+    between them, and each is judged as it would be alone: #49118's queued request is
+    aborted and stores nothing, the others fail exactly their own checks."""
     results = tmp_path / "results"
     results.mkdir()
+    bugs = ("49118", "54193", "57596", "57727")
     code, run, out = bugs_cli(
-        results, "--bug", "54193", "--bug", "57596", "--bug", "57727", "--releases", "0.29.0"
+        results, *[a for b in bugs for a in ("--bug", b)], "--releases", "0.29.0"
     )
     assert code == 0, out
     df = table(run).set_index("bug")
-    assert set(df.outcome) == {"reproduced"} and set(df.matched) == {"True"}, df
+    assert set(df.matched) == {"True"}, df
+    assert df.loc["49118"].outcome == "passed"
+    assert set(df.drop(index="49118").outcome) == {"reproduced"}, df
     assert df.loc["54193"].signature == "fails unwritten-slot-not-stored, no-hit-on-unwritten-slot"
     assert df.loc["57596"].signature == "fails logprobs-not-an-external-query"
     assert df.loc["57727"].signature == "fails reset-clears-offloaded"
-    group = run / "releases" / "0.29.0" / "bug-54193+57596+57727"
+    group = run / "releases" / "0.29.0" / "bug-49118+54193+57596+57727"
     logs = sorted(p.name for p in (group / "logs").iterdir())
     assert logs == ["server.log"], logs  # one server, no restart between the scripts
     assert "Application startup complete" in (group / "logs" / "server.log").read_text()
-    for bug, before in (("54193", None), ("57596", ["54193"]), ("57727", ["54193", "57596"])):
+    for i, bug in enumerate(bugs):
         meta = json.loads((group / bug / "run.json").read_text())
-        assert meta["bug"] == bug and meta["shared_server"] == before, meta
+        assert meta["bug"] == bug and meta["shared_server"] == (list(bugs[:i]) or None), meta
         assert meta["server_log"] == str(group / "logs" / "server.log")
         assert (group / bug / "checks.csv").is_file() and (group / bug / "steps.csv").is_file()
+    steps = pd.read_csv(group / "49118" / "steps.csv", keep_default_na=False, dtype=str)
+    queued = steps.set_index("name").detail["queued"]
+    assert "aborted while waiting (queue: 1 running, 1 waiting" in queued, queued
+
+
+@pytest.mark.nightly
+@pytest.mark.launches(1)
+def test_the_queued_abort_trigger_catches_49118_brought_back(tmp_path):
+    """#49118 lived only in releases that cannot be installed here, so its trigger is
+    shown to catch the bug on the current build with PRs #49146 and #49285 undone (the
+    aborted-stores-prompt patch): the abort of a request that never ran kills the engine
+    in _build_store_jobs, exactly the entry's symptom."""
+    results = tmp_path / "results"
+    results.mkdir()
+    patched = 'env = { VLLM_SERVER_DEV_MODE = "1", OFFLOAD_CHECK_PATCH = "aborted-stores-prompt" }'
+    corpus = corpus_copy(
+        tmp_path,
+        (
+            "49118",
+            "49118",
+            {
+                'affected = "<0.27.0"\nfixed = ">=0.27.0"': 'affected = ">=0.27.0"',
+                'env = { VLLM_SERVER_DEV_MODE = "1" }': patched,
+            },
+        ),
+    )
+    code, run, out = bugs_cli(results, "--corpus", str(corpus), "--build", CURRENT)
+    assert code == 0, out
+    cell = table(run).iloc[0]
+    assert (cell.outcome, cell.matched, cell.observed) == ("reproduced", "True", "crashed"), cell
+    assert cell.signature.startswith("AssertionError in ") and cell.signature.endswith(
+        "scheduler.py:_build_store_jobs"
+    ), cell.signature
+    assert cell.detail.startswith("during step queued: assert len(offload_keys) ==")
+    log = (Path(cell.run_dir) / "logs" / "server.log").read_text()
+    assert "offload-check patch: aborted-stores-prompt applied" in log

@@ -49,3 +49,16 @@ def test_no_offload_metrics():
         "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n"
     )
     assert cache is None and not metrics.offload_metrics_present(names)
+
+
+def test_queue_lengths_from_the_scheduler_gauges():
+    text = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="m"} 1.0\n'
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0\n'
+    )
+    assert metrics.queue_lengths(text) == (1.0, 2.0)
+    only_running = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3.0\n"
+    assert metrics.queue_lengths(only_running) == (3.0, 0.0)
+    assert metrics.queue_lengths(NEW) is None  # a server exporting neither says so

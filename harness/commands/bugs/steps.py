@@ -20,8 +20,11 @@ import math
 import operator
 import random
 import time
+import urllib.error
 import urllib.parse
+import urllib.request
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +60,7 @@ COUNTER_OF = {
     "gpu_queries": "gpu_queries",
     "stored_bytes": "stored_bytes",
     "loaded_bytes": "loaded_bytes",
+    "prompt_tokens": "prompt_tokens",
 }
 
 
@@ -64,7 +68,7 @@ COUNTER_OF = {
 # The fields each step kind reads (docs/bugs.md); another one set is a mistake to refuse.
 STEP_FIELDS = {
     "send": {"prompt", "tokens", "prefix", "prefix_tokens", "max_tokens", "prompt_logprobs"}
-    | {"concurrent", "background", "after"},
+    | {"concurrent", "background", "after", "abort"},
     "evict": {"pools"},
     "settle": set(),
     "reset-prefix-cache": {"query"},
@@ -105,6 +109,8 @@ def check_script(entry: BugEntry) -> None:
                 raise BadInput(f"{where}: after {s.after!r} names no earlier send")
             if s.after is not None and s.concurrent != 1:
                 raise BadInput(f"{where}: a next turn (after) is one request, not concurrent")
+            if s.abort is not None and (s.concurrent != 1 or s.background or s.after):
+                raise BadInput(f"{where}: an aborted send is one request of its own, waited for")
             lengths.setdefault(s.prompt, s.tokens or 0)
             sends.append(s.name or "")
         if s.do == "expect":
@@ -263,12 +269,82 @@ def _send(script: Script, ep: Endpoint, s: Step, label: str, pool: Any, rec: Ste
         except HarnessError as err:
             raise ep.failure(label, err) from None
 
+    if s.abort == "queued":
+        rec.detail = _abort_queued(script, ep, s, label, prompt)
+        return
     futures = [pool.submit(one) for _ in range(s.concurrent)]
     turn = f" after {s.after}'s prompt and answer" if s.after else ""
     rec.detail = f"{s.concurrent} x {len(prompt.token_ids)} tokens of {s.prompt}{turn}"
     script.pending.append((label, futures))
     if not s.background:
         _join(script, ep)
+
+
+# How long an aborted send waits for its request to show in the queue, then to leave it.
+QUEUE_WAIT_S = 60.0
+QUEUE_POLL_S = 0.2  # each scrape costs the API server a little: no faster
+
+
+def _abort_queued(script: Script, ep: Endpoint, s: Step, label: str, prompt: Prompt) -> str:
+    """Send ``prompt`` as a stream, hang up once the server shows it waiting behind a
+    running request, and wait until the queue has let it go: a request aborted before it
+    was ever scheduled (#49118's path), as a client that gives up on a full server does.
+
+    Nothing here is judged: a request that never queued, or that the server still holds
+    after the hang-up, is a script that did not do what it says (an error, never a pass).
+    The record keeps what the queue showed."""
+    payload = {
+        "model": script.plan.served_name,
+        "prompt": prompt.token_ids,
+        "max_tokens": s.max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    req = urllib.request.Request(
+        f"{ep.base}/v1/completions",
+        json.dumps(payload).encode(),
+        {"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        # A stream answers its headers at once, queued or not: the request is in.
+        resp = urllib.request.urlopen(req, timeout=QUEUE_WAIT_S)
+    except (OSError, urllib.error.HTTPError) as err:
+        raise ep.failure(label, HarnessError(f"{label}: {err}")) from None
+    t0 = time.monotonic()
+    try:
+        seen = _wait_queue(ep, label, lambda run, wait: run >= 1 and wait >= 1)
+    finally:
+        resp.close()  # the hang-up vLLM sees as an abort
+    if seen is None:
+        raise HarnessError(f"{label}: the request never waited behind a running one")
+    t1 = time.monotonic()
+    left = _wait_queue(ep, label, lambda run, wait: wait == 0)
+    if left is None:
+        raise HarnessError(f"{label}: the server still holds the request after the hang-up")
+    return (
+        f"1 x {len(prompt.token_ids)} tokens of {s.prompt}, aborted while waiting "
+        f"(queue: {seen[0]:g} running, {seen[1]:g} waiting after {t1 - t0:.1f}s; "
+        f"{left[0]:g} running, 0 waiting {time.monotonic() - t1:.1f}s after the hang-up)"
+    )
+
+
+def _wait_queue(
+    ep: Endpoint, label: str, ok: Callable[[float, float], bool]
+) -> tuple[float, float] | None:
+    """The scheduler's (running, waiting) once ``ok`` holds, polled from the metrics;
+    None if it did not within :data:`QUEUE_WAIT_S`."""
+    deadline = time.monotonic() + QUEUE_WAIT_S
+    while time.monotonic() < deadline:
+        ep.snapshot(label)
+        queue = metrics.queue_lengths(ep.last_text)
+        if queue is None:
+            raise HarnessError(f"{label}: the server exports no vllm:num_requests_* gauges")
+        if ok(*queue):
+            return queue
+        time.sleep(QUEUE_POLL_S)
+    return None
 
 
 def _join(script: Script, ep: Endpoint) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from harness.commands.sweep.ahead import Ahead
 from harness.commands.sweep.builds import Build
 from harness.commands.sweep.runners import SweepReporter, run_target
 from harness.commands.sweep.spans import BisectResult, Transition, bisect, transitions
@@ -20,8 +22,9 @@ from harness.commands.sweep.targets import (
     selects,
     unrun_cells,
 )
-from harness.errors import BadInput, HarnessError
+from harness.errors import BadInput
 from harness.results.records import SweepCell
+from harness.server.build_prep import Prepared, prepare
 
 
 @dataclass
@@ -97,8 +100,8 @@ class SweepRun:
                     self.cells.append(c)
 
 
-def env_record(build: Build, status: Any) -> dict[str, Any]:
-    """A row of ``envs.csv``."""
+def env_record(build: Build, status: Any, prepared: Prepared | None = None) -> dict[str, Any]:
+    """A row of ``envs.csv``; ``ahead``: made ready while the build before it ran."""
     return {
         "release": build.label,
         "state": status.state,
@@ -107,6 +110,7 @@ def env_record(build: Build, status: Any) -> dict[str, Any]:
         "disk_bytes": "" if status.disk_bytes is None else status.disk_bytes,
         "vllm_version": status.vllm_version or "",
         "python": status.python or "",
+        "ahead": bool(prepared and prepared.ahead),
     }
 
 
@@ -123,23 +127,28 @@ def run_build(
     uv: str | None = None,
     torch_index: str | None = None,
     port: int | None = None,
+    prepared: Prepared | None = None,
+    ready: Callable[[], None] | None = None,
 ) -> list[SweepCell]:
-    """Make (or reuse) the build's environment, then run every target on it."""
-    from harness.server.release_envs import EnvStatus, ensure_build
-
+    """Make (or reuse) the build's environment, unless ``prepared`` (ahead) already did,
+    then run every target on it; ``ready`` is called once the build is ready, before
+    its first server."""
     reporter.build_started(build, index, total)
-    try:
-        status = ensure_build(
+    if prepared is None:
+        prepared = prepare(
             build.spec,
+            build.label,
             dist=run.dist,
+            warm=needs_warm(targets),
             uv=uv,
             torch_index=torch_index,
             on_step=lambda message: reporter.build_step(build, message),
         )
-    except HarnessError as err:
-        status = EnvStatus(build.label, None, "unavailable", str(err))
+    status = prepared.status
     reporter.build_ready(build, status)
-    run.envs.append(env_record(build, status))
+    if prepared.warm:
+        reporter.build_step(build, prepared.warm)
+    run.envs.append(env_record(build, status, prepared))
     on_change()
     if not status.ok or status.python is None:
         cells = unrun_cells(build, targets, UNAVAILABLE, status.reason)
@@ -155,8 +164,8 @@ def run_build(
         reporter.cell_done(cell)
         on_change()
 
-    if any(t.kind != KIND_SCHEDULER for t in targets):
-        warm_model_classes(build, status.python, reporter)
+    if ready is not None:
+        ready()
     out: list[SweepCell] = []
     for t in targets:
         sub = out_dir / "releases" / build.slug / t.slug
@@ -164,29 +173,9 @@ def run_build(
     return out
 
 
-def warm_model_classes(build: Build, python: str, reporter: SweepReporter) -> None:
-    """vLLM's model-class cache for every architecture of the harness's geometries, in
-    one process before the build's first launch (``harness.server.modelinfo``): on a
-    fresh machine each architecture would otherwise cost every release a cold
-    subprocess at its first launch. A failure only loses the saving."""
-    from harness.server.interpreters import probe
-    from harness.server.modelinfo import warm_build
-
-    try:
-        env = probe(python)
-    except HarnessError:
-        return
-    if not env.vllm_version or not env.vllm_dist:
-        return
-    reporter.build_step(build, "vLLM's model-class cache")
-    got = warm_build(python, env.vllm_dist, env.vllm_version)
-    if got["state"] == "warmed":
-        what = f"{len(got.get('warmed', []))} architectures inspected in {got.get('seconds')} s"
-    elif got["state"] == "cached":
-        what = "already filled"
-    else:
-        what = f"not filled ({got.get('why')}); vLLM inspects at launch"
-    reporter.build_step(build, f"vLLM's model-class cache: {what}")
+def needs_warm(targets: Sequence[Target]) -> bool:
+    """Whether any target launches a server (a scheduler drive launches none)."""
+    return any(t.kind != KIND_SCHEDULER for t in targets)
 
 
 def execute_sweep(
@@ -194,10 +183,21 @@ def execute_sweep(
     out_dir: Path,
     reporter: SweepReporter,
     on_change: Callable[[], None],
-    **options: Any,
+    *,
+    uv: str | None = None,
+    torch_index: str | None = None,
+    port: int | None = None,
 ) -> None:
     """Every target on every build, one build (and one server) at a time; a build with
-    nothing to run (``SweepRun.narrow``) is not even installed."""
+    nothing to run (``SweepRun.narrow``) is not even installed.
+
+    Two things keep set-up out of the servers' way: the releases are first screened
+    for installability side by side (``release_envs.screen_releases``: dozens of old
+    releases pin a torch no source offers), and each build's successor is prepared in
+    the background while its servers run (:mod:`harness.commands.sweep.ahead`)."""
+    from harness.server.release_envs import screen_releases
+
+    work: list[tuple[int, Build, list[Target]]] = []
     for i, build in enumerate(run.builds, 1):
         targets, left = run.targets_for(build)
         for cell in left:
@@ -205,19 +205,36 @@ def execute_sweep(
             reporter.cell_done(cell)
         if left:
             on_change()
-        if not targets:
-            continue
-        run_build(
-            run,
-            build,
-            targets,
-            out_dir,
-            reporter,
-            on_change,
-            index=i,
-            total=len(run.builds),
-            **options,
-        )
+        if targets:
+            work.append((i, build, targets))
+    releases = [b.spec for _, b, _ in work if b.release]
+    if len(releases) > 1:
+        reporter.status(f"which of {len(releases)} releases can be installed here")
+        screen_releases(run.dist, releases, uv=uv, torch_index=torch_index)
+    with Ahead(dist=run.dist, uv=uv, torch_index=torch_index) as ahead:
+        for k, (i, build, targets) in enumerate(work):
+            following = work[k + 1] if k + 1 < len(work) else None
+
+            def begin_next(following: tuple[int, Build, list[Target]] | None = following) -> None:
+                if following is not None:
+                    ahead.start(following[1], warm=needs_warm(following[2]))
+
+            prepared = ahead.take(build, functools.partial(reporter.build_step, build))
+            run_build(
+                run,
+                build,
+                targets,
+                out_dir,
+                reporter,
+                on_change,
+                index=i,
+                total=len(run.builds),
+                uv=uv,
+                torch_index=torch_index,
+                port=port,
+                prepared=prepared,
+                ready=begin_next,
+            )
 
 
 def bisect_target(targets: Sequence[Target], selector: str) -> tuple[Target, str]:
