@@ -50,6 +50,9 @@ def stress_cmd(
     fault: Annotated[str | None, opt("stress.fault")] = None,
     config: Geometry = None,
     url: Annotated[str | None, opt("stress.url", callback=check_url)] = None,
+    stall_after: Annotated[
+        float | None, opt("stress.stall-after", "--stall-after", min=10, max=3600)
+    ] = None,
     engine_arg: EngineArgs = None,
     reference_cache: Annotated[
         Path | None,
@@ -102,6 +105,7 @@ def stress_cmd(
             disk=disk,
             restarts=restarts,
             reference_cache=reference_cache,
+            stall_s=stall_after,
             **launch,
         )
         return plan

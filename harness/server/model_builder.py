@@ -145,10 +145,16 @@ def _write_random_weights(out_dir: Path, seed: int) -> None:
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    # A build is one line of the harness's own progress: transformers' advice about the
+    # geometry ("Consider using AutoModel ...") and its shard-writing bar are not the
+    # user's business, and they broke the sweep's and the corpus's progress lines.
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     hf_config = AutoConfig.from_pretrained(str(out_dir))
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)
     model.save_pretrained(str(out_dir), safe_serialization=True)
 
 

@@ -56,3 +56,19 @@ def test_the_verdict_line_says_what_was_seen():
     text = stalled(4, 121.4, (6120.0, 48.0))
     assert text.startswith("the engine stalled: 4 request(s) outstanding")
     assert "121 s" in text and "the harness stopped the server" in text
+
+
+def test_the_longest_quiet_with_requests_waiting_is_measured():
+    """What a stall window is calibrated from (mutate's baseline): only stillness while
+    requests wait counts, and the longest of it."""
+    s, fired = watch(outstanding=2, stall_s=100.0)
+    s._watch(snap(100, 5), 0.0)
+    s._watch(snap(100, 5), 3.0)  # 3 s still
+    s._watch(snap(100, 6), 4.0)
+    s._watch(snap(100, 6), 11.5)  # 7.5 s still
+    s._watch(snap(100, 7), 12.0)
+    assert s.longest_still_s == 7.5 and fired == []
+    idle, _ = watch(outstanding=0)
+    idle._watch(snap(1, 1), 0.0)
+    idle._watch(snap(1, 1), 50.0)
+    assert idle.longest_still_s == 0.0  # nothing waited: not a quiet

@@ -74,6 +74,12 @@ class MutateCommand:
         """``roundtrip`` or ``stress``: the harness command it runs."""
         return self.argv[0]
 
+    def stalling_after(self, seconds: float | None) -> MutateCommand:
+        """The same command, its stall watch's window ``seconds`` (stress only)."""
+        if seconds is None or self.kind != "stress":
+            return self
+        return MutateCommand(self.name, (*self.argv, "--stall-after", f"{seconds:g}"))
+
 
 @dataclass
 class CommandRun:
@@ -318,6 +324,45 @@ def run_mutant(
         drop_env(python)
 
 
+# A mutant that stalls the engine (a transfer job never completed) is stopped by stress's
+# stall watch after a window calibrated from the baseline's own run: this many times the
+# longest the baseline's counters stayed still with requests outstanding (a first
+# request's warm-up; the line tracer makes the baseline's steps slower, so its quiets are
+# long), never under STALL_MIN_S nor over stress's default. With the 120 s default, each
+# stalling mutant of the scheduler's sample cost two minutes of watching.
+STALL_FACTOR = 4.0
+STALL_MIN_S = 30.0
+
+
+def calibrated_stall(run_dir: Path | None) -> float | None:
+    """The stall window for the mutants' runs of a stress command, from its baseline run
+    (``run.json``'s ``stress.longest_still_s``); None when the run recorded none."""
+    import json
+
+    from harness.commands.stress.plan import STALL_S
+
+    if run_dir is None:
+        return None
+    try:
+        quiet = float(json.loads((run_dir / "run.json").read_text())["stress"]["longest_still_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return round(min(STALL_S, max(STALL_MIN_S, STALL_FACTOR * quiet)), 1)
+
+
+def stall_windows(commands: Sequence[MutateCommand], where: Path) -> dict[str, float]:
+    """Each stress command's calibrated window, from its baseline run under ``where``."""
+    out: dict[str, float] = {}
+    for cmd in commands:
+        if cmd.kind != "stress":
+            continue
+        found = _run_dir(where / cmd.slug) if (where / cmd.slug).is_dir() else None
+        window = calibrated_stall(found)
+        if window is not None:
+            out[cmd.name] = window
+    return out
+
+
 def reached_by(line: int, covered: dict[str, list[int]]) -> str:
     """The commands whose unmutated run executed ``line`` ("" when none did)."""
     return ",".join(name for name, lines in covered.items() if line in set(lines))
@@ -353,6 +398,10 @@ def execute_session(
         )
         coverage.write_text(json.dumps(covered, sort_keys=True) + "\n")
     on_verdict()
+    stalls = stall_windows(plan.commands, where)
+    for name, window in stalls.items():
+        reporter.status(f"{name}: a stalled engine is stopped after {window:g} s of no progress")
+    commands = [cmd.stalling_after(stalls.get(cmd.name)) for cmd in plan.commands]
     source = plan.path.read_text()
     pending = session.pending(plan.shard)
     reporter.status(f"{len(pending)} mutant(s) to run of {len(session.mutants())}")
@@ -382,7 +431,7 @@ def execute_session(
         verdict = run_mutant(
             mutant,
             source,
-            plan.commands,
+            commands,
             make_env,
             out / "mutants" / mutant.id,
             plan.timeout_s,

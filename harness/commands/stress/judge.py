@@ -280,6 +280,7 @@ class StressResult:
     sent: list[PlannedRequest] = field(default_factory=list)  # every round's requests
     rounds: int = 0
     traffic_seconds: float = 0.0
+    longest_still_s: float = 0.0  # the stall watch's longest quiet (``run.Sampler``)
     server_alive: bool = True
     death: str = ""
     pool_tokens: int | None = None  # the live GPU pool
@@ -316,6 +317,8 @@ class StressResult:
             "fillers": sum(o.filler for o in outs),
             "rounds": self.rounds,
             "traffic_seconds": round(self.traffic_seconds, 2),
+            "longest_still_s": round(self.longest_still_s, 2),
+            "stall_after_s": self.plan.stall_s,
             "generated_tokens": sum(len(o.output) for o in outs),
             "pool_tokens": self.pool_tokens,
             "noise_floor": self.floor,

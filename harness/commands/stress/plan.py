@@ -19,6 +19,14 @@ from harness.commands.stress.workload import PlannedRequest, plan_profile
 from harness.errors import BadInput
 from harness.scenario.stress_profiles import PROFILES, ProfileSettings
 
+# An engine that takes no prompt token and generates none for this long while requests
+# are outstanding has stalled (a transfer job that never completes, a lost wake-up):
+# its server is stopped, so the run fails at once instead of each request waiting out
+# its timeout (600 s; a mutate command's 1200 s). A healthy step here is under a second.
+# ``--stall-after`` sets another window (mutate calibrates one from its baseline run:
+# harness.commands.mutate.execute.calibrated_stall). The stall watch: run.Sampler.
+STALL_S = 120.0
+
 if TYPE_CHECKING:
     from harness.commands.roundtrip.plan import RoundtripOptions
 
@@ -45,6 +53,8 @@ class StressPlan:
     # ``--reference-cache``: the directory of the reference's cache (None: no cache; the
     # reference is launched on every run, as it always was)
     reference_cache: Path | None = None
+    # The stall watch's window (``--stall-after``)
+    stall_s: float = STALL_S
 
     @property
     def under_pressure(self) -> bool:
@@ -122,6 +132,8 @@ class StressPlan:
         }
         if self.reference_cache is not None:  # only then: a plan without it is as before
             described["reference_cache"] = str(self.reference_cache)
+        if self.stall_s != STALL_S:
+            described["stall_after_s"] = self.stall_s
         return described
 
 
@@ -202,6 +214,7 @@ def plan_stress(
     disk: bool = False,
     restarts: int | None = None,
     reference_cache: Path | None = None,
+    stall_s: float | None = None,
     **launch: Unpack[RoundtripOptions],
 ) -> StressPlan:
     """Everything known before launch; refuses what cannot run with one clear line.
@@ -289,6 +302,7 @@ def plan_stress(
         tier_fraction=fraction,
         restarts=n_restarts,
         reference_cache=cache_dir,
+        **({"stall_s": stall_s} if stall_s is not None else {}),
     )
 
 

@@ -27,7 +27,7 @@ from harness.commands.stress.judge import (
     http_scorer,
     run_reference_side,
 )
-from harness.commands.stress.plan import StressPlan
+from harness.commands.stress.plan import STALL_S, StressPlan
 from harness.errors import HarnessError, RuntimeFailure
 from harness.server import disk_tier, engine_log, kv_layout, metrics
 
@@ -37,11 +37,6 @@ if TYPE_CHECKING:
     from harness.server.launcher import VllmServer
 
 SAMPLE_S = 0.5  # metrics sampling period for the timeline
-# An engine that takes no prompt token and generates none for this long while requests
-# are outstanding has stalled (a transfer job that never completes, a lost wake-up):
-# its server is stopped, so the run fails at once instead of each request waiting out
-# its timeout (600 s; a mutate command's 1200 s). A healthy step here is under a second.
-STALL_S = 120.0
 
 
 def engine_kernels(lines: list[str]) -> dict[str, str]:
@@ -83,6 +78,9 @@ class Sampler:
         self.base = base
         self.points: list[tuple[float, metrics.Snapshot]] = []
         self.stall: str = ""  # what the watch saw, once it fired
+        # The longest the counters stayed still with requests outstanding: a healthy
+        # run's (run.json's longest_still_s) is what a stall window is calibrated from.
+        self.longest_still_s = 0.0
         self._outstanding = outstanding
         self._on_stall = on_stall
         self._stall_s = stall_s
@@ -116,6 +114,7 @@ class Sampler:
         if progress != self._progress or not waiting:
             self._progress, self._moved = progress, now
             return
+        self.longest_still_s = max(self.longest_still_s, now - self._moved)
         if self.stall or now - self._moved < self._stall_s:
             return
         self.stall = stalled(waiting, now - self._moved, progress)
@@ -336,6 +335,7 @@ def _serve(
         ep.base,
         outstanding=lambda: len(result.sent) - len(result.outcomes),
         on_stall=stop_stalled if server is not None else None,
+        stall_s=plan.stall_s,
     )
     sampler.start()
     began = time.monotonic()
@@ -399,6 +399,7 @@ def _serve(
                     run.death = f"{sig.summary()} (the server died during the run)"
     finally:
         sampler.stop()
+        result.longest_still_s = max(result.longest_still_s, sampler.longest_still_s)
         # A restarted server counts from zero: its samples go on from the last one's.
         shift = began - t0
         result.samples += [
