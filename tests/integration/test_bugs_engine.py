@@ -9,8 +9,8 @@ The nightly tier runs the AMX-only entry (skipped on hosts without AMX, reproduc
 there is AMX: the PR tier's crash-repro already launches that SIGILL there), #51150 on
 releases either side of its fix, with a seeded wrong entry sharing its launches, and
 #57596 on both, the four scripts that share one server (#49118's queued abort among
-them), and #49118's trigger on the current build with its fix undone (a seeded fault:
-the bug lived only in releases this machine cannot install).
+them), and every entry's trigger whose bug lived only in releases this machine cannot
+install on the current build with its fix undone (``seeded_by``: #49118).
 """
 
 from __future__ import annotations
@@ -195,34 +195,38 @@ def test_four_scripts_share_one_server_each_judged_as_alone(tmp_path):
     assert "aborted while waiting (queue: 1 running, 1 waiting" in queued, queued
 
 
+SEEDED = [e for e in sorted(CORPUS.glob("*.toml")) if "\nseeded_by = " in e.read_text()]
+
+
 @pytest.mark.nightly
 @pytest.mark.launches(1)
-def test_the_queued_abort_trigger_catches_49118_brought_back(tmp_path):
-    """#49118 lived only in releases that cannot be installed here, so its trigger is
-    shown to catch the bug on the current build with PRs #49146 and #49285 undone (the
-    aborted-stores-prompt patch): the abort of a request that never ran kills the engine
-    in _build_store_jobs, exactly the entry's symptom."""
+@pytest.mark.parametrize("path", SEEDED, ids=[p.stem for p in SEEDED])
+def test_a_bug_no_installable_release_has_is_caught_with_its_fix_undone(tmp_path, path):
+    """A bug that lived only in releases this machine cannot install (#49118) has cells
+    here that can only pass. Its entry names the patch that undoes its fix
+    (``seeded_by``): on the current build with it, the trigger must show exactly the
+    entry's symptom (#49118: the queued request's abort kills the engine in
+    _build_store_jobs)."""
+    from harness.scenario.schema import load_bug
+
+    entry = load_bug(path)
+    assert entry.seeded_by and entry.fixed
     results = tmp_path / "results"
     results.mkdir()
-    patched = 'env = { VLLM_SERVER_DEV_MODE = "1", OFFLOAD_CHECK_PATCH = "aborted-stores-prompt" }'
+    env = 'env = { VLLM_SERVER_DEV_MODE = "1" }'
+    patched = f'env = {{ VLLM_SERVER_DEV_MODE = "1", OFFLOAD_CHECK_PATCH = "{entry.seeded_by}" }}'
+    ranges = f'affected = "{entry.affected}"\nfixed = "{entry.fixed}"'
     corpus = corpus_copy(
-        tmp_path,
-        (
-            "49118",
-            "49118",
-            {
-                'affected = "<0.27.0"\nfixed = ">=0.27.0"': 'affected = ">=0.27.0"',
-                'env = { VLLM_SERVER_DEV_MODE = "1" }': patched,
-            },
-        ),
+        tmp_path, (entry.id, entry.id, {ranges: 'affected = ">=0.27.0"', env: patched})
     )
     code, run, out = bugs_cli(results, "--corpus", str(corpus), "--build", CURRENT)
     assert code == 0, out
     cell = table(run).iloc[0]
-    assert (cell.outcome, cell.matched, cell.observed) == ("reproduced", "True", "crashed"), cell
-    assert cell.signature.startswith("AssertionError in ") and cell.signature.endswith(
-        "scheduler.py:_build_store_jobs"
-    ), cell.signature
-    assert cell.detail.startswith("during step queued: assert len(offload_keys) ==")
+    assert (cell.outcome, cell.matched) == ("reproduced", "True"), cell
     log = (Path(cell.run_dir) / "logs" / "server.log").read_text()
-    assert "offload-check patch: aborted-stores-prompt applied" in log
+    assert f"offload-check patch: {entry.seeded_by} applied" in log
+    if entry.id == "49118":
+        assert cell.observed == "crashed" and cell.signature.endswith(
+            "scheduler.py:_build_store_jobs"
+        ), cell.signature
+        assert cell.detail.startswith("during step queued: assert len(offload_keys) ==")
