@@ -83,6 +83,13 @@ class Platform(StrictModel):
         return f"{device} without {', '.join(missing)}" if missing else ""
 
 
+def _patch_or_none(value: str | None) -> str | None:
+    """A harness patch's name (``harness.engine.patches``), refused at load when unknown."""
+    if value is not None and value not in PATCHES:
+        raise ValueError(f"unknown patch {value!r}; known: {', '.join(PATCHES)}")
+    return value
+
+
 class Variant(StrictModel):
     """One vLLM build to launch: an interpreter plus an optional in-engine patch."""
 
@@ -101,12 +108,7 @@ class Variant(StrictModel):
     # and matrix cells elsewhere are skipped with the reason, not launched.
     platform: Platform | None = None
 
-    @field_validator("patch")
-    @classmethod
-    def _known_patch(cls, value: str | None) -> str | None:
-        if value is not None and value not in PATCHES:
-            raise ValueError(f"unknown patch {value!r}; known: {', '.join(PATCHES)}")
-        return value
+    _known_patch = field_validator("patch")(_patch_or_none)
 
 
 class VariantsFile(StrictModel):
@@ -660,13 +662,7 @@ class BugEntry(FileScenario):
     # build with its fix, with the fix undone by this harness patch (harness.engine.patches).
     seeded_by: str | None = Field(None, description="the patch that puts the bug back")
 
-    @field_validator("seeded_by")
-    @classmethod
-    def _known_patch(cls, value: str | None) -> str | None:
-        if value is not None and value not in PATCHES:
-            raise ValueError(f"unknown patch {value!r}; known: {', '.join(PATCHES)}")
-        return value
-
+    _seeded_by = field_validator("seeded_by")(_patch_or_none)
     _specs = field_validator("affected", "fixed")(_spec_or_none)
 
     def trigger_as(self, kind: type[TriggerT]) -> TriggerT:
