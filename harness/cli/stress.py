@@ -51,7 +51,10 @@ def stress_cmd(
     config: Geometry = None,
     url: Annotated[str | None, opt("stress.url", callback=check_url)] = None,
     stall_after: Annotated[
-        float | None, opt("stress.stall-after", "--stall-after", min=10, max=3600)
+        float | None,
+        # A panel of its own, as --reference-cache: its metavar and range in the main
+        # table would narrow every help text past --url's longest word at 80 columns.
+        opt("stress.stall-after", "--stall-after", min=10, max=3600, rich_help_panel="Stall watch"),
     ] = None,
     engine_arg: EngineArgs = None,
     reference_cache: Annotated[

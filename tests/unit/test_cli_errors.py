@@ -218,7 +218,7 @@ def test_sweep_bad_input(tmp_path, args, needle):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--bug", "1"], "--bug 1: no such entry; there are: 51150"),
+        (["--bug", "1"], "--bug 1: no such entry; there are: 49118, 51150"),
         (["--corpus", "/nope"], "bug corpus not found: /nope"),
         (["--variant", "stock+fix"], "--variant stock+fix patches vLLM (chunked-local-fix)"),
         (["--variant", "nope"], "--variant nope: unknown"),
