@@ -4,6 +4,7 @@
 #   make roundtrip       set up, then the offload round trip (CPU scenario)
 #   make matrix          set up, then every KV-cache spec family x vLLM variant
 #   make bugs            set up, then the bug corpus on every installable release
+#                        (JOBS=N builds side by side; default 2 where there are 2+ cores)
 #   make stress          set up, then concurrent traffic judged against a reference
 #   make pressure        set up, then a CPU tier under eviction (LRU, ARC, thresholds)
 #   make test            set up, then lint and the PR tier (unit + real-engine tests)
@@ -21,6 +22,8 @@ SHELL := /bin/bash
 
 PYTHON ?= python3
 GPU ?=
+# Servers side by side in long CPU runs (bugs): each its own share of the cores.
+JOBS ?= $(shell [ "$$(nproc)" -ge 2 ] && [ -z "$(GPU)" ] && echo 2 || echo 1)
 # vLLM builds: "current" is the newest release, "stock" the last one without PR #51161.
 ifeq ($(GPU),1)
 VLLM_DIST := vllm
@@ -185,7 +188,7 @@ pressure: setup
 
 # The bug corpus (scenarios/bugs): every entry on every installable release.
 bugs: setup
-	$(VENV)/bin/offload-check bugs $(ARGS)
+	$(VENV)/bin/offload-check bugs --jobs $(JOBS) $(ARGS)
 
 # Every KV-cache spec family x vLLM variant (12 cells, one server at a time).
 matrix: setup

@@ -83,6 +83,7 @@ ENV_LOCK = "OFFLOAD_CHECK_LOCK"  # the machine-wide server lock's path ("none": 
 ENV_LOCK_WAIT = "OFFLOAD_CHECK_LOCK_WAIT"  # "0": a launch fails (exit 3) if the lock is held
 ENV_CACHE = "OFFLOAD_CHECK_CACHE"  # models, per-build vLLM caches
 ENV_DEVICE = "OFFLOAD_CHECK_DEVICE"  # override the probed device (planning for GPUs)
+ENV_CORES = "OFFLOAD_CHECK_CORES"  # the cores this process's servers run on (a --jobs lane)
 
 # --- log line prefixes the engine side prints and the harness reads ------------------------
 LOG_AMX = "offload-check amx:"

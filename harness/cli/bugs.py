@@ -27,7 +27,8 @@ def bugs_cmd(
     and the ones with its fix, a trigger and the symptom. A cell is `reproduced` (the
     symptom, exactly), `passed`, `error` (something else), `unavailable` or `skipped`
     (this host lacks a GPU or CPU feature the entry needs). Exit 0 when every cell is as
-    the entry says: reproduced where the bug lived, passed where it was fixed.
+    the entry says: reproduced where the bug lived, passed where it was fixed. --jobs N
+    runs N releases side by side, each on its own share of the cores.
     """
     from harness.commands.bugs import corpus as bugs
     from harness.commands.bugs import plan
@@ -37,15 +38,19 @@ def bugs_cmd(
         variants_file = common.default_scenario("variants.toml")
         extra = [*(builds.build or []), *plan.variant_builds(variant or [], variants_file)]
         common.check_builds(extra)
+        common.check_jobs(builds.jobs, opts.port)
         run = plan.plan_bugs(entries, builds.releases, extra, builds.dist)
         return run
 
     common.plan_and_run(
-        make_plan, "bugs_plan", lambda planned: run_bugs(planned, opts, builds.torch_index), opts
+        make_plan,
+        "bugs_plan",
+        lambda planned: run_bugs(planned, opts, builds.torch_index, builds.jobs),
+        opts,
     )
 
 
-def run_bugs(run: Any, opts: RunOptions, torch_index: str | None) -> int:
+def run_bugs(run: Any, opts: RunOptions, torch_index: str | None, jobs: int = 1) -> int:
     from rich.markup import escape
 
     from harness.commands import sweep as sw
@@ -62,6 +67,7 @@ def run_bugs(run: Any, opts: RunOptions, torch_index: str | None) -> int:
         builds=sweep.build_records(),
         bugs=[{"id": e.id, "file": str(e.source)} for e in run.entries],
         skipped=run.skipped,
+        jobs=jobs,
     )
     meta = {"builds": labels, "release_order": sweep.release_order}
 
@@ -85,6 +91,7 @@ def run_bugs(run: Any, opts: RunOptions, torch_index: str | None) -> int:
                         write,
                         port=opts.port,
                         torch_index=torch_index,
+                        jobs=jobs,
                     )
         finally:
             sweep.fill_not_run("not reached: the run stopped before this cell")

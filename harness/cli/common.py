@@ -132,6 +132,25 @@ def plan_and_run(
     raise typer.Exit(run(plan))
 
 
+def check_jobs(jobs: int, port: int | None) -> None:
+    """``--jobs`` N > 1: N lanes of this machine's cores (each server its own), so not
+    more than its cores, no fixed ``--port`` (N servers at once), and no GPU machine
+    (its servers would share the GPU, which the lanes do not split)."""
+    if jobs <= 1:
+        return
+    from harness.server import lanes
+    from harness.server.interpreters import has_gpu
+
+    if port is not None:
+        raise HarnessError(f"--jobs {jobs} runs {jobs} servers at once: one --port cannot do")
+    if has_gpu():
+        raise HarnessError(
+            f"--jobs {jobs} splits CPU cores between servers; on a GPU machine they would "
+            "share the GPU: use --jobs 1"
+        )
+    lanes.split(jobs)  # more lanes than cores: one line, exit 2
+
+
 def given_flags(**given: object) -> list[str]:
     """The options among ``given`` (by name without dashes) that were set, as flags."""
     return [f"--{k.replace('_', '-')}" for k, v in given.items() if v not in (None, [], False)]

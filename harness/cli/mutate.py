@@ -29,6 +29,7 @@ def mutate_cmd(
     shard: Annotated[str | None, opt("mutate.shard")] = None,
     resume: Annotated[Path | None, opt("mutate.resume")] = None,
     merge: Annotated[list[Path] | None, opt("mutate.merge", "--merge")] = None,
+    jobs: Annotated[int, opt("mutate.jobs", min=1, max=64)] = 1,
     *,
     opts: RunOptions,
 ) -> None:
@@ -41,7 +42,7 @@ def mutate_cmd(
     it. Each command first runs once on the unmutated build with line coverage of the
     target, so a survivor is told apart as reached (the checks missed it) or not reached
     (no workload runs its line). --resume continues a session; --shard and --merge split
-    one across CI runners.
+    one across CI runners; --jobs runs mutants side by side, each on its share of the cores.
     """
     from harness.commands.mutate import plan as mp
 
@@ -54,6 +55,7 @@ def mutate_cmd(
                 mutant=mutant, variant=variant, python=python, shard=shard, resume=resume,
             )  # fmt: skip
             return mp.MergePlan.of(list(merge))
+        common.check_jobs(jobs, None)
         if resume is not None:
             refuse_with(
                 "--resume", target=target, command=command, sample=sample, every=every,
@@ -79,7 +81,9 @@ def mutate_cmd(
             chosen=mutant or (),
         )
 
-    common.plan_and_run(make_plan, "mutate_plan", lambda planned: run_mutate(planned, opts), opts)
+    common.plan_and_run(
+        make_plan, "mutate_plan", lambda planned: run_mutate(planned, opts, jobs), opts
+    )
 
 
 def refuse_with(option: str, **given: object) -> None:
@@ -141,7 +145,7 @@ def survivors_mismatch(outcome: Any, survived: int) -> None:
         outcome.code = ExitCode.MISMATCH
 
 
-def run_mutate(plan: Any, opts: RunOptions) -> int:
+def run_mutate(plan: Any, opts: RunOptions, jobs: int = 1) -> int:
     from harness.commands.mutate import execute as ex
     from harness.commands.mutate import plan as mp
     from harness.commands.mutate.files import write_mutate
@@ -171,7 +175,9 @@ def run_mutate(plan: Any, opts: RunOptions) -> int:
         run_dir.update_meta(resumed_at=utc_now())
     else:
         run_dir = open_run(opts, "mutate", None)
-    run_dir.update_meta(plan={k: v for k, v in plan.describe().items() if k != "mutants"})
+    run_dir.update_meta(
+        plan={k: v for k, v in plan.describe().items() if k != "mutants"}, jobs=jobs
+    )
     path = run_dir.path / "session.sqlite"
     common.console.print(
         f"[bold]mutate[/] {plan.module} (vLLM {plan.vllm_version}): {len(plan.mutants)} of "
@@ -188,7 +194,7 @@ def run_mutate(plan: Any, opts: RunOptions) -> int:
                 write_mutate(run_dir, session)
 
             try:
-                ex.execute_session(plan, session, run_dir.path, Progress(), rewrite)
+                ex.execute_session(plan, session, run_dir.path, Progress(), rewrite, jobs)
             finally:
                 got = write_mutate(run_dir, session)
                 summary = got.text()

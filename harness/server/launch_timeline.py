@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -141,6 +141,7 @@ class LaunchTimeline:
     stopped_s: float | None  # when the last process was gone
     teardown_s: float | None  # from the stop request to that
     resolution_s: float
+    cores: list[int] | None = None  # its lane's cores (--jobs); None: the whole machine
 
     def phases(self) -> dict[str, float | None]:
         """Each phase of ``LAUNCH_PHASES`` as a duration; None where a point is missing (a
@@ -178,6 +179,7 @@ def build(
     first_answer_s: float | None,
     stopped_s: float | None,
     teardown_s: float | None,
+    cores: Sequence[int] | None = None,
 ) -> LaunchTimeline:
     points = log_points(lines, spawned_wall)
     return LaunchTimeline(
@@ -193,6 +195,7 @@ def build(
         stopped_s=_r(stopped_s),
         teardown_s=_r(teardown_s),
         resolution_s=points.resolution_s,
+        cores=None if cores is None else list(cores),
     )
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from harness.errors import BadInput, HarnessError, RuntimeFailure
 from harness.names import ENV_LOCK, ENV_LOCK_WAIT
-from harness.server import launch_timeline
+from harness.server import lanes, launch_timeline
 
 HOST = "127.0.0.1"
 READY_GRACE_S = 15.0  # SIGTERM to SIGKILL for a serving server: time to exit cleanly
@@ -192,6 +192,27 @@ def _write_holder(fh: Any) -> None:
         fh.flush()
 
 
+# Set while this process holds the server lock for a whole run split into lanes
+# (``hold_machine``): its lanes' launches are already covered by it.
+_HELD: list[bool] = [False]
+
+
+@contextlib.contextmanager
+def hold_machine() -> Iterator[None]:
+    """Hold the server lock for a whole run whose servers run side by side, each on its
+    own cores (``harness.server.lanes``): other runs queue as they would behind one
+    server, and the run's own launches (in its threads) do not take the lock again."""
+    if _HELD[0]:
+        yield
+        return
+    with server_slot():
+        _HELD[0] = True
+        try:
+            yield
+        finally:
+            _HELD[0] = False
+
+
 @contextlib.contextmanager
 def server_slot() -> Iterator[None]:
     """Hold the machine-wide server lock while a vLLM server lives.
@@ -204,7 +225,7 @@ def server_slot() -> Iterator[None]:
     ``OFFLOAD_CHECK_LOCK_WAIT=0``), fails at once naming the holder (exit 3).
     """
     path = lock_path()
-    if path is None:
+    if path is None or _HELD[0]:
         yield
         return
     import fcntl
@@ -324,6 +345,7 @@ class VllmServer:
     _slot: Any = field(default=None, init=False, repr=False)
     _reaper: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _rpc_dir: str | None = field(default=None, init=False, repr=False)
+    cores: tuple[int, ...] | None = field(default=None, init=False)  # its lane's (--jobs)
 
     def __hash__(self) -> int:
         return id(self)
@@ -336,6 +358,8 @@ class VllmServer:
         return self.spec.argv(self.port if self.port is not None else 0)
 
     def start(self) -> None:
+        if _STOPPING[0]:
+            raise KeyboardInterrupt("the run is stopping: no new server")
         if self.port is None:
             self.port = free_port()
         else:
@@ -343,12 +367,16 @@ class VllmServer:
         python = self.spec.python
         if not (os.path.isfile(python) or os.sep not in python):
             raise BadInput(f"interpreter not found: {python}")
+        env = {**os.environ, **self.spec.env}
+        cores = self.cores = lanes.current()
+        if cores is not None:
+            # A lane of a run split by --jobs: vLLM's OpenMP threads on the lane's cores.
+            env[lanes.OMP_BIND] = lanes.omp_bind(cores, lanes.ranks_of(env.get(lanes.OMP_BIND)))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         slot = server_slot()
         slot.__enter__()  # may wait for another run's server, or refuse to (--no-wait)
         self._slot = slot
         self._log = self.log_path.open("wb")
-        env = {**os.environ, **self.spec.env}
         if "VLLM_RPC_BASE_PATH" not in env:
             # vLLM's ZMQ sockets go to /tmp/<uuid> by default and outlive a killed server
             # (thousands after a test run); a directory per server is removed at stop.
@@ -374,6 +402,11 @@ class VllmServer:
             self._release_slot()
             raise BadInput(f"cannot launch {python}: {err.strerror}") from None
         _LIVE.add(self)
+        if cores is not None:
+            # Before the API server spawns EngineCore (after ~10 s of imports): every
+            # process of the server inherits the mask.
+            with contextlib.suppress(OSError):
+                lanes.pin_process(self.proc.pid, cores)
         self._reaper = _start_reaper(self.proc.pid, self._rpc_dir)
 
     def alive(self, grace_s: float = 0.0) -> bool:
@@ -492,6 +525,7 @@ class VllmServer:
             first_answer_s=self.first_answer_s,
             stopped_s=now - self.started_at,
             teardown_s=now - stop_requested,
+            cores=self.cores,
         ).record()
         _FINISHED.append(self.timeline)
 
@@ -627,6 +661,27 @@ def stop_all() -> None:
     """Tear down every live server; used on SIGTERM/SIGHUP and at interpreter exit."""
     for server in list(_LIVE):
         server.stop(grace_s=5.0)
+
+
+# Set when a run split into lanes is interrupted: Ctrl-C reaches only the main thread,
+# so the lanes' threads learn it here; a launch refused this way ends their work.
+_STOPPING: list[bool] = [False]
+
+
+def stop_lanes() -> None:
+    """Interrupt a run's lanes (threads): no launch starts any more, and every live
+    server is torn down, so a lane blocked on its server's answer returns."""
+    _STOPPING[0] = True
+    stop_all()
+
+
+def stopping() -> bool:
+    return _STOPPING[0]
+
+
+def resume_launches() -> None:
+    """Undo :func:`stop_lanes` (a later run in the same process, a test)."""
+    _STOPPING[0] = False
 
 
 def install_signal_handlers() -> None:

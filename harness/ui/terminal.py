@@ -7,6 +7,7 @@ reports through plain callbacks so it can be driven from tests or other tools.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -446,7 +447,18 @@ class _SpinnerLines:
         self.console = console
         self.live = console.is_terminal
         self._status: Any = None
-        self._prefix = ""
+        # Per thread: a sweep with --jobs reports from one thread per lane, each with
+        # its build's prefix; the spinner shows the latest step of either.
+        self._local = threading.local()
+        self._lock = threading.RLock()
+
+    @property
+    def _prefix(self) -> str:
+        return str(getattr(self._local, "prefix", ""))
+
+    @_prefix.setter
+    def _prefix(self, value: str) -> None:
+        self._local.prefix = value
 
     def __enter__(self) -> Any:
         return self
@@ -455,23 +467,26 @@ class _SpinnerLines:
         self._stop()
 
     def _stop(self) -> None:
-        if self._status is not None:
-            self._status.stop()
-            self._status = None
+        with self._lock:
+            if self._status is not None:
+                self._status.stop()
+                self._status = None
 
     def _show(self, message: str) -> None:
         if not self.live:
             return
         text = escape(f"{self._prefix}: {message}")
-        if self._status is None:
-            self._status = self.console.status(text)
-            self._status.start()
-        else:
-            self._status.update(text)
+        with self._lock:
+            if self._status is None:
+                self._status = self.console.status(text)
+                self._status.start()
+            else:
+                self._status.update(text)
 
     def _line(self, text: Text | str) -> None:
-        self._stop()
-        self.console.print(text, highlight=False)
+        with self._lock:
+            self._stop()
+            self.console.print(text, highlight=False)
 
 
 def _env_line(head: str, status: Any) -> Text:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 from pathlib import Path
@@ -11,6 +12,11 @@ import pytest
 from tests.conftest import CLI, ROOT
 
 SCENARIO = (ROOT / "scenarios" / "crash-repro.toml").read_text()
+# One lane more than this machine has cores, whatever it has (the message names the cores,
+# or on a GPU machine the GPU); within --jobs's own limit of 64.
+TOO_MANY = str(
+    min(64, len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") else 64)
+)
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -206,6 +212,12 @@ def test_report_and_compare_refuse_non_results(tmp_path):
         (["--build", "/nope/bin/python"], "--build /nope/bin/python: no such wheel"),
         (["--releases", "0.28.0..0.27.0"], "release range 0.28.0..0.27.0 is empty"),
         (["--merge", "/nope"], "/nope: no sweep.csv"),
+        (["--jobs", "2", "--port", "8123", "--releases", "latest"], "one --port cannot do"),
+        (["--jobs", TOO_MANY, "--releases", "latest"], f"--jobs {TOO_MANY}"),
+        (
+            ["--bisect", "x", "--jobs", "2", "--releases", "0.27.0..0.28.0"],
+            "--bisect builds one release at a time",
+        ),
     ],
     ids=lambda a: " ".join(a) if isinstance(a, list) else None,
 )
@@ -223,6 +235,8 @@ def test_sweep_bad_input(tmp_path, args, needle):
         (["--variant", "stock+fix"], "--variant stock+fix patches vLLM (chunked-local-fix)"),
         (["--variant", "nope"], "--variant nope: unknown"),
         (["--build", "/nope/bin/python"], "--build /nope/bin/python: no such wheel"),
+        (["--jobs", TOO_MANY], f"--jobs {TOO_MANY}"),
+        (["--jobs", "0"], "--jobs"),
     ],
     ids=lambda a: " ".join(a) if isinstance(a, list) else None,
 )

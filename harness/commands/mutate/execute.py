@@ -33,6 +33,8 @@ from typing import Any, Protocol
 
 from harness.errors import BadInput, ExitCode, RuntimeFailure
 from harness.names import ENV_COVER, ENV_COVER_OUT
+from harness.server import lanes, launcher
+from harness.server.side_by_side import run_in_lanes
 
 # Seconds a command may take per mutant; a mutant that makes the engine spin past this
 # is a ``timeout`` (roundtrip about 2 minutes here, the default stress about 5).
@@ -162,15 +164,14 @@ def run_command(
             start_new_session=True,
         )
         try:
-            code: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            code = None
-            _stop(proc)
+            code = _wait(proc, t0 + timeout_s)
         except BaseException:
             # Ctrl-C or SIGTERM on mutate itself: the command is in a session of its own,
             # so it is stopped here (its servers with it), never left running.
             _stop(proc)
             raise
+        if code is None:
+            _stop(proc)
     lines = log.read_text(errors="replace").strip().splitlines()
     run_dir = _run_dir(out)
     rows = failed_rows(run_dir) if code == ExitCode.MISMATCH else []
@@ -183,6 +184,22 @@ def run_command(
         time.monotonic() - t0,
         rows[0].get("observed", "") if rows else "",
     )
+
+
+def _wait(proc: subprocess.Popen[bytes], deadline: float) -> int | None:
+    """The command's exit code, or None past ``deadline``. A lane (``--jobs``) is a
+    thread, which no signal reaches: it looks up once a second, and when the run is
+    stopping (``launcher.stop_lanes``) raises KeyboardInterrupt as the main thread got."""
+    from harness.server.launcher import stopping
+
+    while True:
+        try:
+            return proc.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if stopping():
+                raise KeyboardInterrupt("the run is stopping") from None
+            if time.monotonic() >= deadline:
+                return None
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -263,31 +280,47 @@ def baseline(
     timeout_s: float,
     reporter: MutateReporter,
     reference_cache: Path | None = None,
+    jobs: int = 1,
 ) -> dict[str, list[int]]:
     """Each command on the unmutated environment with the line tracer on: the lines of
     the target it reached. A command failing here is refused: it would kill every
     mutant, and its kills would mean nothing. A stress command's reference fills
-    ``reference_cache`` here, for the mutants."""
+    ``reference_cache`` here, for the mutants. With ``jobs`` > 1 the commands run side
+    by side, each on a lane's cores, as the mutants will."""
     from harness.engine.reach import read_lines
 
-    covered: dict[str, list[int]] = {}
-    for cmd in commands:
+    def one(cmd: MutateCommand, cores: tuple[int, ...] | None) -> CommandRun:
         where = out / cmd.slug
         reporter.status(f"baseline: {cmd.name} on the unmutated build (line coverage on)")
-        run = run_command(
+        lane = {} if cores is None else lanes.lane_env(cores)
+        return run_command(
             cmd,
             python,
             where,
             timeout_s,
-            env=coverage_env(relpath, where / "lines"),
+            env={**coverage_env(relpath, where / "lines"), **lane},
             reference_cache=reference_cache,
         )
+
+    runs: dict[str, CommandRun] = {}
+    if jobs > 1:
+        run_in_lanes(commands, jobs, one, lambda cmd, run: runs.__setitem__(cmd.name, run))
+    else:
+        for cmd in commands:
+            runs[cmd.name] = one(cmd, None)
+            if runs[cmd.name].verdict != "survived":
+                break
+    covered: dict[str, list[int]] = {}
+    for cmd in commands:
+        run = runs.get(cmd.name)
+        if run is None:
+            continue  # not run: an earlier command already failed
         if run.verdict != "survived":
             raise RuntimeFailure(
                 f"{cmd.name} fails on the unmutated build ({run.detail()}); every mutant "
-                f"would count as killed. Its run: {run.run_dir or where}"
+                f"would count as killed. Its run: {run.run_dir or out / cmd.slug}"
             )
-        covered[cmd.name] = sorted(read_lines(where / "lines"))
+        covered[cmd.name] = sorted(read_lines(out / cmd.slug / "lines"))
     return covered
 
 
@@ -301,9 +334,11 @@ def run_mutant(
     reporter: MutateReporter,
     drop_env: Callable[[str], None],
     reference_cache: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> Verdict:
     """One mutant: its copy of the environment (``make_env`` gives the copy's python),
-    the import check, then the commands until one notices; the copy is removed after."""
+    the import check, then the commands until one notices; the copy is removed after.
+    ``env``: the commands' extra environment (a lane's cores, ``lanes.lane_env``)."""
     from harness.commands.mutate.mutants import mutated_source
 
     python = make_env(mutant, mutated_source(source, mutant))
@@ -315,7 +350,9 @@ def run_mutant(
         for cmd in commands:
             reporter.status(f"{mutant.id}: {cmd.name} ({mutant.one_line()})")
             runs.append(
-                run_command(cmd, python, out / cmd.slug, timeout_s, reference_cache=reference_cache)
+                run_command(
+                    cmd, python, out / cmd.slug, timeout_s, env=env, reference_cache=reference_cache
+                )
             )
             if runs[-1].verdict != "survived":
                 break
@@ -377,10 +414,31 @@ def execute_session(
     out: Path,
     reporter: MutateReporter,
     on_verdict: Callable[[], None],
+    jobs: int = 1,
 ) -> None:
     """The baseline (once per session: a resume reads ``baseline/coverage.json``), then
     every pending mutant of this shard, each verdict in the session as it lands. The
-    build's own file is checked unchanged before and after every mutant."""
+    build's own file is checked unchanged before and after every mutant.
+
+    ``jobs`` > 1: that many mutants side by side, each command pinned to its lane's
+    cores (``harness.server.side_by_side``); the baseline's commands side by side too,
+    so the stall window and the stress reference it leaves come from a server with the
+    mutants' share of the machine."""
+    if jobs > 1:
+        with launcher.hold_machine():
+            _execute(plan, session, out, reporter, on_verdict, jobs)
+        return
+    _execute(plan, session, out, reporter, on_verdict, 1)
+
+
+def _execute(
+    plan: Any,
+    session: Any,
+    out: Path,
+    reporter: MutateReporter,
+    on_verdict: Callable[[], None],
+    jobs: int,
+) -> None:
     import json
 
     from harness.commands.mutate import sandbox
@@ -394,7 +452,14 @@ def execute_session(
         covered = json.loads(coverage.read_text())
     else:
         covered = baseline(
-            plan.commands, plan.python, plan.relpath, where, plan.timeout_s, reporter, cache
+            plan.commands,
+            plan.python,
+            plan.relpath,
+            where,
+            plan.timeout_s,
+            reporter,
+            cache,
+            jobs,
         )
         coverage.write_text(json.dumps(covered, sort_keys=True) + "\n")
     on_verdict()
@@ -424,9 +489,12 @@ def execute_session(
     def drop_env(python: str) -> None:
         sandbox.remove_copy(Path(python).parent.parent)
 
-    for n, mutant in enumerate(pending, 1):
+    order = {m.id: n for n, m in enumerate(pending, 1)}
+
+    def one(mutant: Any, cores: tuple[int, ...] | None) -> tuple[Verdict, float]:
+        """A mutant's verdict and its seconds (the copy and the import check included)."""
         untouched()
-        reporter.status(f"[{n}/{len(pending)}] {mutant.id}: {mutant.one_line()}")
+        reporter.status(f"[{order[mutant.id]}/{len(pending)}] {mutant.id}: {mutant.one_line()}")
         began = time.monotonic()
         verdict = run_mutant(
             mutant,
@@ -438,17 +506,28 @@ def execute_session(
             reporter,
             drop_env,
             cache,
+            None if cores is None else lanes.lane_env(cores),
         )
         untouched()
+        return verdict, time.monotonic() - began
+
+    def record(mutant: Any, result: tuple[Verdict, float]) -> None:
+        verdict, seconds = result
         session.record(
             mutant.id,
             verdict.verdict,
             command=verdict.command,
             failed=verdict.failed,
             detail=verdict.detail,
-            seconds=time.monotonic() - began,  # the copy and the import check included
+            seconds=seconds,
             reached=reached_by(mutant.line, covered),
             diff=mutant.unified_diff(source),
         )
         reporter.status(f"  {mutant.id}: {verdict.verdict} ({verdict.detail})")
         on_verdict()
+
+    if jobs > 1:
+        run_in_lanes(pending, jobs, one, record)
+        return
+    for mutant in pending:
+        record(mutant, one(mutant, None))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,6 +26,7 @@ from harness.commands.sweep.targets import (
 from harness.errors import BadInput
 from harness.results.records import SweepCell
 from harness.server.build_prep import Prepared, prepare
+from harness.server.side_by_side import run_in_lanes
 
 
 @dataclass
@@ -187,6 +189,7 @@ def execute_sweep(
     uv: str | None = None,
     torch_index: str | None = None,
     port: int | None = None,
+    jobs: int = 1,
 ) -> None:
     """Every target on every build, one build (and one server) at a time; a build with
     nothing to run (``SweepRun.narrow``) is not even installed.
@@ -194,7 +197,10 @@ def execute_sweep(
     Two things keep set-up out of the servers' way: the releases are first screened
     for installability side by side (``release_envs.screen_releases``: dozens of old
     releases pin a torch no source offers), and each build's successor is prepared in
-    the background while its servers run (:mod:`harness.commands.sweep.ahead`)."""
+    the background while its servers run (:mod:`harness.commands.sweep.ahead`).
+
+    ``jobs`` > 1 runs that many builds side by side, each in a lane of the machine's
+    cores (:mod:`harness.commands.sweep.lanes`)."""
     from harness.server.release_envs import screen_releases
 
     work: list[tuple[int, Build, list[Target]]] = []
@@ -211,6 +217,9 @@ def execute_sweep(
     if len(releases) > 1:
         reporter.status(f"which of {len(releases)} releases can be installed here")
         screen_releases(run.dist, releases, uv=uv, torch_index=torch_index)
+    if jobs > 1 and len(work) > 1:
+        _builds_side_by_side(run, work, out_dir, reporter, on_change, jobs, uv, torch_index)
+        return
     with Ahead(dist=run.dist, uv=uv, torch_index=torch_index) as ahead:
         for k, (i, build, targets) in enumerate(work):
             following = work[k + 1] if k + 1 < len(work) else None
@@ -235,6 +244,44 @@ def execute_sweep(
                 prepared=prepared,
                 ready=begin_next,
             )
+
+
+def _builds_side_by_side(
+    run: SweepRun,
+    work: Sequence[tuple[int, Build, list[Target]]],
+    out_dir: Path,
+    reporter: SweepReporter,
+    on_change: Callable[[], None],
+    jobs: int,
+    uv: str | None,
+    torch_index: str | None,
+) -> None:
+    """``jobs`` builds at a time, each in its own lane of cores (``side_by_side``): a
+    build's launches and its requests pinned to its lane, the results written under one
+    lock. No build is prepared ahead: while one lane installs or warms its build, the
+    other lane's servers keep the second core busy, which is all ``Ahead`` is for."""
+    write = threading.Lock()
+
+    def changed() -> None:
+        with write:
+            on_change()
+
+    def one(item: tuple[int, Build, list[Target]], _cores: tuple[int, ...]) -> None:
+        i, build, targets = item
+        run_build(
+            run,
+            build,
+            targets,
+            out_dir,
+            reporter,
+            changed,
+            index=i,
+            total=len(run.builds),
+            uv=uv,
+            torch_index=torch_index,
+        )
+
+    run_in_lanes(work, jobs, one)
 
 
 def bisect_target(targets: Sequence[Target], selector: str) -> tuple[Target, str]:
