@@ -25,6 +25,7 @@ from harness.errors import BadInput, RuntimeFailure
 from harness.server import lanes, launcher, side_by_side
 from harness.server.build_prep import Prepared
 from harness.server.release_envs import EnvStatus
+from tests.unit.test_sweep_ahead import _Quiet, _Scenario
 
 linux_only = pytest.mark.skipif(
     not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's"
@@ -290,16 +291,6 @@ def test_a_mutate_command_past_its_deadline_is_a_timeout(lock):
         proc.wait()
     quick = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     assert mutate_execute._wait(quick, time.monotonic() + 30) == 3
-
-
-class _Quiet:
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
-
-
-class _Scenario:
-    source = "scenarios/roundtrip-cpu.toml"
-    name = "roundtrip-cpu"
 
 
 FAKE_SERVER = """#!{python}

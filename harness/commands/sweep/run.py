@@ -200,7 +200,7 @@ def execute_sweep(
     the background while its servers run (:mod:`harness.commands.sweep.ahead`).
 
     ``jobs`` > 1 runs that many builds side by side, each in a lane of the machine's
-    cores (:mod:`harness.commands.sweep.lanes`)."""
+    cores (:mod:`harness.server.side_by_side`)."""
     from harness.server.release_envs import screen_releases
 
     work: list[tuple[int, Build, list[Target]]] = []
@@ -217,57 +217,10 @@ def execute_sweep(
     if len(releases) > 1:
         reporter.status(f"which of {len(releases)} releases can be installed here")
         screen_releases(run.dist, releases, uv=uv, torch_index=torch_index)
-    if jobs > 1 and len(work) > 1:
-        _builds_side_by_side(run, work, out_dir, reporter, on_change, jobs, uv, torch_index)
-        return
-    with Ahead(dist=run.dist, uv=uv, torch_index=torch_index) as ahead:
-        for k, (i, build, targets) in enumerate(work):
-            following = work[k + 1] if k + 1 < len(work) else None
 
-            def begin_next(following: tuple[int, Build, list[Target]] | None = following) -> None:
-                if following is not None:
-                    ahead.start(following[1], warm=needs_warm(following[2]))
-
-            prepared = ahead.take(build, functools.partial(reporter.build_step, build))
-            run_build(
-                run,
-                build,
-                targets,
-                out_dir,
-                reporter,
-                on_change,
-                index=i,
-                total=len(run.builds),
-                uv=uv,
-                torch_index=torch_index,
-                port=port,
-                prepared=prepared,
-                ready=begin_next,
-            )
-
-
-def _builds_side_by_side(
-    run: SweepRun,
-    work: Sequence[tuple[int, Build, list[Target]]],
-    out_dir: Path,
-    reporter: SweepReporter,
-    on_change: Callable[[], None],
-    jobs: int,
-    uv: str | None,
-    torch_index: str | None,
-) -> None:
-    """``jobs`` builds at a time, each in its own lane of cores (``side_by_side``): a
-    build's launches and its requests pinned to its lane, the results written under one
-    lock. No build is prepared ahead: while one lane installs or warms its build, the
-    other lane's servers keep the second core busy, which is all ``Ahead`` is for."""
-    write = threading.Lock()
-
-    def changed() -> None:
-        with write:
-            on_change()
-
-    def one(item: tuple[int, Build, list[Target]], _cores: tuple[int, ...]) -> None:
+    def one(item: tuple[int, Build, list[Target]], changed: Callable[[], None], **how: Any) -> None:
         i, build, targets = item
+        options = {"uv": uv, "torch_index": torch_index, **how}
         run_build(
             run,
             build,
@@ -277,11 +230,43 @@ def _builds_side_by_side(
             changed,
             index=i,
             total=len(run.builds),
-            uv=uv,
-            torch_index=torch_index,
+            **options,
         )
 
-    run_in_lanes(work, jobs, one)
+    if jobs > 1 and len(work) > 1:
+        _builds_side_by_side(work, on_change, jobs, one)
+        return
+    with Ahead(dist=run.dist, uv=uv, torch_index=torch_index) as ahead:
+        for k, item in enumerate(work):
+            following = work[k + 1] if k + 1 < len(work) else None
+
+            def begin_next(following: tuple[int, Build, list[Target]] | None = following) -> None:
+                if following is not None:
+                    ahead.start(following[1], warm=needs_warm(following[2]))
+
+            build = item[1]
+            prepared = ahead.take(build, functools.partial(reporter.build_step, build))
+            one(item, on_change, port=port, prepared=prepared, ready=begin_next)
+
+
+def _builds_side_by_side(
+    work: Sequence[tuple[int, Build, list[Target]]],
+    on_change: Callable[[], None],
+    jobs: int,
+    one: Callable[..., None],
+) -> None:
+    """``jobs`` builds at a time (``one(item, on_change)`` each), each in its own lane of
+    cores (``side_by_side``): a build's launches and its requests pinned to its lane, the
+    results written under one lock. No build is prepared ahead: while one lane installs
+    or warms its build, the other lane's servers keep the second core busy, which is all
+    ``Ahead`` is for."""
+    write = threading.Lock()
+
+    def changed() -> None:
+        with write:
+            on_change()
+
+    run_in_lanes(work, jobs, lambda item, _cores: one(item, changed))
 
 
 def bisect_target(targets: Sequence[Target], selector: str) -> tuple[Target, str]:
