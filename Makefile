@@ -4,7 +4,7 @@
 #   make roundtrip       set up, then the offload round trip (CPU scenario)
 #   make matrix          set up, then every KV-cache spec family x vLLM variant
 #   make bugs            set up, then the bug corpus on every installable release
-#                        (JOBS=N builds side by side; default 2 where there are 2+ cores)
+#                        (JOBS=N servers side by side; default 2 where there are 2+ cores)
 #   make stress          set up, then concurrent traffic judged against a reference
 #   make pressure        set up, then a CPU tier under eviction (LRU, ARC, thresholds)
 #   make test            set up, then lint and the PR tier (unit + real-engine tests)

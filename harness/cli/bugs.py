@@ -28,7 +28,7 @@ def bugs_cmd(
     symptom, exactly), `passed`, `error` (something else), `unavailable` or `skipped`
     (this host lacks a GPU or CPU feature the entry needs). Exit 0 when every cell is as
     the entry says: reproduced where the bug lived, passed where it was fixed. --jobs N
-    runs N releases side by side, each on its own share of the cores.
+    runs N servers side by side, each on its own share of the cores.
     """
     from harness.commands.bugs import corpus as bugs
     from harness.commands.bugs import plan

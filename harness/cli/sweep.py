@@ -30,7 +30,7 @@ def sweep_cmd(
     """Every selected check on every vLLM release (and your builds), with where each changed.
 
     One environment per build (made with uv, reused, see `offload-check envs`), one
-    server at a time, or --jobs N builds side by side, each on its own share of the
+    server at a time, or --jobs N side by side, each on its own share of the
     cores. Each cell is judged by its scenario's expectation rules, which take version
     specifiers (vllm = "<0.28.0"); a release that cannot be installed is a cell
     `unavailable`, not an error. Exit 0 when every cell that ran is as expected.

@@ -581,6 +581,9 @@ class SweepProgress(_SpinnerLines):
         self._line(Text(f"{self._prefix}: environment ..."))
         self._show("environment")
 
+    def build_joined(self, build: Any, index: int, total: int) -> None:
+        self._prefix = f"[{index}/{total}] {build.label}"
+
     def build_step(self, build: Any, message: str) -> None:
         self._show(message)
 

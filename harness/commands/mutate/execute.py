@@ -190,13 +190,11 @@ def _wait(proc: subprocess.Popen[bytes], deadline: float) -> int | None:
     """The command's exit code, or None past ``deadline``. A lane (``--jobs``) is a
     thread, which no signal reaches: it looks up once a second, and when the run is
     stopping (``launcher.stop_lanes``) raises KeyboardInterrupt as the main thread got."""
-    from harness.server.launcher import stopping
-
     while True:
         try:
             return proc.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
-            if stopping():
+            if launcher.stopping():
                 raise KeyboardInterrupt("the run is stopping") from None
             if time.monotonic() >= deadline:
                 return None
@@ -423,12 +421,10 @@ def execute_session(
     ``jobs`` > 1: that many mutants side by side, each command pinned to its lane's
     cores (``harness.server.side_by_side``); the baseline's commands side by side too,
     so the stall window and the stress reference it leaves come from a server with the
-    mutants' share of the machine."""
-    if jobs > 1:
-        with launcher.hold_machine():
-            _execute(plan, session, out, reporter, on_verdict, jobs)
-        return
-    _execute(plan, session, out, reporter, on_verdict, 1)
+    mutants' share of the machine. The machine's server lock is held from the baseline
+    to the last mutant, so no other run launches between the two."""
+    with launcher.hold_machine() if jobs > 1 else contextlib.nullcontext():
+        _execute(plan, session, out, reporter, on_verdict, jobs)
 
 
 def _execute(

@@ -25,6 +25,7 @@ from harness.commands.sweep.targets import (
 )
 from harness.errors import BadInput
 from harness.results.records import SweepCell
+from harness.server import launcher
 from harness.server.build_prep import Prepared, prepare
 from harness.server.side_by_side import run_in_lanes
 
@@ -210,6 +211,10 @@ def run_targets(
         return cells
 
     def on_cell(cell: SweepCell) -> None:
+        if launcher.stopping():
+            # A lane's server torn down by an interrupted run (--jobs) looks like a
+            # crash to its runner: not a result. The lane ends as the main thread did.
+            raise KeyboardInterrupt("the run is stopping")
         run.cells.append(cell)
         reporter.cell_done(cell)
         on_change()
@@ -245,8 +250,8 @@ def execute_sweep(
     releases pin a torch no source offers), and each build's successor is prepared in
     the background while its servers run (:mod:`harness.commands.sweep.ahead`).
 
-    ``jobs`` > 1 runs that many builds side by side, each in a lane of the machine's
-    cores (:mod:`harness.server.side_by_side`)."""
+    ``jobs`` > 1 runs that many targets side by side, each in a lane of the machine's
+    cores (``_targets_side_by_side``)."""
     from harness.server.release_envs import screen_releases
 
     work: list[tuple[int, Build, list[Target]]] = []
@@ -352,6 +357,8 @@ def _targets_side_by_side(
                     uv=uv,
                     torch_index=torch_index,
                 )
+            else:
+                reporter.build_joined(build, i, len(run.builds))
         run_targets(run, build, [target], made[build.label], out_dir, reporter, changed)
 
     run_in_lanes(items, jobs, one, pick=pick)
