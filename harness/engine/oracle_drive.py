@@ -1,0 +1,325 @@
+"""A generated request sequence through vLLM's real scheduler, in one process: what it did.
+
+The oracle judges what vLLM's offloading connector should have done for each request
+(``harness.oracle.scheduler``). A live server shows that through its counters and the
+host backend's transfer trace, one launch per model and a second or more per request.
+Here vLLM's own ``Scheduler``, the ``OffloadingConnector``'s scheduler side and the CPU
+manager (``scheduler_rig.Rig``) serve the same sequence with made-up KV-cache groups of
+any family, thousands of requests a minute, so the model is held against the real
+scheduler on far more sequences (and geometries) than servers could run, and a mutant of
+the scheduler is judged in seconds. Only the worker is not vLLM's: a job is done at the
+end of its step, and no model runs (every sampled token is 7).
+
+``python -m harness.engine.oracle_drive SEQUENCE.json`` (a release's interpreter, the
+checkout on ``PYTHONPATH``): the sequence names the groups, the offload settings and the
+steps (requests and tier resets, served one at a time, the GPU prefix cache reset before
+each request so every lookup starts at token 0). It prints one JSON line per step, then
+one line with the vLLM version and the settings the scheduler really used. Per request:
+the connector's hit, per group the chunks and blocks loaded and stored (chunk indices
+are the request's own), the hit tokens vLLM attributes to the host tier, the generated
+tokens, and where vLLM raised (an exception ends the sequence: the engine would be dead).
+
+Loaded with a vLLM interpreter: the standard library, vLLM and ``harness.engine`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.engine.drive_report import (
+    EXIT_BAD_INPUT,
+    EXIT_NOT_SET_UP,
+    EXIT_OK,
+    SetupError,
+    exception_text,
+    innermost_vllm_frame,
+    stdout_kept_for_result,
+    traceback_frames,
+)
+from harness.engine.scheduler_rig import Rig, kwargs_for, load_vllm
+
+MAX_STEPS_PER_REQUEST = 4096  # a request that needs more is a stalled scheduler
+PAGE_HEAD = 64  # the full-attention group of the largest block: head size 64, float32
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+
+    def step(self, text: str) -> None:
+        self.steps.append(text)
+
+
+def _specs(groups: Sequence[dict[str, Any]]) -> tuple[list[tuple[str, Any]], int]:
+    """vLLM KV-cache specs for the sequence's groups, one layer each, every page the same
+    size (the hybrid allocator's rule): head sizes are chosen to make it so."""
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        FullAttentionSpec,
+        MambaSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
+
+    top = max(int(g["block"]) for g in groups)
+    page = 2 * top * PAGE_HEAD * 4  # K and V, one KV head, float32
+    out: list[tuple[str, Any]] = []
+    for i, g in enumerate(groups):
+        kind, block, window = g["kind"], int(g["block"]), int(g.get("window") or 0)
+        if page % (8 * block):
+            raise SetupError(f"group {i}: block {block} does not divide the page {page}")
+        attn = {
+            "block_size": block,
+            "num_kv_heads": 1,
+            "head_size": page // (8 * block),
+            "dtype": torch.float32,
+        }
+        spec: Any
+        if kind == "full":
+            spec = FullAttentionSpec(**attn)
+        elif kind == "mla":
+            attn["head_size"] = page // (4 * block)
+            spec = MLAAttentionSpec(**kwargs_for(MLAAttentionSpec, **attn))
+        elif kind == "sliding-window":
+            spec = SlidingWindowSpec(**attn, sliding_window=window)
+        elif kind == "chunked-local":
+            spec = ChunkedLocalAttentionSpec(**attn, attention_chunk_size=window)
+        elif kind == "mamba":
+            state = {
+                "block_size": block,
+                "shapes": ((page // 4,),),
+                "dtypes": (torch.float32,),
+                "mamba_cache_mode": "align",
+            }
+            spec = MambaSpec(**kwargs_for(MambaSpec, **state))
+        else:
+            raise SetupError(f"group {i}: unknown kind {kind!r}")
+        if spec.page_size_bytes != page:
+            raise SetupError(f"group {i} ({kind}): page {spec.page_size_bytes} B, not {page}")
+        out.append((f"{kind}-{i}", spec))
+    return out, page
+
+
+class OracleRig:
+    """The rig with spies on what the connector decided, per request."""
+
+    def __init__(self, seq: dict[str, Any]) -> None:
+        groups, self.page = _specs(seq["groups"])
+        self.log = _Log()
+        extra: dict[str, Any] = {
+            "blocks_per_chunk": int(seq.get("blocks_per_chunk", 1)),
+            "offload_prompt_only": bool(seq.get("offload_prompt_only", True)),
+        }
+        cache: dict[str, Any] = {}
+        if "retention_interval" in seq:
+            cache["prefix_cache_retention_interval"] = seq["retention_interval"]
+        has_mamba = any(g["kind"] == "mamba" for g in seq["groups"])
+        self.rig = Rig(
+            self.log,
+            groups,
+            extra_config=extra,
+            enable_prefix_caching=True,
+            mamba_cache_mode="align" if has_mamba else None,
+            num_gpu_blocks=int(seq.get("num_gpu_blocks", 4096)),
+            max_num_batched_tokens=int(seq.get("max_batched_tokens", 8192)),
+            max_model_len=int(seq.get("max_model_len", 32768)),
+            cache_extra=cache,
+            log_stats=True,
+        )
+        self.stores: list[tuple[list[bytes], list[bytes] | None]] = []
+        self.sources: list[dict[str, int]] = []
+        off, mgr = self.rig.offload, self.rig.manager
+        prepare_store, sources = mgr.prepare_store, off.get_external_cache_hit_sources
+
+        def spy_store(keys: Any, *args: Any, **kw: Any) -> Any:
+            out = prepare_store(keys, *args, **kw)
+            kept = None if out is None else list(out.keys_to_store)
+            self.stores.append((list(keys), kept))
+            return out
+
+        def spy_sources(request: Any, num_external: int) -> Any:
+            out = sources(request, num_external)
+            self.sources.append({str(getattr(k, "value", k)): int(v) for k, v in out.items()})
+            return out
+
+        mgr.prepare_store = spy_store
+        off.get_external_cache_hit_sources = spy_sources
+
+    def settings(self) -> dict[str, Any]:
+        cfg = self.rig.offload.config
+        return {
+            "tokens_per_chunk": self.rig.tokens_per_chunk,
+            "block_size": self.rig.block_size,
+            "hash_block_size": self.rig.hash_block_size,
+            "retention_interval": getattr(cfg, "retention_interval", "absent"),
+            "alignment_tokens": getattr(cfg, "alignment_tokens", "absent"),
+            "page_bytes": self.page,
+        }
+
+    def serve(self, step: dict[str, Any]) -> dict[str, Any]:
+        """One request start to finish; what the connector did for it."""
+        from vllm.v1.request import RequestStatus
+
+        rig, name = self.rig, str(step["request"])
+        rig.scheduler.reset_prefix_cache()
+        req = rig.request(name, [int(t) for t in step["tokens"]], int(step.get("max_tokens", 1)))
+        if step.get("max_load_tokens") is not None:
+            req.kv_transfer_params = {"max_load_tokens": step["max_load_tokens"]}
+        rig.scheduler.add_request(req)
+        status = rig.offload._req_status[name]
+        n_lookups, n_stores, n_sources = len(rig.lookups), len(self.stores), len(self.sources)
+        n_loads = len(rig.loads)
+        loads: list[tuple[list[int], list[int]]] = []
+        store_jobs: list[tuple[list[int], list[int]]] = []
+        abort_after = step.get("abort_after")
+        for _ in range(MAX_STEPS_PER_REQUEST):
+            if req.is_finished() and not rig.offload.has_pending_push_work():
+                break
+            out = rig.scheduler.schedule()
+            meta = out.kv_connector_metadata
+            if meta is not None:
+                for job in meta.load_jobs.values():
+                    loads.append((list(job.dst_spec.group_sizes), list(job.dst_spec.block_indices)))
+                for job in meta.store_jobs.values():
+                    spec = job.src_spec
+                    store_jobs.append((list(spec.group_sizes), list(spec.block_indices)))
+            rig.finish_step(out)
+            if (
+                abort_after is not None
+                and not req.is_finished()
+                and len(req.output_token_ids) >= int(abort_after)
+            ):
+                rig.scheduler.finish_requests(name, RequestStatus.FINISHED_ABORTED)
+        else:
+            raise RuntimeError(f"request {name} not done after {MAX_STEPS_PER_REQUEST} steps")
+        status.update_offload_keys()
+        where = {
+            key: (g, i)
+            for g, state in enumerate(status.group_states)
+            for i, key in enumerate(state.offload_keys)
+        }
+        stored: dict[int, list[int]] = {}
+        offered: dict[int, list[int]] = {}
+        for keys, kept in self.stores[n_stores:]:
+            for key in keys:
+                if key in where:
+                    offered.setdefault(where[key][0], []).append(where[key][1])
+            for key in kept or ():
+                if key in where:
+                    stored.setdefault(where[key][0], []).append(where[key][1])
+        loaded: dict[int, list[int]] = {}
+        for keys in rig.loads[n_loads:]:
+            for key in keys:
+                if key in where:
+                    loaded.setdefault(where[key][0], []).append(where[key][1])
+        lookups = [x for x in rig.lookups[n_lookups:] if x["req"] == name]
+        n_groups = len(status.group_states)
+        return {
+            "request": name,
+            "hit": next((x["cpu_hit"] for x in lookups if x["cpu_hit"] is not None), 0),
+            "lookups": len(lookups),
+            "loads": _per_group(n_groups, loads, loaded),
+            "stores": _per_group(n_groups, store_jobs, stored),
+            "offered": {str(g): sorted(v) for g, v in sorted(offered.items())},
+            "sources": self.sources[n_sources:],
+            "generated": list(req.output_token_ids),
+            "status": req.status.name,
+        }
+
+
+def _per_group(
+    n: int, jobs: list[tuple[list[int], list[int]]], chunks: dict[int, list[int]]
+) -> list[dict[str, Any]]:
+    """Per group: the chunk indices moved, the blocks, the first block's index."""
+    out = []
+    for g in range(n):
+        sizes = [(sizes[g], idx[g]) for sizes, idx in jobs if g < len(sizes) and sizes[g]]
+        out.append(
+            {
+                "chunks": sorted(chunks.get(g, [])),
+                "blocks": sum(s for s, _ in sizes),
+                "first_block": min((i for _, i in sizes), default=0),
+            }
+        )
+    return out
+
+
+def run_sequence(seq: dict[str, Any], out: Any) -> int:
+    """Every step of the sequence, one JSON line each, then the summary line."""
+    t0 = time.monotonic()
+    version = load_vllm()
+    try:
+        rig = OracleRig(seq)
+    except Exception as exc:
+        out.write(json.dumps({"error": exception_text(exc), "vllm_version": version}) + "\n")
+        return EXIT_NOT_SET_UP
+    served = 0
+    try:
+        for i, step in enumerate(seq["steps"]):
+            if step.get("reset"):
+                rig.rig.scheduler.reset_prefix_cache(**kwargs_for(
+                    rig.rig.scheduler.reset_prefix_cache, reset_connector=True
+                ))  # fmt: skip
+                out.write(json.dumps({"step": i, "reset": True}) + "\n")
+                continue
+            try:
+                record = rig.serve(step)
+            except Exception as exc:
+                frames = traceback_frames(exc.__traceback__)
+                out.write(
+                    json.dumps(
+                        {
+                            "step": i,
+                            "request": step.get("request"),
+                            "raised": exception_text(exc),
+                            "frame": innermost_vllm_frame(frames),
+                            "traceback": traceback.format_exc(limit=-6)[-2000:],
+                        }
+                    )
+                    + "\n"
+                )
+                break
+            out.write(json.dumps({"step": i, **record}) + "\n")
+            out.flush()
+            served += 1
+    finally:
+        summary = {
+            "summary": True,
+            "vllm_version": version,
+            "served": served,
+            "settings": rig.settings(),
+            "wall_s": round(time.monotonic() - t0, 2),
+        }
+        out.write(json.dumps(summary) + "\n")
+        rig.rig.close()
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.engine.oracle_drive",
+        description="Serve a request sequence through vLLM's scheduler; what it did.",
+    )
+    parser.add_argument("sequence", help="the sequence, as JSON (harness.commands.oracle)")
+    args = parser.parse_args(argv)
+    try:
+        seq = json.loads(Path(args.sequence).read_text())
+        if not isinstance(seq, dict) or not seq.get("groups"):
+            raise ValueError("a sequence needs its groups")
+    except (OSError, ValueError) as exc:
+        print(f"oracle_drive: {args.sequence}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    with stdout_kept_for_result() as out:
+        return run_sequence(seq, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
