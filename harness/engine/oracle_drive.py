@@ -43,6 +43,7 @@ from harness.engine.drive_report import (
     stdout_kept_for_result,
     traceback_frames,
 )
+from harness.engine.oracle_worker import ContentWorker
 from harness.engine.scheduler_rig import Rig, kwargs_for, load_vllm
 
 MAX_STEPS_PER_REQUEST = 4096  # a request that needs more is a stalled scheduler
@@ -109,7 +110,8 @@ def _specs(groups: Sequence[dict[str, Any]]) -> tuple[list[tuple[str, Any]], int
 
 
 class OracleRig:
-    """The rig with spies on what the connector decided, per request."""
+    """The rig with spies on what the connector decided, per request, and a worker that
+    moves KV content (``oracle_worker``)."""
 
     def __init__(self, seq: dict[str, Any]) -> None:
         groups, self.page = _specs(seq["groups"])
@@ -134,10 +136,26 @@ class OracleRig:
             cache_extra=cache,
             log_stats=True,
         )
+        self.worker = ContentWorker(
+            self.rig,
+            delay=int(seq.get("store_delay", 0)),
+            content_groups=frozenset(
+                i for i, g in enumerate(seq["groups"]) if g["kind"] != "mamba"
+            ),
+        )
+        self.overlap = bool(seq.get("overlap", False))
+        self.defer_lookups = int(seq.get("defer_lookups", 0))
+        self._deferrals: dict[str, int] = {}
         self.stores: list[tuple[list[bytes], list[bytes] | None]] = []
         self.sources: list[dict[str, int]] = []
+        self.stats: list[dict[str, float]] = []
         off, mgr = self.rig.offload, self.rig.manager
-        prepare_store, sources = mgr.prepare_store, off.get_external_cache_hit_sources
+        prepare_store, sources, get_stats = (
+            mgr.prepare_store,
+            off.get_external_cache_hit_sources,
+            off.get_stats,
+        )
+        lookup, matched = mgr.lookup, self.rig.connector.get_num_new_matched_tokens
 
         def spy_store(keys: Any, *args: Any, **kw: Any) -> Any:
             out = prepare_store(keys, *args, **kw)
@@ -150,8 +168,36 @@ class OracleRig:
             self.sources.append({str(getattr(k, "value", k)): int(v) for k, v in out.items()})
             return out
 
+        def spy_stats() -> Any:
+            out = get_stats()
+            if out is not None and hasattr(out, "reduce"):
+                self.stats.append({k: float(v) for k, v in out.reduce().items()})
+            return out
+
+        def deferring_matched(request: Any, *args: Any, **kw: Any) -> Any:
+            # An asynchronous tier's first answers: every chunk's place is not known yet.
+            left = self._deferrals.setdefault(request.request_id, self.defer_lookups)
+            self._deferring = left > 0
+            self._deferrals[request.request_id] = max(0, left - 1)
+            try:
+                return matched(request, *args, **kw)
+            finally:
+                self._deferring = False
+
+        def deferring_lookup(key: Any, ctx: Any) -> Any:
+            if self._deferring:
+                from vllm.v1.kv_offload.base import LookupResult
+
+                return LookupResult.RETRY
+            return lookup(key, ctx)
+
+        self._deferring = False
         mgr.prepare_store = spy_store
         off.get_external_cache_hit_sources = spy_sources
+        off.get_stats = spy_stats
+        if self.defer_lookups:
+            mgr.lookup = deferring_lookup
+            self.rig.connector.get_num_new_matched_tokens = deferring_matched
 
     def settings(self) -> dict[str, Any]:
         cfg = self.rig.offload.config
@@ -163,6 +209,17 @@ class OracleRig:
             "alignment_tokens": getattr(cfg, "alignment_tokens", "absent"),
             "page_bytes": self.page,
         }
+
+    def reset_tier(self) -> None:
+        """``/reset_prefix_cache?reset_external=true``: the GPU prefix cache and the tier."""
+        sched = self.rig.scheduler
+        sched.reset_prefix_cache(**kwargs_for(sched.reset_prefix_cache, reset_connector=True))
+
+    def _step(self) -> Any:
+        rig = self.rig
+        out = rig.scheduler.schedule()
+        rig.finish_step(out, done=self.worker.step(out))
+        return out
 
     def serve(self, step: dict[str, Any]) -> dict[str, Any]:
         """One request start to finish; what the connector did for it."""
@@ -176,27 +233,30 @@ class OracleRig:
         rig.scheduler.add_request(req)
         status = rig.offload._req_status[name]
         n_lookups, n_stores, n_sources = len(rig.lookups), len(self.stores), len(self.sources)
-        n_loads = len(rig.loads)
+        n_loads, n_stats, n_errors = len(rig.loads), len(self.stats), len(self.worker.errors)
         loads: list[tuple[list[int], list[int]]] = []
         store_jobs: list[tuple[list[int], list[int]]] = []
-        abort_after = step.get("abort_after")
+        abort_after, reset_after = step.get("abort_after"), step.get("reset_after")
+        reset_done = False
         for _ in range(MAX_STEPS_PER_REQUEST):
-            if req.is_finished() and not rig.offload.has_pending_push_work():
+            if req.is_finished() and (
+                self.overlap or not (rig.offload.has_pending_push_work() or self.worker.pending)
+            ):
                 break
-            out = rig.scheduler.schedule()
+            out = self._step()
             meta = out.kv_connector_metadata
             if meta is not None:
                 for job in meta.load_jobs.values():
                     loads.append((list(job.dst_spec.group_sizes), list(job.dst_spec.block_indices)))
                 for job in meta.store_jobs.values():
-                    spec = job.src_spec
-                    store_jobs.append((list(spec.group_sizes), list(spec.block_indices)))
-            rig.finish_step(out)
-            if (
-                abort_after is not None
-                and not req.is_finished()
-                and len(req.output_token_ids) >= int(abort_after)
-            ):
+                    if job.req_id == name:
+                        spec = job.src_spec
+                        store_jobs.append((list(spec.group_sizes), list(spec.block_indices)))
+            made = len(req.output_token_ids)
+            if reset_after is not None and not reset_done and made >= int(reset_after):
+                self.reset_tier()
+                reset_done = True
+            if abort_after is not None and not req.is_finished() and made >= int(abort_after):
                 rig.scheduler.finish_requests(name, RequestStatus.FINISHED_ABORTED)
         else:
             raise RuntimeError(f"request {name} not done after {MAX_STEPS_PER_REQUEST} steps")
@@ -226,13 +286,26 @@ class OracleRig:
             "request": name,
             "hit": next((x["cpu_hit"] for x in lookups if x["cpu_hit"] is not None), 0),
             "lookups": len(lookups),
+            "deferred": sum(1 for x in lookups if x["cpu_hit"] is None),
             "loads": _per_group(n_groups, loads, loaded),
             "stores": _per_group(n_groups, store_jobs, stored),
             "offered": {str(g): sorted(v) for g, v in sorted(offered.items())},
             "sources": self.sources[n_sources:],
+            "stats": _summed(self.stats[n_stats:]),
+            "content_errors": self.worker.errors[n_errors:],
             "generated": list(req.output_token_ids),
             "status": req.status.name,
         }
+
+
+def _summed(snapshots: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The request's stats: counters and histogram counts and sums added up, gauges the
+    last value (``_perc`` names)."""
+    out: dict[str, float] = {}
+    for snap in snapshots:
+        for key, value in snap.items():
+            out[key] = value if key.endswith("_perc") else out.get(key, 0.0) + value
+    return out
 
 
 def _per_group(
@@ -252,73 +325,103 @@ def _per_group(
     return out
 
 
-def run_sequence(seq: dict[str, Any], out: Any) -> int:
-    """Every step of the sequence, one JSON line each, then the summary line."""
+def run_sequence(seq: dict[str, Any], out: Any, index: int = 0) -> int:
+    """Every step of one sequence, one JSON line each (tagged with the sequence's index),
+    then its summary line. vLLM must be imported already (``load_vllm``)."""
     t0 = time.monotonic()
-    version = load_vllm()
+
+    def write(record: dict[str, Any]) -> None:
+        out.write(json.dumps({"sequence": index, **record}) + "\n")
+        out.flush()
+
     try:
         rig = OracleRig(seq)
     except Exception as exc:
-        out.write(json.dumps({"error": exception_text(exc), "vllm_version": version}) + "\n")
+        write({"summary": True, "error": exception_text(exc), "served": 0})
         return EXIT_NOT_SET_UP
     served = 0
     try:
         for i, step in enumerate(seq["steps"]):
             if step.get("reset"):
-                rig.rig.scheduler.reset_prefix_cache(**kwargs_for(
-                    rig.rig.scheduler.reset_prefix_cache, reset_connector=True
-                ))  # fmt: skip
-                out.write(json.dumps({"step": i, "reset": True}) + "\n")
+                rig.reset_tier()
+                write({"step": i, "reset": True})
                 continue
             try:
                 record = rig.serve(step)
             except Exception as exc:
                 frames = traceback_frames(exc.__traceback__)
-                out.write(
-                    json.dumps(
-                        {
-                            "step": i,
-                            "request": step.get("request"),
-                            "raised": exception_text(exc),
-                            "frame": innermost_vllm_frame(frames),
-                            "traceback": traceback.format_exc(limit=-6)[-2000:],
-                        }
-                    )
-                    + "\n"
+                write(
+                    {
+                        "step": i,
+                        "request": step.get("request"),
+                        "raised": exception_text(exc),
+                        "frame": innermost_vllm_frame(frames),
+                        "traceback": traceback.format_exc(limit=-6)[-2000:],
+                    }
                 )
                 break
-            out.write(json.dumps({"step": i, **record}) + "\n")
-            out.flush()
+            write({"step": i, **record})
             served += 1
     finally:
-        summary = {
-            "summary": True,
-            "vllm_version": version,
-            "served": served,
-            "settings": rig.settings(),
-            "wall_s": round(time.monotonic() - t0, 2),
-        }
-        out.write(json.dumps(summary) + "\n")
+        write(
+            {
+                "summary": True,
+                "served": served,
+                "settings": rig.settings(),
+                "wall_s": round(time.monotonic() - t0, 2),
+            }
+        )
         rig.rig.close()
     return EXIT_OK
 
 
+def _sequences(doc: Any) -> list[dict[str, Any]]:
+    seqs = doc.get("sequences") if isinstance(doc, dict) and "sequences" in doc else [doc]
+    if not isinstance(seqs, list) or not all(isinstance(s, dict) and s.get("groups") for s in seqs):
+        raise ValueError("a sequence needs its groups")
+    return seqs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a file's sequences (one, or ``{"sequences": [...]}``) in this one process, or,
+    with ``-``, each sequence read from standard input as one JSON line until it closes
+    (the shrinker asks many in a row and pays vLLM's import once). The first line out
+    names the vLLM version."""
     parser = argparse.ArgumentParser(
         prog="python -m harness.engine.oracle_drive",
-        description="Serve a request sequence through vLLM's scheduler; what it did.",
+        description="Serve request sequences through vLLM's scheduler; what it did.",
     )
-    parser.add_argument("sequence", help="the sequence, as JSON (harness.commands.oracle)")
+    parser.add_argument("sequence", help="the sequence file (JSON), or - for JSON lines on stdin")
     args = parser.parse_args(argv)
-    try:
-        seq = json.loads(Path(args.sequence).read_text())
-        if not isinstance(seq, dict) or not seq.get("groups"):
-            raise ValueError("a sequence needs its groups")
-    except (OSError, ValueError) as exc:
-        print(f"oracle_drive: {args.sequence}: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    seqs: list[dict[str, Any]] = []
+    if args.sequence != "-":
+        try:
+            seqs = _sequences(json.loads(Path(args.sequence).read_text()))
+        except (OSError, ValueError) as exc:
+            print(f"oracle_drive: {args.sequence}: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     with stdout_kept_for_result() as out:
-        return run_sequence(seq, out)
+        t0 = time.monotonic()
+        version = load_vllm()
+        out.write(
+            json.dumps({"vllm_version": version, "import_s": round(time.monotonic() - t0, 2)})
+            + "\n"
+        )
+        out.flush()
+        worst = EXIT_OK
+        if args.sequence != "-":
+            for i, seq in enumerate(seqs):
+                worst = max(worst, run_sequence(seq, out, i))
+            return worst
+        for i, line in enumerate(sys.stdin):
+            try:
+                (seq,) = _sequences(json.loads(line))
+            except ValueError as exc:
+                out.write(json.dumps({"sequence": i, "summary": True, "error": str(exc)}) + "\n")
+                out.flush()
+                continue
+            worst = max(worst, run_sequence(seq, out, i))
+        return worst
 
 
 if __name__ == "__main__":

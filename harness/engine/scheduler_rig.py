@@ -325,17 +325,21 @@ class Rig:
         ctx = ReqContext(req_id="offload-check-probe")
         return [k for k in keys if self.manager.lookup(k, ctx) == LookupResult.MISS]
 
-    def finish_step(self, output: Any, sampled: int = 7) -> None:
+    def finish_step(
+        self, output: Any, sampled: int = 7, done: Mapping[int, int] | None = None
+    ) -> None:
         """The worker's half of a step, for a worker that does every transfer at once:
-        each load and store job of the step is reported complete, each request whose
-        prompt is now computed samples one token."""
+        each load and store job of the step is reported complete (or those in ``done``,
+        a worker of its own's), each request whose prompt is now computed samples one
+        token."""
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
             OffloadingWorkerMetadata,
         )
         from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
         meta = output.kv_connector_metadata
-        done = {job: 1 for job in (*meta.load_jobs, *meta.store_jobs)} if meta else {}
+        if done is None:
+            done = {job: 1 for job in (*meta.load_jobs, *meta.store_jobs)} if meta else {}
         recving = {job.req_id for job in meta.load_jobs.values()} if meta else set()
         req_ids = list(output.num_scheduled_tokens)
         tokens: list[list[int]] = []

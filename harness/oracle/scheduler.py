@@ -208,6 +208,9 @@ class Request:
     max_load_tokens: int | None = None
     skip_reading: bool = False  # prompt logprobs: the connector is not asked
     abort_after: int | None = None
+    # The tier is reset (``reset_external=true``) once the request has generated this
+    # many tokens, while it is still running.
+    reset_after: int | None = None
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,12 @@ class Served:
     loads: tuple[Transfer, ...]  # per group
     stores: tuple[Transfer, ...]  # per group, over the request's store jobs
     host_tokens: int  # of the hit, tokens whose KV a loaded chunk covers (source "host")
+    queried: bool = False  # the lookup asked the tier for at least one chunk
+
+    @property
+    def stored_chunks(self) -> int:
+        """Chunks the tier allocated for the request (vLLM's allocation-size histogram)."""
+        return sum(len(t.chunks) for t in self.stores)
 
     @property
     def loaded_bytes(self) -> int:
@@ -237,6 +246,7 @@ class Served:
             "loaded_bytes": self.loaded_bytes,
             "stored_bytes": self.stored_bytes,
             "host_tokens": self.host_tokens,
+            "queried": self.queried,
             "loads": [_transfer_record(t) for t in self.loads],
             "stores": [_transfer_record(t) for t in self.stores],
         }
@@ -252,6 +262,7 @@ class Offloader:
 
     layout: Layout
     resident: set[Key] = field(default_factory=set)
+    queried: bool = False  # the last lookup asked the tier for a chunk
 
     def reset(self) -> None:
         """``/reset_prefix_cache?reset_external=true``: the tier empties."""
@@ -260,8 +271,11 @@ class Offloader:
     # --- lookup ------------------------------------------------------------------------
 
     def lookup(self, keys: ChunkKeys, prompt: int, max_load: int | None) -> int:
-        """The external hit, in tokens, of a request whose prompt is ``prompt`` tokens."""
+        """The external hit, in tokens, of a request whose prompt is ``prompt`` tokens
+        (``self.queried``: whether it asked the tier anything, so an asynchronous tier
+        could defer it)."""
         lay = self.layout
+        self.queried = False
         cap = prompt if max_load is None else min(prompt, max_load)
         if any(g.windowed for g in lay.groups):
             cap -= 1  # the last prompt token is recomputed (its logprobs, the window)
@@ -284,6 +298,7 @@ class Offloader:
                 if cap < c:
                     return 0
                 n = min(cdiv(cap, c), n_keys)
+                self.queried |= n > 0
                 held = [keys.key(g, i) in self.resident for i in range(n)]
                 if not group.windowed:
                     found = next((i for i, h in enumerate(held) if not h), n)
@@ -382,11 +397,12 @@ class Offloader:
         keys = ChunkKeys(lay, all_tokens)
         prompt_keys = ChunkKeys(lay, req.tokens)
         hit = 0 if req.skip_reading else self.lookup(prompt_keys, prompt, req.max_load_tokens)
+        queried = self.queried and not req.skip_reading
         loads, host = self.load(prompt_keys, hit)
         next_chunk = [cdiv(hit, lay.chunk(g)) if hit else 0 for g in range(len(lay.groups))]
         stores = [Transfer() for _ in lay.groups]
-        prev = hit
-        for after, known, finished in self._steps(req, hit, len(generated)):
+        prev, reset_done = hit, req.reset_after is None
+        for after, known, finished, made in self._steps(req, hit, len(generated)):
             off = min(after, known)
             if lay.offload_prompt_only:
                 off = min(off, prompt)
@@ -416,7 +432,15 @@ class Offloader:
                 else:
                     t = Transfer((ch,), k, ch * k, k * lay.groups[g].block_bytes)
                 stores[g] = stores[g].plus(t)
-        return Served(req.name, prompt, hit, loads, tuple(stores), host)
+            if not reset_done and req.reset_after is not None and made >= req.reset_after:
+                # The tier empties; a running request stores again from chunk 0, a
+                # finished one (its last token sampled) is forgotten before its last store.
+                reset_done = True
+                self.reset()
+                if made >= len(generated):
+                    break
+                next_chunk = [0] * len(lay.groups)
+        return Served(req.name, prompt, hit, loads, tuple(stores), host, queried)
 
     def _state_handoffs(
         self, req: Request, off: int, known: int, prev: int, after: int
@@ -457,22 +481,25 @@ class Offloader:
         prompt_chunks = prompt // lay.chunk(g)
         return prompt_chunks if storable <= prompt_chunks else None
 
-    def _steps(self, req: Request, hit: int, generated: int) -> Iterable[tuple[int, int, bool]]:
-        """(tokens computed after the step, tokens known, finished) for each schedule
-        step of a request served alone: the prefill in budget-sized steps, one decode
-        step per generated token after the first, then the finish (an aborted request's
-        at the tokens it had computed)."""
+    def _steps(
+        self, req: Request, hit: int, generated: int
+    ) -> Iterable[tuple[int, int, bool, int]]:
+        """(tokens computed after the step, tokens known, finished, tokens generated so
+        far) for each schedule step of a request served alone: the prefill in
+        budget-sized steps (its last samples the first token), one decode step per
+        generated token after the first, then the finish (an aborted request's at the
+        tokens it had computed)."""
         lay, prompt = self.layout, len(req.tokens)
-        done = hit
+        last = generated if req.abort_after is None else min(generated, req.abort_after)
+        done = min(hit, prompt - 1)  # a whole-prompt hit recomputes its last token
         while done < prompt:
             done = min(prompt, done + lay.max_batched_tokens)
-            yield done, prompt, False
-        last = generated if req.abort_after is None else min(generated, req.abort_after)
+            yield done, prompt, False, (min(1, last) if done == prompt else 0)
         for g in range(1, last):
-            yield prompt + g, prompt + g, False
+            yield prompt + g, prompt + g, False, g + 1
         # The last sampled token never has KV: a finished request stores up to the one
         # before it.
-        yield max(prompt, prompt + last - 1), prompt + last, True
+        yield max(prompt, prompt + last - 1), prompt + last, True, last
 
 
 def _union_length(ranges: Iterable[tuple[int, int]]) -> int:
