@@ -14,7 +14,10 @@
 #   make bench           harness overhead, measured side by side
 #   make bench-setup     fresh setup, pip vs uv: seconds and disk (scratch copies)
 #   make lint            ruff check, ruff format --check, mypy
-#   setup knobs          INSTALLER=uv|pip, TORCH_INDEX=auto|none|URL, VLLM_SPEC=...
+#   make test-floors     the unit tier and every --help on the oldest releases
+#                        pyproject.toml allows (uv's lowest-direct; rebuilds .venv)
+#   setup knobs          INSTALLER=uv|pip, TORCH_INDEX=auto|none|URL, VLLM_SPEC=...,
+#                        RESOLUTION=lowest-direct
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -42,7 +45,15 @@ VENV := .venv
 VENV_STOCK := .venv-stock
 # "-bytecode": environments made before setup compiled bytecode are redone once (fast:
 # nothing to install, only the compile), see harness/server/bytecode.py.
-STAMP := $(VENV)/.stamp-$(VLLM_DIST)-$(VLLM_CURRENT)-$(SPEC_TAG)-bytecode
+# RESOLUTION=lowest-direct: .venv gets the oldest release of each dependency that
+# pyproject.toml allows (uv's --resolution; what those need, newest), to prove the floors
+# hold (ci.yml's lowest-direct job; docs/development.md, "Dependency floors"). uv only.
+# .venv remembers its resolution (.venv/.resolution): a setup with another one starts it
+# afresh, since uv keeps whatever installed release still satisfies a requirement; for the
+# same reason --upgrade goes with it (the venv's seed brings packaging 26, which would
+# otherwise stand in for the packaging>=23 floor).
+RESOLUTION ?=
+STAMP := $(VENV)/.stamp-$(VLLM_DIST)-$(VLLM_CURRENT)-$(SPEC_TAG)$(if $(RESOLUTION),-$(RESOLUTION))-bytecode
 STAMP_STOCK := $(VENV_STOCK)/.stamp-$(VLLM_DIST)-$(VLLM_STOCK)-bytecode
 # This machine's pip config names local indexes that do not all exist; pip warns for
 # each one on every install. The noise hides real errors, so drop just those lines.
@@ -76,6 +87,9 @@ install = $(UV) pip install --quiet --python $(1)/bin/python $(UV_FROM_PIP) \
 	--index-strategy unsafe-best-match --compile-bytecode
 uninstall = $(UV) pip uninstall --quiet --python $(1)/bin/python
 else ifeq ($(INSTALLER),pip)
+ifneq ($(RESOLUTION),)
+$(error RESOLUTION=$(RESOLUTION) needs INSTALLER=uv (pip has no such option))
+endif
 INSTALLER_TOOL := $(TOOLS)/bin/python
 mkvenv = $(PYTHON) -m venv $(1)
 install = $(1)/bin/pip install -q
@@ -124,10 +138,10 @@ endif
 endif
 
 .PHONY: help setup crash-repro roundtrip matrix stress pressure bugs nightly test test-nightly test-unit test-engine \
-	bench bench-setup \
+	bench bench-setup test-floors \
 	lint clean
 help:
-	@sed -n '2,14p' Makefile
+	@sed -n '2,/^$$/p' Makefile
 
 setup: $(STAMP) $(STAMP_STOCK)
 
@@ -144,8 +158,11 @@ $(UV_STAMP): | $(TOOLS)/bin/python
 # metadata (pyproject.toml) re-triggers an install.
 $(STAMP): pyproject.toml | $(INSTALLER_TOOL)
 	@echo ">> $(VENV): $(VLLM_SPEC) + offload-check ($(INSTALLER)$(TORCH_NOTE))"
+	test "$$(cat $(VENV)/.resolution 2>/dev/null)" = "$(RESOLUTION)" || rm -rf $(VENV)
 	test -x $(VENV)/bin/python || $(call mkvenv,$(VENV))
-	$(call install,$(VENV)) $(TORCH_FLAGS) "$(VLLM_SPEC)" -e ".[test]" 2>&1 | $(PIP_QUIET)
+	printf '%s' "$(RESOLUTION)" > $(VENV)/.resolution
+	$(call install,$(VENV)) $(TORCH_FLAGS) $(if $(RESOLUTION),--resolution $(RESOLUTION) --upgrade) \
+		"$(VLLM_SPEC)" -e ".[test]" 2>&1 | $(PIP_QUIET)
 	$(MAKE) --no-print-directory _cpu-quirks ENV_DIR=$(VENV)
 	$(VENV)/bin/python -m harness.server.bytecode ensure
 	$(VENV)/bin/python -c "import vllm, harness.engine.plugin"
@@ -216,6 +233,15 @@ test-nightly: lint _engine-side-on-stock
 
 test-unit: setup
 	$(VENV)/bin/python -m pytest tests/unit $(WORKERS) $(PYTEST_ARGS)
+
+# The dependency floors hold (ci.yml's floors job; docs/development.md, "Dependency
+# floors"): .venv rebuilt with the oldest release of each direct dependency that
+# pyproject.toml allows, then the unit tier and every command's --help there. A later
+# plain `make setup` rebuilds .venv with the newest releases (.venv/.resolution).
+test-floors:
+	$(MAKE) --no-print-directory setup RESOLUTION=lowest-direct
+	$(VENV)/bin/python -m pytest tests/unit $(WORKERS) $(PYTEST_ARGS)
+	$(VENV)/bin/python scripts/help_every_command.py
 
 test-engine: setup
 	$(VENV)/bin/python -m pytest tests/integration $(PYTEST_ARGS)

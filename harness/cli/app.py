@@ -30,6 +30,7 @@ from harness.cli import (
     listing,
     matrix,
     mutate,
+    oracle,
     pressure,
     report,
     roundtrip,
@@ -40,6 +41,12 @@ from harness.cli import (
 from harness.cli.common import err_console, fit_console
 from harness.cli.options import opt
 from harness.errors import ExitCode
+
+# The oldest typer this command line works with: readable_help reads each parameter's
+# type_descriptor (TyperOption, TyperArgument), new in typer 0.29.0; under 0.28 and older
+# every command ended in an AttributeError. pyproject.toml's floor is the same
+# (tests/unit/test_dependency_floors.py keeps the two equal).
+TYPER_FLOOR = "0.29.0"
 
 app = typer.Typer(
     name="offload-check",
@@ -75,6 +82,7 @@ for _module in (
     roundtrip,
     stress,
     pressure,
+    oracle,
     matrix,
     faults,
     sweep,
@@ -91,6 +99,24 @@ for _module in (
     _command = "list" if _module is listing else _name.replace("_", "-")
     app.command(_command)(getattr(_module, f"{_command.replace('-', '_')}_cmd"))
 app.add_typer(envs.envs_app, name="envs")
+
+
+def typer_problem() -> str | None:
+    """Why the installed typer cannot run this command line, in one line (its version is
+    below ``TYPER_FLOOR``); None when it can."""
+    from packaging.version import InvalidVersion, Version
+
+    installed = str(getattr(typer, "__version__", "0"))
+    try:
+        if Version(installed) >= Version(TYPER_FLOOR):
+            return None
+    except InvalidVersion:
+        return None  # a build naming itself oddly: the command tree's guard is the check
+    return (
+        f"offload-check needs typer>={TYPER_FLOOR}, this environment has typer {installed} "
+        f"({Path(typer.__file__).parent}): upgrade it there "
+        f"(`{sys.executable} -m pip install 'typer>={TYPER_FLOOR}'`, or `make setup`)"
+    )
 
 
 def readable_help(command: Any) -> Any:
@@ -219,7 +245,15 @@ def run(args: list[str] | None = None) -> int:
     click_exc = _click_exceptions()
 
     argv = sys.argv[1:] if args is None else list(args)
-    tree = readable_help(typer.main.get_command(app))
+    # Before the command tree is built: an older typer fails there (exit 2, one line).
+    problem = typer_problem()
+    if problem is not None:
+        err_console.print(f"offload-check: error: {problem}", highlight=False, markup=False)
+        return int(ExitCode.BAD_INPUT)
+    try:
+        tree = readable_help(typer.main.get_command(app))
+    except Exception as err:  # a typer whose tree this code does not know: exit 3, one line
+        return _internal_error("offload-check", err, runs_created())
     command = _command_name(argv, tree)
     mark = runs_created()
     _reset_lock_wait()

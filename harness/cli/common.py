@@ -95,9 +95,18 @@ def dry_run_renderers() -> Any:
     return dry_run
 
 
-def show_plan(renderer: str, plan: object, as_json: bool = False) -> typer.Exit:
+def show_plan(
+    renderer: str | Callable[[Console, Any], None], plan: Any, as_json: bool = False
+) -> typer.Exit:
     """``--dry-run``: print the plan with ``harness.ui.dry_run.<renderer>`` (``--json``:
-    its ``<renderer>_record`` as one JSON document); raise the exit it returns."""
+    its ``<renderer>_record`` as one JSON document), or with the command's own renderer
+    (a function; ``--json``: the plan's ``describe()``); raise the exit it returns."""
+    if callable(renderer):
+        if as_json:
+            print_json(plan.describe())
+        else:
+            renderer(console, plan)
+        return typer.Exit(0)
     if as_json:
         print_json(getattr(dry_run_renderers(), f"{renderer}_record")(plan))
     else:
@@ -113,7 +122,7 @@ def json_needs_dry_run(as_json: bool, dry_run: bool) -> None:
 
 def plan_and_run(
     make_plan: Callable[[], Any],
-    dry_run_renderer: str,
+    dry_run_renderer: str | Callable[[Console, Any], None],
     run: Callable[[Any], int],
     opts: RunOptions,
 ) -> None:

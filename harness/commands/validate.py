@@ -59,6 +59,16 @@ def _check(kind: str, path: Path) -> str:
             f"{len(pplan.servers)} servers, {n} requests on {pplan.tier.slots} slots of "
             f"{pplan.tier.slot_bytes:,} B, every one predicted"
         )
+    if kind == "oracle":
+        from harness.commands.oracle.plan import plan_oracle
+        from harness.scenario.oracle import load_oracle
+
+        oplan = plan_oracle(load_oracle(path))
+        n = sum(len([s for s in c.steps if not s.reset]) for c in oplan.cells if not c.skip)
+        return (
+            f"{len(oplan.drive_cells)} drive and {len(oplan.server_cells)} server cells, "
+            f"{n} requests, every one predicted"
+        )
     if kind == "variants":
         return f"{len(load_variants(path))} variants"
     if kind == "matrix":

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.engine import reach
 from harness.engine.drive_report import (
     EXIT_BAD_INPUT,
     EXIT_NOT_SET_UP,
@@ -400,6 +401,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             print(f"oracle_drive: {args.sequence}: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
+    # mutate's baseline: which lines of the target file the drive executes (as the
+    # plugin does in a server's processes).
+    reach.install()
     with stdout_kept_for_result() as out:
         t0 = time.monotonic()
         version = load_vllm()

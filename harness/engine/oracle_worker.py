@@ -23,6 +23,7 @@ functions.
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +41,7 @@ class _Pending:
 
 
 def _digest(tokens: Sequence[int]) -> bytes:
-    return hashlib.blake2b(",".join(map(str, tokens)).encode(), digest_size=10).digest()
+    return hashlib.blake2b(array("q", tokens).tobytes(), digest_size=10).digest()
 
 
 @dataclass
@@ -56,6 +57,7 @@ class ContentWorker:
     # Each request's tokens as last seen: a finished request leaves the scheduler before
     # the store of its last step runs.
     seen: dict[str, list[int]] = field(default_factory=dict)
+    _digests: dict[tuple[str, int], bytes] = field(default_factory=dict)
     _queued: list[_Pending] = field(default_factory=list)  # built last step, not submitted
     _held: list[_Pending] = field(default_factory=list)  # submitted, copy not run yet
 
@@ -70,7 +72,11 @@ class ContentWorker:
     def _tag(self, req_id: str, group: int, index: int, upto: int | None = None) -> Tag:
         block = self.rig.kv_cache_config.kv_cache_groups[group].kv_cache_spec.block_size
         end = (index + 1) * block if upto is None else min(upto, (index + 1) * block)
-        return group, _digest(self._tokens(req_id)[:end])
+        # Tokens never change once there, so a prefix's digest is made once per request.
+        key = (req_id, end)
+        if key not in self._digests:
+            self._digests[key] = _digest(self._tokens(req_id)[:end])
+        return group, self._digests[key]
 
     def _block_table(self, req_id: str) -> Sequence[Sequence[int]]:
         return self.rig.scheduler.kv_cache_manager.get_block_ids(req_id)

@@ -400,6 +400,9 @@ class Offloader:
         queried = self.queried and not req.skip_reading
         loads, host = self.load(prompt_keys, hit)
         next_chunk = [cdiv(hit, lay.chunk(g)) if hit else 0 for g in range(len(lay.groups))]
+        # A hit leaves the blocks a windowed group no longer attends to null in the
+        # request's table: a chunk ending in one is never stored (after a reset too).
+        nulls = [g.skipped_tokens(hit) // g.block if hit else 0 for g in lay.groups]
         stores = [Transfer() for _ in lay.groups]
         prev, reset_done = hit, req.reset_after is None
         for after, known, finished, made in self._steps(req, hit, len(generated)):
@@ -417,6 +420,8 @@ class Offloader:
                 mask = self._sw_mask(g, prompt, horizon_chunks)
                 k = lay.blocks_per_chunk
                 for ch in range(next_chunk[g], storable):
+                    if ch * k + k - 1 < nulls[g]:
+                        continue
                     if mask is not None and not mask & set(range(ch * k, ch * k + k)):
                         continue
                     offered.append((g, ch))
@@ -430,7 +435,9 @@ class Offloader:
                 if lay.groups[g].kind == "mamba":  # one state: the block ending the chunk
                     t = Transfer((ch,), 1, ch * k + k - 1, lay.groups[g].block_bytes)
                 else:
-                    t = Transfer((ch,), k, ch * k, k * lay.groups[g].block_bytes)
+                    first = max(ch * k, nulls[g])  # a chunk's null blocks are not copied
+                    n = ch * k + k - first
+                    t = Transfer((ch,), n, first, n * lay.groups[g].block_bytes)
                 stores[g] = stores[g].plus(t)
             if not reset_done and req.reset_after is not None and made >= req.reset_after:
                 # The tier empties; a running request stores again from chunk 0, a

@@ -31,6 +31,7 @@ class Step:
     max_tokens: int = 1
     max_load_tokens: int | None = None
     abort_after: int | None = None
+    reset_after: int | None = None  # the tier reset once it has generated this many
     reset: bool = False
     why: str = ""  # which rule the step leans on, for the report
 
@@ -52,6 +53,7 @@ class Step:
             max_tokens=int(data.get("max_tokens", 1)),
             max_load_tokens=data.get("max_load_tokens"),
             abort_after=data.get("abort_after"),
+            reset_after=data.get("reset_after"),
             why=str(data.get("why", "")),
         )
 
@@ -69,6 +71,7 @@ class Shape:
     max_load: bool = True  # draw max_load_tokens caps
     aborts: bool = True
     resets: bool = True
+    resets_in_flight: bool = False  # tier resets while a request decodes
 
     def __post_init__(self) -> None:
         if self.chunk < 1 or self.block < 1:
@@ -154,14 +157,18 @@ def draw(shape: Shape, seed: int, count: int) -> list[Step]:
             tokens = tuple(d.token_run(shape.min_prompt))
         max_tokens, decode_why = d.max_tokens(len(tokens))
         max_load = d.max_load(len(tokens))
-        abort = None
+        abort = reset_after = None
         if shape.aborts and max_tokens > 2 and d.rng.random() < 0.08:
             abort = d.rng.randint(1, max_tokens - 1)
+        elif shape.resets_in_flight and max_tokens > 1 and d.rng.random() < 0.15:
+            reset_after = d.rng.randint(1, max_tokens)
         reasons = [why, decode_why]
         if max_load is not None:
             reasons.append(f"max_load_tokens {max_load}")
         if abort is not None:
             reasons.append(f"aborted after {abort}")
+        if reset_after is not None:
+            reasons.append(f"the tier reset after {reset_after} generated")
         d.prompts.append(tokens)
         steps.append(
             Step(
@@ -170,6 +177,7 @@ def draw(shape: Shape, seed: int, count: int) -> list[Step]:
                 max_tokens=max_tokens,
                 max_load_tokens=max_load,
                 abort_after=abort,
+                reset_after=reset_after,
                 why="; ".join(r for r in reasons if r),
             )
         )

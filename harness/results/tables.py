@@ -580,5 +580,15 @@ KINDS: dict[str, ResultsKind] = {
 """Every command that writes a results directory, by its ``run.json`` ``command``."""
 
 
+def register(kind: ResultsKind) -> ResultsKind:
+    """A command that owns its tables (its package spells their columns) adds its kind
+    here when imported; the readers load those commands' files modules first
+    (``harness.ui.owned_kinds``)."""
+    if kind.command in KINDS and KINDS[kind.command] is not kind:
+        raise ValueError(f"results kind {kind.command!r} registered twice")
+    KINDS[kind.command] = kind
+    return kind
+
+
 def kind_of(command: str) -> ResultsKind | None:
     return KINDS.get(command)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from harness.scenario.oracle import load_oracle
 from harness.scenario.schema import (
     load_bug,
     load_crash_repro,
@@ -21,7 +22,7 @@ from harness.scenario.schema import (
 
 def scenario_kind(data: dict[str, Any]) -> str:
     """``bug`` (a trigger), ``stress`` (names a round trip), ``matrix`` (has entries),
-    ``pressure`` (has servers),
+    ``pressure`` (has servers), ``oracle`` (has families),
     ``roundtrip`` (a geometry), ``variants`` (a variants table) or ``crash-repro``."""
     if "trigger" in data:
         return "bug"
@@ -31,6 +32,8 @@ def scenario_kind(data: dict[str, Any]) -> str:
         return "matrix"
     if "servers" in data:
         return "pressure"
+    if "families" in data:
+        return "oracle"
     if "geometry" in data:
         return "roundtrip"
     if isinstance(data.get("variants"), dict):
@@ -46,6 +49,7 @@ def load_any(path: Path) -> tuple[str, Any]:
         "stress": load_stress,
         "matrix": load_matrix,
         "pressure": load_pressure,
+        "oracle": load_oracle,
         "roundtrip": load_roundtrip,
         "crash-repro": load_crash_repro,
         "variants": load_variants,

@@ -60,6 +60,21 @@ COUNTERS: dict[str, Sources] = {
     "disk_read_failures": [
         ("vllm:kv_offload_tiering_promotion_job_failures", {"tier": DISK_TIER_LABEL})
     ],
+    # Hit tokens by the tier the connector says served them (0.32+): the CPU tier's
+    # must be every external hit token a loaded chunk covers (commands/oracle).
+    "host_hit_tokens": [("vllm:prompt_tokens_cached_by_source", {"source": "host"})],
+    # The CPU tier's share in use (a gauge: read it, never subtract it): chunks held by a
+    # request or a store in flight, so 0 whenever the server is idle.
+    "cpu_usage": [("vllm:kv_offload_cpu_cache_usage_perc", {})],
+}
+
+# Histograms read as one of their samples: field -> (family, sample suffix). The CPU
+# tier's allocations (the sum is the chunks it allocated), and the connector's lookups:
+# each one made (sync) and each deferred request's wait for an asynchronous tier (async).
+HISTOGRAMS: dict[str, tuple[str, str]] = {
+    "allocated_chunks": ("vllm:kv_offload_cpu_allocation_size", "_sum"),
+    "sync_lookups": ("vllm:kv_offload_lookup_sync_delay_seconds", "_count"),
+    "async_lookups": ("vllm:kv_offload_lookup_async_delay_seconds", "_count"),
 }
 
 # Gauges of the disk tier's jobs in flight: a phase has settled only when both are 0.
@@ -92,6 +107,11 @@ class Snapshot:
     disk_hits: float = 0.0
     disk_write_failures: float = 0.0
     disk_read_failures: float = 0.0
+    host_hit_tokens: float = 0.0
+    cpu_usage: float = 0.0  # a gauge
+    allocated_chunks: float = 0.0
+    sync_lookups: float = 0.0
+    async_lookups: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -141,6 +161,12 @@ def parse(text: str) -> tuple[Snapshot, CacheConfig | None, set[str]]:
             if value is not None:
                 setattr(snap, field_name, value)
                 break
+    for field_name, (family, suffix) in HISTOGRAMS.items():
+        fam = families.get(family)
+        if fam is not None:
+            values = [float(s.value) for s in fam.samples if s.name == family + suffix]
+            if values:
+                setattr(snap, field_name, sum(values))
     cache = None
     info = families.get("vllm:cache_config_info")
     if info is not None and info.samples:

@@ -114,6 +114,7 @@ def complete(
     seed: int,
     timeout_s: float = 600.0,
     prompt_logprobs: int | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Completion:
     payload: dict[str, Any] = {
         "model": model,
@@ -127,6 +128,7 @@ def complete(
     }
     if prompt_logprobs is not None:
         payload["prompt_logprobs"] = prompt_logprobs
+    payload.update(extra or {})  # e.g. kv_transfer_params (max_load_tokens)
     out = Completion(phase, prompt.name, len(prompt.token_ids), payload, started_at=time.time())
     t0 = time.perf_counter()
     resp = http_json(f"{base_url}/v1/completions", payload, timeout_s)

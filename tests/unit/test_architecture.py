@@ -37,6 +37,7 @@ COMMAND_ORDER = {
     "faults": 1,
     "stress": 1,
     "pressure": 1,
+    "oracle": 1,
     "bench": 1,
     "sweep": 2,
     "bugs": 3,

@@ -337,14 +337,19 @@ def test_sweep_commands_are_accepted_by_the_cli(tmp_path: Path) -> None:
     assert merge.returncode == 2 and "no sweep.csv" in merge.stderr
 
 
-def test_ci_runs_make_test_with_pip_cache() -> None:
+def test_ci_runs_make_test_and_the_floors_with_pip_cache() -> None:
     doc = load(CI)
     assert set(doc["on"]) == {"push", "pull_request"}
-    (job,) = doc["jobs"].values()
-    assert job["runs-on"] == "ubuntu-latest"
-    assert [args[0] for args in gh_commands(CI, "make")] == ["test"]
-    caches = [s for s in job["steps"] if "actions/cache@" in str(s.get("uses", ""))]
-    assert caches and "~/.cache/pip" in caches[0]["with"]["path"]
+    assert set(doc["jobs"]) == {"test", "floors"}
+    for job in doc["jobs"].values():
+        assert job["runs-on"] == "ubuntu-latest"
+        caches = [s for s in job["steps"] if "actions/cache@" in str(s.get("uses", ""))]
+        assert caches and "~/.cache/pip" in caches[0]["with"]["path"]
+    assert [args[0] for args in gh_commands(CI, "make")] == ["test", "test-floors"]
+    # The floors job's target rebuilds .venv on the lowest direct releases.
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("\ntest-floors:\n", 1)[1].split("\n\n", 1)[0]
+    assert "RESOLUTION=lowest-direct" in recipe and "help_every_command.py" in recipe
 
 
 def test_setup_goes_through_the_makefile() -> None:

@@ -44,14 +44,32 @@ def test_failing_checks_come_from_the_runs_checks_csv(tmp_path):
     assert ex.failed_checks(None) == [] and ex.failed_checks(tmp_path / "none") == []
 
 
-def test_commands_are_roundtrip_stress_or_a_scenario_of_either(tmp_path):
+def test_commands_are_a_run_command_the_suite_or_a_scenario_of_one(tmp_path):
     assert ex.MutateCommand.parse("stress").argv == ("stress",)
+    assert ex.MutateCommand.parse("pressure").argv == ("pressure",)
+    # The oracle stops at its first failing cell and shrinks nothing: a kill needs one.
+    drive = ex.MutateCommand.parse("oracle-drive")
+    assert drive.argv == ("oracle", "--engine", "drive", "--no-shrink", "--fail-fast")
+    assert drive.kind == "oracle" and drive.slug == "oracle-drive"
     disk = ex.MutateCommand.parse(str(ROOT / "scenarios" / "roundtrip-disk.toml"))
     assert disk.argv[:2] == ("roundtrip", "--scenario") and disk.slug == "roundtrip-disk"
-    with pytest.raises(BadInput, match="neither roundtrip, stress nor a scenario"):
+    oracle = ex.MutateCommand.parse(str(ROOT / "scenarios" / "oracle.toml"))
+    assert oracle.argv[:3] == ("oracle", "--no-shrink", "--fail-fast")
+    assert oracle.argv[3] == "--scenario" and oracle.slug == "oracle"
+    with pytest.raises(BadInput, match="neither suite, roundtrip, stress, pressure, oracle"):
         ex.MutateCommand.parse("matrix")
-    with pytest.raises(BadInput, match="a matrix scenario; mutate runs roundtrip or stress"):
+    with pytest.raises(BadInput, match="a matrix scenario; mutate runs roundtrip, stress"):
         ex.MutateCommand.parse(str(ROOT / "scenarios" / "matrix.toml"))
+
+
+def test_the_suite_is_every_command_cheapest_first_in_one_word():
+    cmds = ex.MutateCommand.parse_all(["suite"])
+    assert [c.name for c in cmds] == list(ex.SUITE)
+    assert [c.kind for c in cmds] == ["oracle", "oracle", "stress", "roundtrip", "pressure"]
+    assert [c.name for c in ex.MutateCommand.parse_all(["oracle-drive", "stress"])] == [
+        "oracle-drive",
+        "stress",
+    ]
 
 
 def test_a_broken_import_is_named_by_its_last_line(tmp_path):
@@ -148,3 +166,25 @@ def test_a_dry_run_lists_the_sample_the_same_on_every_run(tmp_path):
     assert first["command"] == "mutate" and first["relpath"].endswith("policies/lru.py")
     assert len(first["mutants"]) == 3 and first["total_mutants"] > 3
     assert [m["id"] for m in plan()["mutants"]] == [m["id"] for m in first["mutants"]]
+
+
+def test_the_failing_checks_are_read_from_whichever_checks_file_the_command_wrote(tmp_path):
+    """A kill names the check that saw it: the oracle's per cell, pressure's per server
+    (its ``matched`` is the verdict: a known deviation that failed still matched)."""
+    oracle = tmp_path / "oracle"
+    oracle.mkdir()
+    (oracle / "oracle-checks.csv").write_text(
+        "cell,check,passed,requests,failed,allowed\n"
+        "chunked-local/prompt/drive,hit-tokens,True,60,0,False\n"
+        "chunked-local/prompt/drive,stored-chunks,False,60,3,False\n"
+        "mla/prompt/drive,loaded-bytes,True,60,2,True\n"
+    )
+    assert ex.failed_checks(oracle) == ["stored-chunks (chunked-local/prompt/drive)"]
+    pressure = tmp_path / "pressure"
+    pressure.mkdir()
+    (pressure / "pressure-checks.csv").write_text(
+        "server,round,check,passed,matched\n"
+        "lru,clean,hit-tokens,False,True\n"
+        "arc,clean,stored-bytes,True,False\n"
+    )
+    assert ex.failed_checks(pressure) == ["stored-bytes (arc)"]

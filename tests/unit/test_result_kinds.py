@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 from harness.results import tables as rk
+from harness.ui import owned_kinds
+
+owned_kinds.load()  # the commands that register their own kinds
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "results" / "README.md").read_text()
@@ -85,6 +88,7 @@ def test_every_command_with_a_run_directory_is_registered():
         "bug-scheduler",
         "mutate",
         "pressure",
+        "oracle",
     }
     for kind in rk.KINDS.values():
         assert f"{kind.command} runs" in README or kind.command == "crash-repro", kind.command

@@ -43,37 +43,63 @@ IMPORT_TIMEOUT_S = 300.0  # a cold import of vLLM without bytecode takes ~25 s h
 STOP_GRACE_S = 90.0  # after SIGINT, the harness stops its servers and writes its results
 
 
+# The harness commands a mutant can run through, and the argv each runs with: the
+# oracle stops at its first failing cell and does not shrink (a kill needs one failure).
+RUN_COMMANDS: dict[str, tuple[str, ...]] = {
+    "roundtrip": ("roundtrip",),
+    "stress": ("stress",),
+    "pressure": ("pressure",),
+    "oracle": ("oracle", "--no-shrink", "--fail-fast"),
+    "oracle-drive": ("oracle", "--engine", "drive", "--no-shrink", "--fail-fast"),
+    "oracle-server": ("oracle", "--engine", "server", "--no-shrink", "--fail-fast"),
+}
+SCENARIO_KINDS = ("roundtrip", "stress", "pressure", "oracle")
+# What a user runs to ask "is my build right?", cheapest and most telling first: the
+# oracle on vLLM's scheduler in one process (seconds a mutant), then on live servers,
+# then concurrency against a reference, the round trip, the CPU tier under eviction.
+SUITE = ("oracle-drive", "oracle-server", "stress", "roundtrip", "pressure")
+
+
 @dataclass(frozen=True)
 class MutateCommand:
-    """One harness command a mutant is run through: ``roundtrip``, ``stress``, or a
-    scenario file of either (its kind decides the command)."""
+    """One harness command a mutant is run through: one of ``RUN_COMMANDS``, or a
+    scenario file of a kind those run (its kind decides the command)."""
 
     name: str  # as given on the command line; the column in the report
     argv: tuple[str, ...]  # after ``offload-check``
 
     @classmethod
     def parse(cls, text: str) -> MutateCommand:
-        if text in ("roundtrip", "stress"):
-            return cls(text, (text,))
+        if text in RUN_COMMANDS:
+            return cls(text, RUN_COMMANDS[text])
         path = Path(text)
+        names = ", ".join(RUN_COMMANDS)
         if not path.is_file():
-            raise BadInput(
-                f"--command {text}: neither roundtrip, stress nor a scenario file of either"
-            )
+            raise BadInput(f"--command {text}: neither suite, {names} nor a scenario file")
         from harness.scenario.kinds import load_any
 
         kind, _ = load_any(path)
-        if kind not in ("roundtrip", "stress"):
-            raise BadInput(f"--command {text}: a {kind} scenario; mutate runs roundtrip or stress")
-        return cls(text, (kind, "--scenario", str(path.resolve())))
+        if kind not in SCENARIO_KINDS:
+            raise BadInput(
+                f"--command {text}: a {kind} scenario; mutate runs {', '.join(SCENARIO_KINDS)}"
+            )
+        return cls(text, (*RUN_COMMANDS[kind], "--scenario", str(path.resolve())))
+
+    @classmethod
+    def parse_all(cls, texts: Sequence[str]) -> list[MutateCommand]:
+        """Each ``--command``; ``suite`` stands for ``SUITE``, in its order."""
+        out: list[MutateCommand] = []
+        for text in texts:
+            out += [cls.parse(t) for t in SUITE] if text == "suite" else [cls.parse(text)]
+        return out
 
     @property
     def slug(self) -> str:
-        return Path(self.name).stem if self.name not in ("roundtrip", "stress") else self.name
+        return Path(self.name).stem if self.name not in RUN_COMMANDS else self.name
 
     @property
     def kind(self) -> str:
-        """``roundtrip`` or ``stress``: the harness command it runs."""
+        """The harness command it runs (``roundtrip``, ``stress``, ...)."""
         return self.argv[0]
 
     def stalling_after(self, seconds: float | None) -> MutateCommand:
@@ -216,12 +242,36 @@ def _run_dir(out: Path) -> Path | None:
     return runs[-1] if runs else None
 
 
+# Each command's checks file, and how its rows name a check and say it failed:
+# roundtrip and stress write checks.csv, the oracle oracle-checks.csv (per cell),
+# pressure pressure-checks.csv (per server and round, "matched" its verdict).
+CHECK_FILES: tuple[tuple[str, str, str, str], ...] = (
+    ("checks.csv", "name", "passed", ""),
+    ("oracle-checks.csv", "check", "passed", "cell"),
+    ("pressure-checks.csv", "check", "matched", "server"),
+)
+
+
 def failed_rows(run_dir: Path | None) -> list[dict[str, str]]:
-    """The checks a run failed, rows of its ``checks.csv`` (both commands write one)."""
-    if run_dir is None or not (run_dir / "checks.csv").is_file():
+    """The checks a run failed, as rows with ``name`` (the check, and the oracle cell or
+    pressure server that saw it) and ``observed``, from whichever checks file the
+    command writes."""
+    if run_dir is None:
         return []
-    with (run_dir / "checks.csv").open() as fh:
-        return [r for r in csv.DictReader(fh) if r.get("passed") not in ("True", "true")]
+    for name, check, passed, where in CHECK_FILES:
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        with path.open() as fh:
+            rows = [r for r in csv.DictReader(fh) if r.get(passed) not in ("True", "true")]
+        return [
+            {
+                **r,
+                "name": r[check] + (f" ({r[where]})" if where and r.get(where) else ""),
+            }
+            for r in rows
+        ]
+    return []
 
 
 def failed_checks(run_dir: Path | None) -> list[str]:

@@ -132,8 +132,11 @@ def plan_mutate(
     """Refuses what cannot run with one line: no command, a target outside the build's
     site-packages, a sample larger than the file's mutants."""
     if not commands:
-        raise BadInput("mutate needs at least one --command (roundtrip, stress, or a scenario)")
-    cmds = [MutateCommand.parse(c) for c in commands]
+        raise BadInput(
+            "mutate needs at least one --command (suite, oracle, roundtrip, stress, pressure, "
+            "or a scenario)"
+        )
+    cmds = MutateCommand.parse_all(commands)
     if len({c.slug for c in cmds}) != len(cmds):
         raise BadInput("each --command once (two of them would share a results directory)")
     site = site_packages(python)

@@ -1,0 +1,225 @@
+"""The server engine: a cell's sequence on a live vLLM server, one request at a time.
+
+Before each request the GPU prefix cache is reset (``/reset_prefix_cache``, the tier
+kept), so every lookup starts at token 0 as the model assumes; after it the counters are
+let settle. What each request did is read three ways: the counters' deltas (hit, bytes,
+the host tier's tokens, the tier's allocations and usage, lookups), the host backend's
+transfer trace (per KV-cache group, blocks and the first block's index, per job), and
+the answer (a prompt seen before that hit must answer as its first, whole prefill did).
+The model's layout is the one the engine reports building (``harness.engine.specs``),
+so a group the engine built differently from the plan is judged as built (and named).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from harness.commands.oracle.drive import request_of
+from harness.commands.oracle.judge import CellResult, Moved, Observed, judge
+from harness.commands.oracle.plan import Cell, OraclePlan
+from harness.commands.roundtrip.run import Endpoint, Status, start_server
+from harness.errors import HarnessError, RuntimeFailure
+from harness.names import LOG_TRANSFER
+from harness.oracle.scheduler import KINDS, Group, Layout, Offloader
+from harness.server import kv_layout
+from harness.server.launcher import http_post
+from harness.server.workload import Completion, Prompt, complete, within_tolerance
+
+_JOB = re.compile(r"job=\d+ (store|load) bytes=\d+ (.*?) block_indices=\[([0-9, ]*)\]")
+_GROUP = re.compile(r"g(\d+):(\d+)@\d+=\d+")
+
+
+class OracleReporter(Status, Protocol):
+    def request_done(self, cell: str, index: int, failing: list[str]) -> None: ...
+
+
+def moves_from_trace(lines: list[str], groups: int) -> tuple[list[Moved], list[Moved]]:
+    """(loads, stores) per group from the host backend's trace lines of one request:
+    blocks summed over its jobs, the first block the lowest a job started at."""
+    acc: dict[str, list[Moved]] = {
+        op: [Moved(0, 0, None) for _ in range(groups)] for op in ("load", "store")
+    }
+    seen: dict[str, set[int]] = {"load": set(), "store": set()}
+    for line in lines:
+        if LOG_TRANSFER not in line:
+            continue
+        for m in _JOB.finditer(line):
+            op, body = m.group(1), m.group(2)
+            starts = [int(x) for x in m.group(3).replace(" ", "").split(",") if x]
+            for g in _GROUP.finditer(body):
+                gi, n = int(g.group(1)), int(g.group(2))
+                if gi >= groups or not n:
+                    continue
+                slot = acc[op][gi]
+                first = starts[gi] if gi < len(starts) else 0
+                slot.first_block = first if gi not in seen[op] else min(slot.first_block, first)
+                seen[op].add(gi)
+                slot.blocks += n
+    return acc["load"], acc["store"]
+
+
+def engine_layout(cell: Cell, log: Path) -> Layout:
+    """The model's layout from the KV-cache groups the engine reported building."""
+    report = kv_layout.parse_report(log.read_text(errors="replace").splitlines())
+    if not report:
+        raise RuntimeFailure(f"the engine reported no KV-cache groups; log: {log}")
+    groups: list[Group] = []
+    for g in report:
+        kind = kv_layout.spec_kind(g)
+        if kind not in KINDS:
+            raise RuntimeFailure(f"the engine built a group the model has no rules for: {kind}")
+        window = int(g.get("sliding_window") or g.get("attention_chunk_size") or 0)
+        page = int(g.get("page_size_bytes") or 0) * int(g.get("layers") or 1)
+        groups.append(Group(kind, int(g["block_size"]), window, page))
+    lay = cell.layout
+    chunk = cell.family.chunk_tokens
+    return Layout(
+        tuple(groups),
+        chunk // groups[0].block,
+        lay.offload_prompt_only,
+        lay.retention_interval,
+        lay.max_batched_tokens,
+    )
+
+
+def _reset(url: str, external: bool, timeout_s: float = 60.0) -> None:
+    """Reset the GPU prefix cache (and the tier with ``external``), retrying while vLLM
+    refuses because blocks are still held (it answers 200 ``{"success": false}``)."""
+    query = "true" if external else "false"
+    deadline, last = time.monotonic() + timeout_s, ""
+    while time.monotonic() < deadline:
+        status, last = http_post(f"{url}/reset_prefix_cache?reset_external={query}", 30.0)
+        if status != 200:
+            raise RuntimeFailure(f"{url}/reset_prefix_cache answered {status}: {last[:200]}")
+        try:
+            ok = json.loads(last).get("success", True) if last.strip() else True
+        except (ValueError, AttributeError):
+            ok = True
+        if ok:
+            return
+        time.sleep(0.2)
+    raise RuntimeFailure(f"the GPU prefix cache was never reset: {last[:200]}")
+
+
+def same_answer(tolerance: float) -> Callable[[Completion, Completion], tuple[bool, str]]:
+    def compare(first: Completion, now: Completion) -> tuple[bool, str]:
+        close = within_tolerance(first, now, tolerance)
+        d = close.divergence
+        if d is None:
+            return True, f"max logprob difference {close.max_delta:.4g}"
+        return False, f"{d.field} differ at {d.position}: {d.left} vs {d.right}"
+
+    return compare
+
+
+def run_server_cell(
+    plan: OraclePlan,
+    cell: Cell,
+    out_dir: Path,
+    reporter: OracleReporter,
+    on_update: Callable[[CellResult], None],
+    port: int | None = None,
+) -> CellResult:
+    """Launch the cell's server, serve its sequence, judge each request as it lands;
+    the server is stopped whatever happens."""
+    scn = plan.scenario
+    assert cell.spec is not None
+    result = CellResult(cell.name, expected_failing=cell.failing_checks)
+    log = out_dir / "logs" / f"{cell.name.replace('/', '__')}.log"
+    server = cell.spec.server(log, port)
+    t0 = time.monotonic()
+    try:
+        start_server(server, scn.server, reporter, f"server {cell.name}")
+        ep = Endpoint(server.url, server)
+        model = Offloader(engine_layout(cell, log))
+        n_groups = len(model.layout.groups)
+        result.vllm_version = plan.env.vllm_version
+        first_answers: dict[tuple[tuple[int, ...], int], Completion] = {}
+        compare = same_answer(scn.logprob_tolerance)
+        before, _ = ep.snapshot("start")
+        offset = log.stat().st_size
+        for index, step in enumerate(cell.steps):
+            phase = f"{cell.name} step {index}"
+            if step.reset:
+                _reset(server.url, external=True)
+                model.reset()
+                before = ep.settle(phase, scn.settle_timeout_s)
+                offset = log.stat().st_size
+                continue
+            _reset(server.url, external=False)
+            extra: dict[str, Any] = {}
+            if step.max_load_tokens is not None:
+                extra["kv_transfer_params"] = {"max_load_tokens": step.max_load_tokens}
+            try:
+                comp = complete(
+                    ep.base,
+                    cell.spec.served_model_name or cell.spec.model,
+                    Prompt(step.request, "oracle", list(step.tokens)),
+                    phase,
+                    max_tokens=step.max_tokens,
+                    logprobs=scn.logprobs,
+                    seed=scn.seed,
+                    extra=extra,
+                )
+            except HarnessError as err:
+                failure = ep.failure(phase, err)
+                obs = Observed(step.request, raised=str(failure))
+                result.requests.append(judge(index, step.why, None, obs))
+                on_update(result)
+                break
+            after = ep.settle(phase, scn.settle_timeout_s)
+            with log.open(errors="replace") as fh:
+                fh.seek(offset)
+                lines = fh.read().splitlines()
+                offset = fh.tell()
+            delta = after - before
+            before = after
+            names = ep.last_text
+            loads, stores = moves_from_trace(lines, n_groups)
+            obs = Observed(
+                step.request,
+                hit=int(delta.ext_hits),
+                loads=loads,
+                stores=stores,
+                loaded_bytes=delta.loaded_bytes,
+                stored_bytes=delta.stored_bytes,
+                host_tokens=(
+                    delta.host_hit_tokens
+                    if "vllm:prompt_tokens_cached_by_source" in names
+                    else None
+                ),
+                allocated_chunks=(
+                    delta.allocated_chunks
+                    if "vllm:kv_offload_cpu_allocation_size" in names
+                    else None
+                ),
+                usage_after=after.cpu_usage if "kv_offload_cpu_cache_usage_perc" in names else None,
+                async_lookups=(
+                    delta.async_lookups
+                    if "kv_offload_lookup_async_delay_seconds" in names
+                    else None
+                ),
+                answer=comp,
+                generated=list(comp.token_ids),
+            )
+            served = model.serve(request_of(step), obs.generated)
+            key = (step.tokens, step.max_tokens)
+            earlier = first_answers.get(key)
+            judged = judge(index, step.why, served, obs, earlier=earlier, same_answer=compare)
+            if earlier is None:
+                first_answers[key] = comp
+            result.requests.append(judged)
+            reporter.request_done(cell.name, index, judged.failing)
+            on_update(result)
+    except HarnessError as err:
+        result.error = str(err)
+    finally:
+        server.stop()
+        result.seconds = time.monotonic() - t0
+    on_update(result)
+    return result
