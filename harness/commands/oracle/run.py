@@ -34,7 +34,7 @@ def execute_oracle(
 
     if plan.drive_cells:
         drive.run_drive(plan.env.python, plan.drive_cells, out_dir / "drive", update,
-                        reporter.status, fail_fast=fail_fast)  # fmt: skip
+                        reporter.status, fail_fast=fail_fast, patch=plan.patch)  # fmt: skip
     for cell in plan.server_cells:
         if failed():
             break
@@ -53,7 +53,7 @@ def execute_oracle(
                 if c in res.unexpected and (c in ACCOUNTING or c == res_first(res))
             )
             reporter.status(f"{cell.name}: shrinking the sequence failing {first[1]}")
-            got = shrink.shrink(plan.env.python, cell, first[0], first[1])
+            got = shrink.shrink(plan.env.python, cell, first[0], first[1], plan.patch)
             res.shrunk.append(got.record())
             update(res)
     return [results[n] for n in order if n in results]

@@ -221,5 +221,6 @@ def run_server_cell(
     finally:
         server.stop()
         result.seconds = time.monotonic() - t0
+        result.finished = True
     on_update(result)
     return result

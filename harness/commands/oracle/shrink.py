@@ -33,14 +33,14 @@ MAX_SECONDS = 240.0
 class DriveSession:
     """One drive process serving candidate sequences one at a time (JSON lines)."""
 
-    def __init__(self, python: str) -> None:
+    def __init__(self, python: str, patch: str | None = None) -> None:
         self.proc = subprocess.Popen(
             [python, "-m", DRIVE_MODULE, "-"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
-            env=drive_env(),
+            env=drive_env(patch),
             cwd=str(REPO_ROOT),
         )
         self.index = 0
@@ -149,11 +149,13 @@ def relevant(steps: Sequence[Step], failing_index: int, chunk: int) -> list[Step
     ]
 
 
-def shrink(python: str, cell: Cell, failing_index: int, check: str) -> Shrunk:
+def shrink(
+    python: str, cell: Cell, failing_index: int, check: str, patch: str | None = None
+) -> Shrunk:
     """The drive cell's steps up to the failing request, cut down by ddmin."""
     t0 = time.monotonic()
     steps = list(cell.steps[: failing_index + 1])
-    session = DriveSession(python)
+    session = DriveSession(python, patch)
     try:
         if not fails(session, cell, steps, check):
             return Shrunk(check, relevant(steps, failing_index, cell.layout.chunk(0)), 1, False,
