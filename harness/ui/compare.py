@@ -19,7 +19,8 @@ import pandas as pd
 
 from harness.errors import BadInput
 from harness.results.run_directory import read_json_object
-from harness.results.tables import TableFile, kind_of
+from harness.results.tables import TableFile
+from harness.ui.owned_kinds import kind_of
 
 Table = tuple[str, list[dict[str, Any]], list[str]]
 MISSING = "-"

@@ -378,10 +378,9 @@ def launches_table(launches: Sequence[dict[str, Any]]) -> Table:
 def run_tables(command: str, run_dir: Path) -> list[Table]:
     """A results directory's tables, as its command's results kind defines them, then
     its launches (every command records them in run.json)."""
-    from harness.results.tables import CHECKS, OUTCOMES, PHASE_TABLE, STRESS_CHECKS, kind_of
-    from harness.ui import owned_kinds
+    from harness.results.tables import CHECKS, OUTCOMES, PHASE_TABLE, STRESS_CHECKS
+    from harness.ui.owned_kinds import kind_of
 
-    owned_kinds.load()
     kind = kind_of(command)
     if kind is None:
         return []
@@ -411,10 +410,8 @@ def run_tables(command: str, run_dir: Path) -> list[Table]:
 def run_records(command: str, run_dir: Path) -> list[dict[str, Any]]:
     """What ``run_tables`` shows, as data (``report --json``): each table file the run
     wrote (its title, file, columns and rows), then its launches."""
-    from harness.results.tables import kind_of
-    from harness.ui import owned_kinds
+    from harness.ui.owned_kinds import kind_of
 
-    owned_kinds.load()
     kind = kind_of(command)
     out: list[dict[str, Any]] = []
     for spec in kind.tables if kind is not None else ():

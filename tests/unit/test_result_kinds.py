@@ -5,6 +5,8 @@ every reader (report, compare, CI summary) selects only columns that exist."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,25 @@ def test_a_table_from_before_a_column_was_added_reads_as_it_meant(tmp_path):
     assert result.changed == 0 and len(result.tables[0].rows) == len(frame)
     for table in TABLES:
         assert set(table.added) <= set(table.columns), table.name
+
+
+def test_every_reader_finds_an_owned_kind_through_one_lookup():
+    """The oracle spells its own tables; report, compare and the CI summary find them
+    through ``owned_kinds.kind_of``, which loads the owners before it looks, in a fresh
+    process where nothing imported the oracle yet."""
+    code = (
+        "from harness.results import tables\n"
+        "assert tables.kind_of('oracle') is None\n"
+        "from harness.ui.owned_kinds import kind_of\n"
+        "kind = kind_of('oracle')\n"
+        "print(sorted(t.name for t in kind.tables))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "oracle-checks.csv" in proc.stdout and "oracle.csv" in proc.stdout
+    for reader in ("harness/ui/compare.py", "harness/ui/terminal.py"):
+        text = (ROOT / reader).read_text()
+        assert "from harness.ui.owned_kinds import kind_of" in text, reader
+        assert "from harness.results.tables import" not in text or ", kind_of" not in text
