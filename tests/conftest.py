@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 VENV_PY = ROOT / ".venv" / "bin" / "python"
 STOCK_PY = ROOT / ".venv-stock" / "bin" / "python"
-CLI = [str(ROOT / ".venv" / "bin" / "offload-check")]
+# The environment under test's own command line: the interpreter running pytest's (the
+# lowest-direct environment in `make test-floors`), else the checkout's .venv.
+_OWN_CLI = Path(sys.executable).parent / "offload-check"
+CLI = [str(_OWN_CLI if _OWN_CLI.is_file() else ROOT / ".venv" / "bin" / "offload-check")]
 
 
 def _become_subreaper() -> None:

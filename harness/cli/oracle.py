@@ -16,7 +16,7 @@ from harness.cli.options import (
     scenario_opt,
 )
 from harness.cli.runs import guard, open_run
-from harness.errors import ExitCode
+from harness.errors import ExitCode, HarnessError
 
 
 @run_options(dry_run="oracle.dry-run")
@@ -54,6 +54,8 @@ def oracle_cmd(
     def make_plan() -> Any:
         scen = load_oracle(scenario or common.default_scenario("oracle.toml"))
         adhoc = common.adhoc_variants([python] if python else [])
+        if adhoc and variant:
+            raise HarnessError("give --variant or --python, not both")
         return plan_oracle(
             scen,
             variant=next(iter(adhoc), variant),

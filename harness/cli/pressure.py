@@ -7,9 +7,17 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from harness.cli import common
-from harness.cli.options import EngineArgs, RunOptions, VariantName, opt, run_options, scenario_opt
+from harness.cli.options import (
+    EngineArgs,
+    OnePython,
+    RunOptions,
+    VariantName,
+    opt,
+    run_options,
+    scenario_opt,
+)
 from harness.cli.runs import guard, open_run
-from harness.errors import ExitCode
+from harness.errors import ExitCode, HarnessError
 
 
 @run_options(dry_run="pressure.dry-run")
@@ -20,6 +28,7 @@ def pressure_cmd(
     fault: Annotated[list[str] | None, opt("pressure.fault", "--fault")] = None,
     patch: Annotated[str | None, opt("pressure.patch")] = None,
     variant: VariantName = None,
+    python: OnePython = None,
     engine_arg: EngineArgs = None,
     *,
     opts: RunOptions,
@@ -38,9 +47,13 @@ def pressure_cmd(
 
     def make_plan() -> Any:
         scen = load_pressure(scenario or common.default_scenario("pressure.toml"))
+        adhoc = common.adhoc_variants([python] if python else [])
+        if adhoc and variant:
+            raise HarnessError("give --variant or --python, not both")
         return plan_pressure(
             scen,
-            variant=variant,
+            variant=next(iter(adhoc), variant),
+            extra_variants=adhoc,
             servers=server,
             mutants=mutant or (),
             faults=fault or (),

@@ -3,6 +3,7 @@ failing checks, the first command that noticed, and the commands refused up fron
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from harness.commands.mutate import execute as ex
 from harness.errors import BadInput
+from tests.conftest import CLI
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -188,3 +190,18 @@ def test_the_failing_checks_are_read_from_whichever_checks_file_the_command_wrot
         "arc,clean,stored-bytes,True,False\n"
     )
     assert ex.failed_checks(pressure) == ["stored-bytes (arc)"]
+
+
+@pytest.mark.parametrize("name", sorted(ex.RUN_COMMANDS))
+def test_every_command_mutate_runs_takes_the_mutant_interpreter(name):
+    """mutate runs each command with ``--python <the mutant's copy>``: a command without
+    that option fails the baseline on every build (pressure did, until it had one)."""
+    cmd = ex.MutateCommand.parse(name)
+    python = str(ROOT / ".venv" / "bin" / "python")
+    argv = [*cmd.argv, "--python", python, "--dry-run"]
+    proc = subprocess.run(
+        [*CLI, *argv], capture_output=True, text=True, timeout=300, cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 0, (argv, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
