@@ -205,3 +205,15 @@ def test_every_command_mutate_runs_takes_the_mutant_interpreter(name):
     )  # fmt: skip
     assert proc.returncode == 0, (argv, proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr
+
+
+def test_an_engine_that_dies_mid_run_is_a_failed_run_not_bad_input():
+    """pressure lets vLLM's failure end its run: that is exit 1 (the build failed), so a
+    mutant that kills the engine there is killed, not incompetent (exit 2 said so)."""
+    from harness.commands.roundtrip.run import EngineFailure
+    from harness.errors import ExitCode
+
+    err = EngineFailure("threshold-2 clean request 0 (A4)", "AssertionError in manager.py", "")
+    assert err.exit_code == ExitCode.MISMATCH
+    run = ex.CommandRun("pressure", int(err.exit_code), None)
+    assert run.verdict == "killed"

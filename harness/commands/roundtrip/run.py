@@ -14,7 +14,7 @@ from harness.commands.roundtrip import checks as ck
 from harness.commands.roundtrip.evaluate import evaluate
 from harness.commands.roundtrip.plan import RoundtripPlan, resolve_disk, size_filler
 from harness.commands.roundtrip.result import PhaseResult, RoundtripResult
-from harness.errors import HarnessError, RuntimeFailure
+from harness.errors import ExitCode, HarnessError, RuntimeFailure
 from harness.names import DISK_FAULT_SWAP, DISK_FAULT_TRUNCATE
 from harness.results.records import CheckResult
 from harness.scenario.schema import ServerSettings
@@ -33,7 +33,12 @@ PHASES = ("cold", "warm", "filler", "replay")
 
 class EngineFailure(HarnessError):
     """vLLM itself raised during a phase: a failed round trip, not a broken harness.
-    ``signature`` is the crash's (``crash_signatures``), ``message`` the engine's own."""
+    ``signature`` is the crash's (``crash_signatures``), ``message`` the engine's own.
+    Where a command lets it end the run (pressure), the run exits 1, not as expected:
+    the build under test failed, the input was fine (exit 2 made mutate call such a
+    mutant incompetent instead of killed)."""
+
+    exit_code = ExitCode.MISMATCH
 
     def __init__(self, phase: str, signature: str, message: str) -> None:
         self.phase = phase
