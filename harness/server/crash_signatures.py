@@ -162,6 +162,13 @@ class CrashSignature:
         return f"{self.exception}{where}{who}{known}"
 
 
+def frame_text(frame: Frame | None) -> str:
+    """``vllm/x.py:function``; ``vllm/x.py:line`` for a frame whose name was cut off."""
+    if frame is None:
+        return ""
+    return f"{frame.vllm_relpath}:{frame.func or frame.line}"
+
+
 def describe_exit(returncode: int | None) -> str:
     if returncode is None:
         return "still running"
@@ -213,7 +220,7 @@ def crash_signature(
         )
     root = tracebacks[0]
     frame = root.innermost_vllm_frame()
-    frame_txt = f"{frame.vllm_relpath}:{frame.func}" if frame else ""
+    frame_txt = frame_text(frame)
     # A bare ``assert`` has no message; the asserting line is the best one there is.
     message = root.message or (root.frames[-1].source if root.frames else "")
     return CrashSignature(
@@ -250,7 +257,7 @@ def _signal_signature(
     return CrashSignature(
         exception=fatal.signal,
         message=fatal.message[:300],
-        frame=f"{frame.vllm_relpath}:{frame.func}" if frame else "",
+        frame=frame_text(frame),
         process=fatal.process,
         known=issue,
         paths=tuple(f.path for f in frames),

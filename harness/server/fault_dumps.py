@@ -66,8 +66,11 @@ _TOKEN = re.compile(
     # A path is one write starting at "/" (or "<string>"): what comes before it is
     # another writer's (a module's name, taken out or not).
     rf'|File {_GAP}"[^"/<]*(?P<path>[/<][^"]*?)"{_GAP}line {_BEFORE_NUMBER}(?P<line>\d+)'
-    # A name glued to a module's that could not be taken out is no function's name.
-    rf"{_GAP}(?: |(?m:^))in {_BEFORE_NAME}(?P<func>[A-Za-z_<][\w<>]*)(?![\w.])"
+    # A name glued to a module's that could not be taken out is no function's name. A
+    # frame whose name never came (the process died mid-line, another writer's log went
+    # on from there) keeps its path and line: on an AMX host the dying worker's last,
+    # innermost frame was cut so, and with it the only frame inside vLLM.
+    rf"(?:{_GAP}(?: |(?m:^))in {_BEFORE_NAME}(?P<func>[A-Za-z_<][\w<>]*)(?![\w.]))?"
 )
 TRACEBACK = "Traceback (most recent call last):"
 
@@ -138,7 +141,11 @@ _WORKER_FUNCS = ("worker_main", "worker_busy_loop", "death_pipe_monitor")
 
 
 def _runs_model(thread: ThreadStack) -> bool:
-    return any((rel := f.vllm_relpath) and rel.startswith(_MODEL_CODE) for f in thread.frames)
+    """A frame of the model code read whole (its function named): a frame cut before
+    its name says where the process was, not that the dump reached the kernel."""
+    return any(
+        f.func and (rel := f.vllm_relpath) and rel.startswith(_MODEL_CODE) for f in thread.frames
+    )
 
 
 @dataclass
@@ -308,7 +315,7 @@ def _threads(text: str) -> list[ThreadStack]:
             into = ThreadStack(tid, m["stack"] is not None or m["which"] == "Current thread")
             threads.append(into)
             continue
-        frame = Frame(_path(m["path"]), int(m["line"]), m["func"])
+        frame = Frame(_path(m["path"]), int(m["line"]), m["func"] or "")
         if into is None:
             if threads:
                 continue  # a dropped copy's frame

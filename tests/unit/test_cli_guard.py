@@ -4,42 +4,14 @@ errors and unexpected exceptions as one line with a documented exit code, and no
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from harness.cli import app as cli
 from tests.conftest import CLI, ROOT
-
-
-@pytest.fixture(autouse=True)
-def _keep_signal_handlers() -> Iterator[None]:
-    """A run installs SIGTERM/SIGHUP handlers; the test process keeps its own."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
-
-
-def invoke(*args: str) -> tuple[int, str, str]:
-    """``offload-check args`` in this process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.run(list(args))
-    return code, out.getvalue(), err.getvalue()
-
-
-def one_line(stderr: str) -> str:
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, stderr
-    assert "Traceback" not in stderr
-    return lines[0]
+from tests.unit.cli_in_process import invoke, keep_signal_handlers, one_line  # noqa: F401
 
 
 def statuses(results: Path) -> list[str]:

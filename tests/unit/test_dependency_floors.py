@@ -5,14 +5,10 @@ on the floors themselves (docs/development.md, "Dependency floors")."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import importlib.util
-import io
-import signal
 import stat
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,6 +21,7 @@ from packaging.version import Version
 
 from harness.cli import app as cli
 from tests.conftest import ROOT
+from tests.unit.cli_in_process import invoke, keep_signal_handlers, one_line  # noqa: F401
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 REQUIREMENTS = [Requirement(r) for r in PYPROJECT["project"]["dependencies"]]
@@ -46,30 +43,6 @@ def floor(name: str) -> Version:
     (req,) = [r for r in REQUIREMENTS if r.name.replace("_", "-") == name]
     (low,) = [s.version for s in req.specifier if s.operator == ">="]
     return Version(low)
-
-
-@pytest.fixture(autouse=True)
-def _keep_signal_handlers() -> Iterator[None]:
-    """A run installs SIGTERM/SIGHUP handlers; the test process keeps its own."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
-
-
-def invoke(*args: str) -> tuple[int, str, str]:
-    """``offload-check args`` in this process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.run(list(args))
-    return code, out.getvalue(), err.getvalue()
-
-
-def one_line(stderr: str) -> str:
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, stderr
-    assert "Traceback" not in stderr
-    return lines[0]
 
 
 # --- the floors --------------------------------------------------------------------

@@ -46,6 +46,10 @@ SPLIT_NAME = AMX2 / "crash-repro-small-chunk-current-no-amx-connector-on.server.
 # Line 130: "Fatal Python error: Fatal Python error: Illegal instructionIllegal instruction".
 GLUED_NAMES = AMX2 / "test-run-small-chunk-current-no-amx-connector-on.server.log"
 RECORDED = [CONTROL, SPLIT_NAME, GLUED_NAMES]
+# The control's dump cut inside the kernel's frame, after its line number, with the
+# engine core's next log line glued on: the shape `make test` met on this project's CI
+# host (2026-12-06), where the row then read only "SIGILL (worker)".
+CUT_MID_FRAME = AMX2 / "cut-mid-frame-small-chunk-current-no-amx-connector-on.server.log"
 
 # The known crashes as the amx-sigill bug entry's trigger scenario lists them.
 BUG = load_bug(ROOT / "scenarios" / "bugs" / "amx-sigill.toml")
@@ -480,3 +484,14 @@ def test_a_helper_alone_is_never_the_faulting_thread():
     sig = crash_signature(log, None, KNOWN)
     assert (sig.frame, known_label(sig.known), sig.process) == ("", "amx-sigill", "worker")
     assert sig.summary() == "SIGILL (worker) (known: amx-sigill)"
+
+
+def test_a_frame_cut_after_its_line_number_still_names_where_the_worker_died():
+    """The dying worker wrote ``File ".../vllm/_custom_ops.py", line 3927`` and no more;
+    the engine core's log went on from there. The frame keeps its path and line (the only
+    frame inside vLLM), and the crash is still the known one, by the kernel the worker
+    reported, since no frame of the model code was read whole."""
+    lines = CUT_MID_FRAME.read_text().splitlines()
+    assert not any("cpu_attention_with_kv_cache" in ln for ln in lines)
+    sig = crash_signature(lines, None, KNOWN)
+    assert sig.summary() == "SIGILL in vllm/_custom_ops.py:3927 (worker) (known: amx-sigill)"

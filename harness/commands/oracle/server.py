@@ -12,7 +12,6 @@ so a group the engine built differently from the plan is judged as built (and na
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from harness.errors import HarnessError, RuntimeFailure
 from harness.names import LOG_TRANSFER
 from harness.oracle.scheduler import KINDS, Group, Layout, Offloader
 from harness.server import kv_layout
-from harness.server.launcher import http_post
+from harness.server.admin import reset_prefix_cache
 from harness.server.workload import Completion, Prompt, complete, within_tolerance
 
 _JOB = re.compile(r"job=\d+ (store|load) bytes=\d+ (.*?) block_indices=\[([0-9, ]*)\]")
@@ -87,25 +86,6 @@ def engine_layout(cell: Cell, log: Path) -> Layout:
     )
 
 
-def _reset(url: str, external: bool, timeout_s: float = 60.0) -> None:
-    """Reset the GPU prefix cache (and the tier with ``external``), retrying while vLLM
-    refuses because blocks are still held (it answers 200 ``{"success": false}``)."""
-    query = "true" if external else "false"
-    deadline, last = time.monotonic() + timeout_s, ""
-    while time.monotonic() < deadline:
-        status, last = http_post(f"{url}/reset_prefix_cache?reset_external={query}", 30.0)
-        if status != 200:
-            raise RuntimeFailure(f"{url}/reset_prefix_cache answered {status}: {last[:200]}")
-        try:
-            ok = json.loads(last).get("success", True) if last.strip() else True
-        except (ValueError, AttributeError):
-            ok = True
-        if ok:
-            return
-        time.sleep(0.2)
-    raise RuntimeFailure(f"the GPU prefix cache was never reset: {last[:200]}")
-
-
 def same_answer(tolerance: float) -> Callable[[Completion, Completion], tuple[bool, str]]:
     def compare(first: Completion, now: Completion) -> tuple[bool, str]:
         close = within_tolerance(first, now, tolerance)
@@ -146,12 +126,12 @@ def run_server_cell(
         for index, step in enumerate(cell.steps):
             phase = f"{cell.name} step {index}"
             if step.reset:
-                _reset(server.url, external=True)
+                reset_prefix_cache(server.url, external=True, poll_s=0.2)
                 model.reset()
                 before = ep.settle(phase, scn.settle_timeout_s)
                 offset = log.stat().st_size
                 continue
-            _reset(server.url, external=False)
+            reset_prefix_cache(server.url, external=False, poll_s=0.2)
             extra: dict[str, Any] = {}
             if step.max_load_tokens is not None:
                 extra["kv_transfer_params"] = {"max_load_tokens": step.max_load_tokens}

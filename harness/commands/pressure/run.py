@@ -4,10 +4,8 @@ keeps every request it served)."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +18,7 @@ from harness.errors import HarnessError
 from harness.names import FAULT_NONE
 from harness.results.records import PressureCheck, PressureRequest
 from harness.server import control_files
-from harness.server.launcher import http_post
+from harness.server.admin import reset_prefix_cache
 from harness.server.workload import Completion, complete
 
 # The host backend's start line (harness.engine.host_offload): the tier vLLM sized.
@@ -74,26 +72,8 @@ def engine_capacity(log: Path) -> tuple[int, int] | None:
 
 
 def reset_tier(url: str, timeout_s: float = 60.0) -> None:
-    """Empty the CPU tier (``POST /reset_prefix_cache?reset_external=true``), retrying
-    while vLLM refuses (it answers 200 ``{"success": false}`` while requests are in
-    flight, a documented contract); the policy's ``clear()`` runs on the way."""
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    while time.monotonic() < deadline:
-        status, last = http_post(f"{url}/reset_prefix_cache?reset_external=true", 30.0)
-        if status != 200:
-            raise HarnessError(
-                f"{url}/reset_prefix_cache answered {status} (the server needs "
-                "VLLM_SERVER_DEV_MODE=1)"
-            )
-        try:
-            ok = json.loads(last).get("success", True) if last.strip() else True
-        except (ValueError, AttributeError):
-            ok = True
-        if ok:
-            return
-        time.sleep(0.5)
-    raise HarnessError(f"the tier was never reset: {last[:200]}")
+    """Empty the CPU tier between rounds (and the GPU prefix cache with it)."""
+    reset_prefix_cache(url, external=True, timeout_s=timeout_s)
 
 
 def _serve_round(
