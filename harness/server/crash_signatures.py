@@ -154,7 +154,9 @@ class CrashSignature:
             code = self.exit_code
             how = describe_exit(int(code)) if code.lstrip("-").isdigit() else ""
             how = f", {how}" if how.startswith("killed") else ""
-            return f"{self.process} died unexpectedly (no stack; exit code: {code}{how})"
+            label = known_label(self.known)
+            known = f" (known: {label}, by its reported kernel)" if label else ""
+            return f"{self.process} died unexpectedly (no stack; exit code: {code}{how}){known}"
         where = f" in {self.frame}" if self.frame else ""
         who = f" ({self.process})" if self.kind == "signal" and self.process else ""
         label = known_label(self.known)
@@ -199,11 +201,13 @@ def crash_signature(
         reported = frozenset(f"{k}={v}" for k, v in engine_log.kernels(log_lines).items())
         return _signal_signature(fatal, known, reported)
     if death is not None and death.line < first_tb:
+        reported = frozenset(f"{k}={v}" for k, v in engine_log.kernels(log_lines).items())
         return CrashSignature(
             exception="worker died",
             message=death.message[:300],
             frame="",
             process=death.name,
+            known=_known_death(death.exit_code, known, reported),
             kind="died",
             exit_code=death.exit_code,
         )
@@ -263,6 +267,24 @@ def _signal_signature(
         paths=tuple(f.path for f in frames),
         kind="signal",
     )
+
+
+# The exit code a process killed by each fatal signal reports (minus its number).
+_SIGNAL_EXIT = {"SIGILL": "-4", "SIGABRT": "-6", "SIGBUS": "-7", "SIGFPE": "-8", "SIGSEGV": "-11"}
+
+
+def _known_death(
+    exit_code: str, known: Sequence[KnownCrash], reported: frozenset[str]
+) -> int | str | None:
+    """A worker that died leaving no fault dump at all (on one AMX host the signal killed
+    it before the handler wrote a line, 2026-12-06) is a known signal crash only when it
+    reported one of that crash's kernels and its exit code is the signal's, or was never
+    read (vLLM logs ``None`` when it notices the death before reaping the process)."""
+    for kc in known:
+        want = _SIGNAL_EXIT.get(kc.exception)
+        if want and exit_code in (want, "None") and reported.intersection(kc.kernels):
+            return kc.issue
+    return None
 
 
 def _known_issue(

@@ -149,8 +149,19 @@ def test_amx_sigill_row_follows_the_host(small_chunk_matrix):
             assert r.expected == "crashed-on-first-request"
             assert r.outcome == "crashed-on-first-request", r.why
             # The frame of the AMX kernel the host reached first (attention or MoE),
-            # never a helper thread's.
-            assert r.signature.startswith("SIGILL in vllm/"), r.signature
+            # never a helper thread's; or none, where the worker was killed before its
+            # dump reached a vLLM frame (seen twice in a row on one AMX host,
+            # 2026-12-06: `Thread 0x... (most recent call first):` then `  File ` and
+            # nothing more). The crash is then known by the kernel the worker reported.
+            # Or no dump at all, the worker killed before its handler wrote a line (the
+            # same host, the next run): known by its kernel, the death as vLLM saw it.
+            cut_before_vllm = r.signature == "SIGILL (worker) (known: amx-sigill)"
+            no_dump = r.signature.startswith("VllmWorker-0 died unexpectedly (no stack") and (
+                r.signature.endswith("(known: amx-sigill, by its reported kernel)")
+            )
+            assert cut_before_vllm or no_dump or r.signature.startswith("SIGILL in vllm/"), (
+                r.signature
+            )
             assert "death_pipe_monitor" not in r.signature, r.signature
             assert r.known_issue == "amx-sigill"
         else:

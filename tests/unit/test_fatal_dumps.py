@@ -495,3 +495,27 @@ def test_a_frame_cut_after_its_line_number_still_names_where_the_worker_died():
     assert not any("cpu_attention_with_kv_cache" in ln for ln in lines)
     sig = crash_signature(lines, None, KNOWN)
     assert sig.summary() == "SIGILL in vllm/_custom_ops.py:3927 (worker) (known: amx-sigill)"
+
+
+@pytest.mark.parametrize("code", ["None", "-4"])
+def test_a_worker_that_died_before_writing_any_dump_is_known_by_its_kernel(code):
+    """The third shape one AMX host showed (2026-12-06): no fault handler line at all,
+    only vLLM's "Worker proc VllmWorker-0 died unexpectedly", after the worker reported
+    the AMX attention kernel. Known by that kernel when the exit code is SIGILL's or was
+    never read; another exit code, or no kernel reported, is no known crash."""
+    lines = CONTROL.read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(HEADER))
+    death = next(i for i, ln in enumerate(lines) if "died unexpectedly" in ln)
+    log = [*lines[:start], *lines[death:]]
+    log = [ln.replace("(exit code: None)", f"(exit code: {code})") for ln in log]
+    sig = crash_signature(log, None, KNOWN)
+    assert sig.kind == "died" and known_label(sig.known) == "amx-sigill"
+    assert sig.summary() == (
+        f"VllmWorker-0 died unexpectedly (no stack; exit code: {code}"
+        + (", killed by SIGILL" if code == "-4" else "")
+        + ") (known: amx-sigill, by its reported kernel)"
+    )
+    other = [ln.replace(f"(exit code: {code})", "(exit code: -11)") for ln in log]
+    assert crash_signature(other, None, KNOWN).known is None
+    no_kernel = [ln for ln in log if "attention_isa=amx" not in ln]
+    assert crash_signature(no_kernel, None, KNOWN).known is None
