@@ -13,7 +13,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -197,7 +197,3 @@ def run_drive(
 def _tail(out_dir: Path) -> str:
     text = (out_dir / "drive.stderr").read_text(errors="replace").strip().splitlines()
     return text[-1][:300] if text else "no output"
-
-
-def steps_of(cell: Cell, indices: Iterable[int]) -> list[Step]:
-    return [cell.steps[i] for i in indices]

@@ -78,26 +78,18 @@ ORACLE = register(
 
 
 def _fig(judged: Judged, what: str) -> tuple[str, str]:
+    """``what`` (loaded / stored): the bytes the model expected and the engine counted,
+    or per group the blocks where the engine counts no bytes (the drive)."""
     s, o = judged.served, judged.observed
-    if what == "loaded":
-        exp = f"{s.loaded_bytes}" if s else ""
-        got = (
-            f"{int(o.loaded_bytes)}"
-            if o.loaded_bytes is not None
-            else " ".join(f"g{g}:{m.blocks}" for g, m in enumerate(o.loads) if m.blocks)
-        )
-        if s and o.loaded_bytes is None:
-            exp = " ".join(f"g{g}:{t.blocks}" for g, t in enumerate(s.loads) if t.blocks)
-        return exp, got
-    exp = f"{s.stored_bytes}" if s else ""
-    got = (
-        f"{int(o.stored_bytes)}"
-        if o.stored_bytes is not None
-        else " ".join(f"g{g}:{m.blocks}" for g, m in enumerate(o.stores) if m.blocks)
-    )
-    if s and o.stored_bytes is None:
-        exp = " ".join(f"g{g}:{t.blocks}" for g, t in enumerate(s.stores) if t.blocks)
-    return exp, got
+    moves = "loads" if what == "loaded" else "stores"
+    counted = getattr(o, f"{what}_bytes")
+    if counted is not None:
+        return (f"{getattr(s, f'{what}_bytes')}" if s else ""), f"{int(counted)}"
+
+    def per_group(transfers: Any) -> str:
+        return " ".join(f"g{g}:{t.blocks}" for g, t in enumerate(transfers) if t.blocks)
+
+    return (per_group(getattr(s, moves)) if s else ""), per_group(getattr(o, moves))
 
 
 def request_rows(cell: Cell, result: CellResult) -> list[dict[str, Any]]:

@@ -137,29 +137,22 @@ def judge(
     if obs.hit is not None:
         check("hit-tokens", served.hit, obs.hit)
     n = len(served.loads)
-    if obs.loads:
+    for what, exp_moves, obs_moves in (
+        ("loaded", served.loads, obs.loads),
+        ("stored", served.stores, obs.stores),
+    ):
+        if not obs_moves:
+            continue
         check(
-            "loaded-blocks",
-            _fmt(_moves(served.loads)),
-            _fmt([(m.blocks, m.first_block if m.blocks else 0) for m in obs.loads[:n]]),
+            f"{what}-blocks",
+            _fmt(_moves(exp_moves)),
+            _fmt([(m.blocks, m.first_block if m.blocks else 0) for m in obs_moves[:n]]),
         )
-        if all(m.chunks is not None for m in obs.loads):
+        if all(m.chunks is not None for m in obs_moves):
             check(
-                "loaded-chunks",
-                _fmt_chunks(_chunks(served.loads)),
-                _fmt_chunks([sorted(m.chunks or []) for m in obs.loads[:n]]),
-            )
-    if obs.stores:
-        check(
-            "stored-blocks",
-            _fmt(_store_moves(served.stores)),
-            _fmt([(m.blocks, m.first_block if m.blocks else 0) for m in obs.stores[:n]]),
-        )
-        if all(m.chunks is not None for m in obs.stores):
-            check(
-                "stored-chunks",
-                _fmt_chunks(_chunks(served.stores)),
-                _fmt_chunks([sorted(m.chunks or []) for m in obs.stores[:n]]),
+                f"{what}-chunks",
+                _fmt_chunks(_chunks(exp_moves)),
+                _fmt_chunks([sorted(m.chunks or []) for m in obs_moves[:n]]),
             )
     if obs.loaded_bytes is not None:
         check("loaded-bytes", served.loaded_bytes, int(obs.loaded_bytes))
@@ -201,10 +194,6 @@ def judge(
             )
         )
     return Judged(index, why, served, obs, out)
-
-
-def _store_moves(t: Sequence[Transfer]) -> list[tuple[int, int]]:
-    return _moves(t)
 
 
 @dataclass

@@ -44,13 +44,15 @@ def execute_oracle(
             res = results.get(cell.name)
             if res is None or not res.unexpected:
                 continue
-            # The accounting check that failed first (an answer or content check only
-            # when no count did): the one a short sequence can show most plainly.
+            # The earliest failure among the accounting checks and the check that failed
+            # first of all (a count, else an answer or content check): what a short
+            # sequence can show most plainly.
+            opening = res_first(res)
             first = min(
                 (j.index, c)
                 for j in res.requests
                 for c in j.failing
-                if c in res.unexpected and (c in ACCOUNTING or c == res_first(res))
+                if c in res.unexpected and (c in ACCOUNTING or c == opening)
             )
             reporter.status(f"{cell.name}: shrinking the sequence failing {first[1]}")
             got = shrink.shrink(plan.env.python, cell, first[0], first[1], plan.patch)
