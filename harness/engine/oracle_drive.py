@@ -30,6 +30,7 @@ import os
 import sys
 import time
 import traceback
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,9 @@ from harness.engine.oracle_worker import ContentWorker
 from harness.engine.scheduler_rig import Rig, kwargs_for, load_vllm
 from harness.names import ENV_PATCH, PATCH_NONE
 
+GAUGE_USAGE = "vllm:kv_offload_cpu_cache_usage_perc"
+GAUGE_WRITE = "vllm:kv_offload_cpu_cache_write_usage_perc"
+GAUGE_READ = "vllm:kv_offload_cpu_cache_read_usage_perc"
 MAX_STEPS_PER_REQUEST = 4096  # a request that needs more is a stalled scheduler
 PAGE_HEAD = 64  # the full-attention group of the largest block: head size 64, float32
 
@@ -150,31 +154,63 @@ class OracleRig:
         self.defer_lookups = int(seq.get("defer_lookups", 0))
         self._deferrals: dict[str, int] = {}
         self.stores: list[tuple[list[bytes], list[bytes] | None]] = []
-        self.sources: list[dict[str, int]] = []
+        self.sources: list[tuple[str, dict[str, int]]] = []  # (request, tokens by source)
+        self.reports_sources = hasattr(self.rig.offload, "get_external_cache_hit_sources")
         self.stats: list[dict[str, float]] = []
         off, mgr = self.rig.offload, self.rig.manager
         prepare_store, sources, get_stats = (
             mgr.prepare_store,
-            off.get_external_cache_hit_sources,
+            # Where vLLM says a hit's tokens came from (0.30 on); older: not reported.
+            getattr(off, "get_external_cache_hit_sources", None),
             off.get_stats,
         )
+        prepare_load, complete_load, complete_store = (
+            mgr.prepare_load,
+            mgr.complete_load,
+            mgr.complete_store,
+        )
+        # The tier's gauges held against the harness's own count of the chunks the
+        # connector asked it to write and to read and has not completed (``tier-gauges``).
+        self.writing: set[Any] = set()
+        self.reading: Counter[Any] = Counter()
+        self.gauge_errors: list[dict[str, Any]] = []
+        self.chunks = int(getattr(mgr, "_num_chunks", 0))
         lookup, matched = mgr.lookup, self.rig.connector.get_num_new_matched_tokens
 
         def spy_store(keys: Any, *args: Any, **kw: Any) -> Any:
             out = prepare_store(keys, *args, **kw)
             kept = None if out is None else list(out.keys_to_store)
             self.stores.append((list(keys), kept))
+            self.writing.update(kept or ())
             return out
 
+        def spy_complete_store(keys: Any, *args: Any, **kw: Any) -> Any:
+            self.writing.difference_update(keys)
+            return complete_store(keys, *args, **kw)
+
+        def spy_load(keys: Any, *args: Any, **kw: Any) -> Any:
+            out = prepare_load(keys, *args, **kw)
+            self.reading.update(keys)
+            return out
+
+        def spy_complete_load(keys: Any, *args: Any, **kw: Any) -> Any:
+            self.reading.subtract(keys)
+            self.reading += Counter()  # drop the keys no load holds any more
+            return complete_load(keys, *args, **kw)
+
         def spy_sources(request: Any, num_external: int) -> Any:
+            assert sources is not None
             out = sources(request, num_external)
-            self.sources.append({str(getattr(k, "value", k)): int(v) for k, v in out.items()})
+            counts = {str(getattr(k, "value", k)): int(v) for k, v in out.items()}
+            self.sources.append((str(request.request_id), counts))
             return out
 
         def spy_stats() -> Any:
             out = get_stats()
             if out is not None and hasattr(out, "reduce"):
-                self.stats.append({k: float(v) for k, v in out.reduce().items()})
+                snap = {k: float(v) for k, v in out.reduce().items()}
+                self.stats.append(snap)
+                self._check_gauges(snap)
             return out
 
         def deferring_matched(request: Any, *args: Any, **kw: Any) -> Any:
@@ -196,7 +232,10 @@ class OracleRig:
 
         self._deferring = False
         mgr.prepare_store = spy_store
-        off.get_external_cache_hit_sources = spy_sources
+        mgr.prepare_load, mgr.complete_load = spy_load, spy_complete_load
+        mgr.complete_store = spy_complete_store
+        if sources is not None:
+            off.get_external_cache_hit_sources = spy_sources
         off.get_stats = spy_stats
         if self.defer_lookups:
             mgr.lookup = deferring_lookup
@@ -211,12 +250,49 @@ class OracleRig:
             "retention_interval": getattr(cfg, "retention_interval", "absent"),
             "alignment_tokens": getattr(cfg, "alignment_tokens", "absent"),
             "page_bytes": self.page,
+            # ``kv_transfer_params.max_load_tokens`` (0.30 on): an older connector never
+            # reads it, and its requests hit what the tier holds.
+            "max_load_tokens": _reads_max_load_tokens(self.rig.offload),
         }
 
-    def reset_tier(self) -> None:
-        """``/reset_prefix_cache?reset_external=true``: the GPU prefix cache and the tier."""
+    def reset_tier(self) -> bool:
+        """``/reset_prefix_cache?reset_external=true``: the GPU prefix cache and the tier
+        (no write or read of it completes after that). False where the release cannot
+        reset a connector (before 0.30): only the GPU cache is reset, the tier kept."""
         sched = self.rig.scheduler
-        sched.reset_prefix_cache(**kwargs_for(sched.reset_prefix_cache, reset_connector=True))
+        args = kwargs_for(sched.reset_prefix_cache, reset_connector=True)
+        sched.reset_prefix_cache(**args)
+        if not args:
+            return False
+        self.writing.clear()
+        self.reading.clear()
+        return True
+
+    def _check_gauges(self, snap: dict[str, float]) -> None:
+        """The usage gauges of one stats snapshot against the chunks in flight: written
+        (stored, not yet completed) and read (loaded, not yet completed), over the tier's
+        chunks. A release without a gauge is not judged on it."""
+        if not self.chunks:
+            return
+        writing, reading = len(self.writing), len(self.reading)
+        want = {
+            GAUGE_USAGE: (writing + reading) / self.chunks,
+            GAUGE_WRITE: writing / self.chunks,
+            GAUGE_READ: reading / self.chunks,
+        }
+        for name, expected in want.items():
+            got = snap.get(name)
+            if got is not None and abs(got - expected) > 1e-9:
+                self.gauge_errors.append(
+                    {
+                        "gauge": name,
+                        "expected": expected,
+                        "observed": got,
+                        "writing": writing,
+                        "reading": reading,
+                        "chunks": self.chunks,
+                    }
+                )
 
     def _step(self) -> Any:
         rig = self.rig
@@ -224,81 +300,148 @@ class OracleRig:
         rig.finish_step(out, done=self.worker.step(out))
         return out
 
-    def serve(self, step: dict[str, Any]) -> dict[str, Any]:
-        """One request start to finish; what the connector did for it."""
+    def serve(self, steps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Requests served at once (a wave, or one alone) start to finish; what the
+        connector did for each. A wave's requests share no block, so every job, key and
+        lookup is one request's; the tier's stats are the wave's (on its last record)."""
         from vllm.v1.request import RequestStatus
 
-        rig, name = self.rig, str(step["request"])
+        rig = self.rig
         rig.scheduler.reset_prefix_cache()
-        req = rig.request(name, [int(t) for t in step["tokens"]], int(step.get("max_tokens", 1)))
-        if step.get("max_load_tokens") is not None:
-            req.kv_transfer_params = {"max_load_tokens": step["max_load_tokens"]}
-        rig.scheduler.add_request(req)
-        status = rig.offload._req_status[name]
+        reqs = []
+        for step in steps:
+            name = str(step["request"])
+            req = rig.request(
+                name, [int(t) for t in step["tokens"]], int(step.get("max_tokens", 1))
+            )
+            if step.get("max_load_tokens") is not None:
+                req.kv_transfer_params = {"max_load_tokens": step["max_load_tokens"]}
+            rig.scheduler.add_request(req)
+            reqs.append(req)
+        statuses = [rig.offload._req_status[str(s["request"])] for s in steps]
         n_lookups, n_stores, n_sources = len(rig.lookups), len(self.stores), len(self.sources)
         n_loads, n_stats, n_errors = len(rig.loads), len(self.stats), len(self.worker.errors)
-        loads: list[tuple[list[int], list[int]]] = []
-        store_jobs: list[tuple[list[int], list[int]]] = []
-        abort_after, reset_after = step.get("abort_after"), step.get("reset_after")
-        reset_done = False
+        n_gauges = len(self.gauge_errors)
+        loads: dict[str, list[tuple[list[int], list[int]]]] = {r.request_id: [] for r in reqs}
+        store_jobs: dict[str, list[tuple[list[int], list[int]]]] = {r.request_id: [] for r in reqs}
+        resets_done: set[str] = set()
+        kept_tier: set[str] = set()  # a reset the release could not make reach the tier
+        together = 0  # the most of these requests one step scheduled
         for _ in range(MAX_STEPS_PER_REQUEST):
-            if req.is_finished() and (
+            if all(r.is_finished() for r in reqs) and (
                 self.overlap or not (rig.offload.has_pending_push_work() or self.worker.pending)
             ):
                 break
             out = self._step()
+            together = max(together, sum(r in out.num_scheduled_tokens for r in loads))
             meta = out.kv_connector_metadata
             if meta is not None:
-                for job in meta.load_jobs.values():
-                    loads.append((list(job.dst_spec.group_sizes), list(job.dst_spec.block_indices)))
-                for job in meta.store_jobs.values():
-                    if job.req_id == name:
-                        spec = job.src_spec
-                        store_jobs.append((list(spec.group_sizes), list(spec.block_indices)))
-            made = len(req.output_token_ids)
-            if reset_after is not None and not reset_done and made >= int(reset_after):
-                self.reset_tier()
-                reset_done = True
-            if abort_after is not None and not req.is_finished() and made >= int(abort_after):
-                rig.scheduler.finish_requests(name, RequestStatus.FINISHED_ABORTED)
+                for jobs, into, side in (
+                    (meta.load_jobs, loads, "dst_spec"),
+                    (meta.store_jobs, store_jobs, "src_spec"),
+                ):
+                    for job in jobs.values():
+                        if job.req_id in into:
+                            spec = getattr(job, side)
+                            into[job.req_id].append(
+                                (list(spec.group_sizes), list(spec.block_indices))
+                            )
+            for step, req in zip(steps, reqs, strict=True):
+                made = len(req.output_token_ids)
+                abort_after, reset_after = step.get("abort_after"), step.get("reset_after")
+                due = reset_after is not None and made >= int(reset_after)
+                if due and req.request_id not in resets_done:
+                    if not self.reset_tier():
+                        kept_tier.add(req.request_id)
+                    resets_done.add(req.request_id)
+                if abort_after is not None and not req.is_finished() and made >= int(abort_after):
+                    rig.scheduler.finish_requests(req.request_id, RequestStatus.FINISHED_ABORTED)
         else:
-            raise RuntimeError(f"request {name} not done after {MAX_STEPS_PER_REQUEST} steps")
-        status.update_offload_keys()
-        where = {
-            key: (g, i)
-            for g, state in enumerate(status.group_states)
-            for i, key in enumerate(state.offload_keys)
+            names = ", ".join(r.request_id for r in reqs)
+            raise RuntimeError(f"request(s) {names} not done after {MAX_STEPS_PER_REQUEST} steps")
+        records = []
+        for req, status in zip(reqs, statuses, strict=True):
+            name = req.request_id
+            status.update_offload_keys()
+            where = {
+                key: (g, i)
+                for g, state in enumerate(status.group_states)
+                for i, key in enumerate(state.offload_keys)
+            }
+            stored: dict[int, list[int]] = {}
+            offered: dict[int, list[int]] = {}
+            for keys, kept in self.stores[n_stores:]:
+                for key in keys:
+                    if key in where:
+                        offered.setdefault(where[key][0], []).append(where[key][1])
+                for key in kept or ():
+                    if key in where:
+                        stored.setdefault(where[key][0], []).append(where[key][1])
+            loaded: dict[int, list[int]] = {}
+            for keys in rig.loads[n_loads:]:
+                for key in keys:
+                    if key in where:
+                        loaded.setdefault(where[key][0], []).append(where[key][1])
+            lookups = [x for x in rig.lookups[n_lookups:] if x["req"] == name]
+            n_groups = len(status.group_states)
+            records.append(
+                {
+                    "request": name,
+                    "hit": next((x["cpu_hit"] for x in lookups if x["cpu_hit"] is not None), 0),
+                    "lookups": len(lookups),
+                    "deferred": sum(1 for x in lookups if x["cpu_hit"] is None),
+                    "loads": _per_group(n_groups, loads[name], loaded),
+                    "stores": _per_group(n_groups, store_jobs[name], stored),
+                    "offered": {str(g): sorted(v) for g, v in sorted(offered.items())},
+                    "sources": [s for r, s in self.sources[n_sources:] if r == name]
+                    if self.reports_sources
+                    else None,
+                    "stats": {},
+                    "content_errors": [],
+                    "generated": list(req.output_token_ids),
+                    "status": req.status.name,
+                    **({"reset_kept_tier": True} if name in kept_tier else {}),
+                }
+            )
+        # A content error is its request's; one of a request served before (its store
+        # landing late, in the overlap mode) is the wave's last.
+        by_name = {r["request"]: r for r in records}
+        for err in self.worker.errors[n_errors:]:
+            by_name.get(str(err.get("request")), records[-1])["content_errors"].append(err)
+        records[-1]["stats"] = _summed(self.stats[n_stats:])
+        records[-1]["gauges"] = {
+            "snapshots": len(self.stats) - n_stats if self.chunks else 0,
+            "wrong": self.gauge_errors[n_gauges:][:3],
+            "wrong_count": len(self.gauge_errors) - n_gauges,
         }
-        stored: dict[int, list[int]] = {}
-        offered: dict[int, list[int]] = {}
-        for keys, kept in self.stores[n_stores:]:
-            for key in keys:
-                if key in where:
-                    offered.setdefault(where[key][0], []).append(where[key][1])
-            for key in kept or ():
-                if key in where:
-                    stored.setdefault(where[key][0], []).append(where[key][1])
-        loaded: dict[int, list[int]] = {}
-        for keys in rig.loads[n_loads:]:
-            for key in keys:
-                if key in where:
-                    loaded.setdefault(where[key][0], []).append(where[key][1])
-        lookups = [x for x in rig.lookups[n_lookups:] if x["req"] == name]
-        n_groups = len(status.group_states)
-        return {
-            "request": name,
-            "hit": next((x["cpu_hit"] for x in lookups if x["cpu_hit"] is not None), 0),
-            "lookups": len(lookups),
-            "deferred": sum(1 for x in lookups if x["cpu_hit"] is None),
-            "loads": _per_group(n_groups, loads, loaded),
-            "stores": _per_group(n_groups, store_jobs, stored),
-            "offered": {str(g): sorted(v) for g, v in sorted(offered.items())},
-            "sources": self.sources[n_sources:],
-            "stats": _summed(self.stats[n_stats:]),
-            "content_errors": self.worker.errors[n_errors:],
-            "generated": list(req.output_token_ids),
-            "status": req.status.name,
-        }
+        if len(records) > 1:
+            records[-1]["wave_stats"] = len(records)
+            records[-1]["together"] = together
+        return records
+
+
+def _reads_max_load_tokens(scheduler: Any) -> bool:
+    """Whether the connector's scheduler module reads ``max_load_tokens`` at all."""
+    import inspect
+
+    module = inspect.getmodule(type(scheduler))
+    try:
+        return module is None or "max_load_tokens" in inspect.getsource(module)
+    except (OSError, TypeError):
+        return True  # no source to read: judged as the current release
+
+
+def _served_together(steps: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """A reset alone, a request alone, or a wave's requests (consecutive steps with one
+    ``wave`` number) together."""
+    out: list[list[dict[str, Any]]] = []
+    for step in steps:
+        wave = step.get("wave")
+        if out and wave is not None and out[-1][-1].get("wave") == wave:
+            out[-1].append(step)
+        else:
+            out.append([step])
+    return out
 
 
 def _summed(snapshots: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -344,27 +487,30 @@ def run_sequence(seq: dict[str, Any], out: Any, index: int = 0) -> int:
         return EXIT_NOT_SET_UP
     served = 0
     try:
-        for i, step in enumerate(seq["steps"]):
-            if step.get("reset"):
-                rig.reset_tier()
-                write({"step": i, "reset": True})
+        i = 0
+        for group in _served_together(seq["steps"]):
+            if group[0].get("reset"):
+                write({"step": i, "reset": True, "tier": rig.reset_tier()})
+                i += 1
                 continue
             try:
-                record = rig.serve(step)
+                records = rig.serve(group)
             except Exception as exc:
                 frames = traceback_frames(exc.__traceback__)
                 write(
                     {
                         "step": i,
-                        "request": step.get("request"),
+                        "request": group[0].get("request"),
                         "raised": exception_text(exc),
                         "frame": innermost_vllm_frame(frames),
                         "traceback": traceback.format_exc(limit=-6)[-2000:],
                     }
                 )
                 break
-            write({"step": i, **record})
-            served += 1
+            for record in records:
+                write({"step": i, **record})
+                i += 1
+                served += 1
     finally:
         write(
             {

@@ -33,6 +33,7 @@ class Step:
     abort_after: int | None = None
     reset_after: int | None = None  # the tier reset once it has generated this many
     reset: bool = False
+    wave: int | None = None  # requests of one wave are served at once
     why: str = ""  # which rule the step leans on, for the report
 
     def record(self) -> dict[str, Any]:
@@ -54,6 +55,7 @@ class Step:
             max_load_tokens=data.get("max_load_tokens"),
             abort_after=data.get("abort_after"),
             reset_after=data.get("reset_after"),
+            wave=data.get("wave"),
             why=str(data.get("why", "")),
         )
 
@@ -72,6 +74,9 @@ class Shape:
     aborts: bool = True
     resets: bool = True
     resets_in_flight: bool = False  # tier resets while a request decodes
+    # Requests served at once (0 or 1: one at a time). A wave's prompts start with
+    # different tokens, so they share no block and each is judged as if served alone.
+    wave: int = 0
 
     def __post_init__(self) -> None:
         if self.chunk < 1 or self.block < 1:
@@ -149,18 +154,28 @@ def draw(shape: Shape, seed: int, count: int) -> list[Step]:
         raise ValueError(f"a sequence needs at least one request, not {count}")
     d = _Drawer(shape, random.Random(seed))
     steps: list[Step] = []
+    wave = max(1, shape.wave)
+    firsts: set[int] = set()  # the first tokens of the wave's prompts so far
     for i in range(count):
-        if shape.resets and i and d.rng.random() < 0.04:
-            steps.append(Step(reset=True, why="the tier reset between requests"))
+        if i % wave == 0:
+            firsts.clear()
+            if shape.resets and i and d.rng.random() < 0.04:
+                steps.append(Step(reset=True, why="the tier reset between requests"))
         tokens, why = d.prompt()
         if len(tokens) < shape.min_prompt:
             tokens = tuple(d.token_run(shape.min_prompt))
+        if wave > 1 and tokens[0] in firsts:
+            # Another request of the wave starts the same way: this one stands apart.
+            free = [t for t in range(TOKEN_LO, TOKEN_HI) if t not in firsts]
+            tokens = (d.rng.choice(free), *tokens[1:])
+            why += " (its first token changed: its wave shares no block)"
+        firsts.add(tokens[0])
         max_tokens, decode_why = d.max_tokens(len(tokens))
         max_load = d.max_load(len(tokens))
         abort = reset_after = None
         if shape.aborts and max_tokens > 2 and d.rng.random() < 0.08:
             abort = d.rng.randint(1, max_tokens - 1)
-        elif shape.resets_in_flight and max_tokens > 1 and d.rng.random() < 0.15:
+        elif wave == 1 and shape.resets_in_flight and max_tokens > 1 and d.rng.random() < 0.15:
             reset_after = d.rng.randint(1, max_tokens)
         reasons = [why, decode_why]
         if max_load is not None:
@@ -178,10 +193,24 @@ def draw(shape: Shape, seed: int, count: int) -> list[Step]:
                 max_load_tokens=max_load,
                 abort_after=abort,
                 reset_after=reset_after,
+                wave=i // wave if wave > 1 else None,
                 why="; ".join(r for r in reasons if r),
             )
         )
     return steps
+
+
+def waves_of(steps: Sequence[Step]) -> list[list[int]]:
+    """The steps' indices as they are served: a reset alone, a request alone, or a
+    wave's requests together (consecutive steps of one wave number)."""
+    out: list[list[int]] = []
+    for i, s in enumerate(steps):
+        prev = steps[out[-1][-1]] if out else None
+        if prev is not None and s.wave is not None and prev.wave == s.wave and not prev.reset:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
 
 
 def requests_of(steps: Sequence[Step]) -> list[Step]:

@@ -64,6 +64,11 @@ class OracleMode(StrictModel):
     tight_pool: bool = Field(False, description="drive: a GPU pool of the longest request")
     defer_lookups: int = Field(0, ge=0, description="drive: an asynchronous tier's deferrals")
     max_batched_tokens: int | None = Field(None, gt=0, description="chunked prefill budget")
+    wave: int = Field(
+        0,
+        ge=0,
+        description="requests served at once, sharing no block (0: one at a time)",
+    )
     about: str = ""
 
     @model_validator(mode="after")
@@ -84,6 +89,19 @@ class OracleMode(StrictModel):
                 f"mode {self.name!r}: {', '.join(only)} only the drive can do: "
                 'give engines = ["drive"]'
             )
+        # A wave's requests are judged one by one only while each is served as if alone:
+        # no tier reset under them, no request arriving at another's finish, a pool for all.
+        alone = [
+            name
+            for name, on in (
+                ("overlap", self.overlap),
+                ("tight_pool", self.tight_pool),
+                ("resets_in_flight", self.resets_in_flight),
+            )
+            if on
+        ]
+        if self.wave > 1 and alone:
+            raise ValueError(f"mode {self.name!r}: wave cannot be combined with {alone[0]}")
         return self
 
 

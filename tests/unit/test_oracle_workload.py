@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.oracle.workload import Shape, Step, draw, requests_of
+from harness.oracle.workload import Shape, Step, draw, requests_of, waves_of
 
 SHAPE = Shape(chunk=256, block=128, windows=(512,), max_prompt=1800, max_tokens=4)
 
@@ -52,3 +52,31 @@ def test_bad_shapes_and_counts_are_refused():
         Shape(chunk=256, block=128, max_prompt=1)
     with pytest.raises(ValueError, match="at least one"):
         draw(SHAPE, 0, 0)
+
+
+def test_a_waves_requests_share_no_block_and_resets_fall_between_waves():
+    shape = Shape(chunk=256, block=128, windows=(512,), max_prompt=1800, wave=4)
+    steps = draw(shape, 6, 200)
+    served = waves_of(steps)
+    waves = [[steps[i] for i in group] for group in served if not steps[group[0]].reset]
+    assert sum(len(w) for w in waves) == 200
+    assert all(len(w) == 4 for w in waves)
+    for w in waves:
+        assert len({s.wave for s in w}) == 1
+        assert len({s.tokens[0] for s in w}) == len(w), "a wave's prompts start apart"
+    # A reset is served alone and never splits a wave.
+    for group in served:
+        if steps[group[0]].reset:
+            assert len(group) == 1
+    assert any(steps[g[0]].reset for g in served)
+    # Prefixes are still shared across waves: what a wave hits, an earlier one stored.
+    heads = [s.tokens[:256] for s in requests_of(steps) if len(s.tokens) >= 256]
+    assert len(set(heads)) < len(heads)
+    # No tier reset under a wave's requests, even where the shape asks for them.
+    mid = Shape(chunk=256, block=128, max_prompt=1800, max_tokens=6, resets_in_flight=True, wave=3)
+    assert all(r.reset_after is None for r in requests_of(draw(mid, 4, 200)))
+
+
+def test_one_at_a_time_is_the_sequence_it_always_was():
+    assert draw(SHAPE, 9, 60) == draw(Shape(**{**SHAPE.__dict__, "wave": 1}), 9, 60)
+    assert all(len(g) == 1 for g in waves_of(draw(SHAPE, 9, 60)))

@@ -14,6 +14,7 @@ import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -21,7 +22,7 @@ from harness.commands.oracle.judge import CellResult, Judged, Moved, Observed, j
 from harness.commands.oracle.plan import DRIVE_MODULE, Cell
 from harness.errors import RuntimeFailure
 from harness.names import ENV_PATCH, PATCH_NONE, REPO_ROOT
-from harness.oracle.scheduler import Layout, Offloader, Request
+from harness.oracle.scheduler import Layout, Offloader, Request, Served
 from harness.oracle.workload import Step
 
 STATS_ASYNC = "vllm:kv_offload_lookup_async_delay_seconds_count"
@@ -67,26 +68,31 @@ def request_of(step: Step) -> Request:
     )
 
 
-def observed_from(line: dict[str, Any], *, overlap: bool) -> Observed:
-    """A drive line as an observation (the stats the connector gave over the request)."""
+def observed_from(line: dict[str, Any], *, overlap: bool, tier: bool = True) -> Observed:
+    """A drive line as an observation (the stats the connector gave over the request).
+    ``tier``: the line carries the tier's stats (a wave's come once, on its last line)."""
     if "raised" in line:
         frame = line.get("frame") or "no vLLM frame"
         return Observed(str(line.get("request")), raised=f"{line['raised']} at {frame}")
     stats = line.get("stats") or {}
-    sources = line.get("sources") or []
+    sources = line.get("sources")
     return Observed(
         str(line["request"]),
         hit=int(line["hit"]),
         loads=[Moved.of(m) for m in line["loads"]],
         stores=[Moved.of(m) for m in line["stores"]],
-        host_tokens=float(sum(s.get("host", 0) for s in sources)),
-        allocated_chunks=float(stats.get(STATS_ALLOCATED, 0.0)),
+        host_tokens=None if sources is None else float(sum(s.get("host", 0) for s in sources)),
+        allocated_chunks=float(stats.get(STATS_ALLOCATED, 0.0)) if tier else None,
         # With requests overlapping, stores are still in flight at a request's end and a
         # later lookup may wait on them: the tier is not idle, a wait not a deferral.
-        usage_after=None if overlap else float(stats.get(STATS_USAGE, 0.0)),
-        async_lookups=None if overlap else float(stats.get(STATS_ASYNC, 0.0)),
+        usage_after=None if overlap or not tier else float(stats.get(STATS_USAGE, 0.0)),
+        async_lookups=None if overlap or not tier else float(stats.get(STATS_ASYNC, 0.0)),
         content_errors=list(line.get("content_errors") or []),
+        gauges=line.get("gauges") if tier else None,
         generated=[int(t) for t in line.get("generated") or []],
+        wave_figures=frozenset({"allocated_chunks", "async_lookups"})
+        if "wave_stats" in line
+        else frozenset(),
     )
 
 
@@ -96,16 +102,43 @@ def judge_lines(
     """A sequence's lines (its steps, in order) judged against a fresh model."""
     model = Offloader(layout_for(cell, settings))
     out: list[Judged] = []
+    wave: list[Served] = []  # the wave's requests so far, as the model serves them
     for line in lines:
         index = int(line["step"])
         step = cell.steps[index]
         if line.get("reset"):
-            model.reset()
+            if line.get("tier", True):  # a release that cannot reset its tier keeps it
+                model.reset()
             continue
-        obs = observed_from(line, overlap=cell.mode.overlap)
-        served = None if obs.raised else model.serve(request_of(step), obs.generated)
-        out.append(judge(index, step.why, served, obs, deferring=cell.mode.defer_lookups > 0))
+        last = _last_of_wave(cell.steps, index)
+        obs = observed_from(line, overlap=cell.mode.overlap, tier=last)
+        req = request_of(step)
+        if line.get("reset_kept_tier"):
+            req = replace(req, reset_after=None)
+        if not settings.get("max_load_tokens", True):
+            req = replace(req, max_load_tokens=None)
+        served = None if obs.raised else model.serve(req, obs.generated)
+        if step.wave is not None and served is not None:
+            wave.append(served)
+        out.append(
+            judge(
+                index,
+                step.why,
+                served,
+                obs,
+                deferring=cell.mode.defer_lookups > 0,
+                wave=wave if step.wave is not None else (),
+            )
+        )
+        if last:
+            wave = []
     return out
+
+
+def _last_of_wave(steps: Sequence[Step], index: int) -> bool:
+    """Whether the step ends what is served together (a request alone ends itself)."""
+    wave = steps[index].wave
+    return wave is None or index + 1 >= len(steps) or steps[index + 1].wave != wave
 
 
 def _read(stream: IO[str]) -> Iterator[dict[str, Any]]:

@@ -31,11 +31,13 @@ CHECKS = (
     "host-tokens",
     "allocated-chunks",
     "tier-idle",
+    "tier-gauges",
     "async-lookups",
     "content-matches",
     "output-after-hit",
 )
-ACCOUNTING = frozenset(CHECKS[1:12])  # what a count, not a crash or an answer, shows
+# What a count, not a crash or an answer, shows.
+ACCOUNTING = frozenset(CHECKS) - {"engine-survived", "content-matches", "output-after-hit"}
 
 
 @dataclass
@@ -68,9 +70,14 @@ class Observed:
     usage_after: float | None = None
     async_lookups: float | None = None
     content_errors: list[dict[str, Any]] | None = None  # the drive's ledger
+    # The drive's usage gauges against the chunks in flight: snapshots, wrong ones.
+    gauges: dict[str, Any] | None = None
     answer: Any = None  # a server's Completion
     generated: list[int] = field(default_factory=list)
     raised: str = ""  # where the engine died
+    # The figures (these fields' names) that are a whole wave's, not this request's: an
+    # engine that cannot tell a wave's requests apart in a counter gives it once.
+    wave_figures: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -122,11 +129,17 @@ def judge(
     deferring: bool = False,
     earlier: Any = None,
     same_answer: Any = None,
+    wave: Sequence[Served] = (),
 ) -> Judged:
     """The verdicts on one request. ``deferring``: the engine's tier defers every first
     lookup (the drive's asynchronous-tier mode); ``earlier``: the answer a request with
-    the same prompt gave before (``same_answer(earlier, now)`` -> (ok, detail))."""
+    the same prompt gave before (``same_answer(earlier, now)`` -> (ok, detail));
+    ``wave``: the requests served at once with this one, up to it: the tier's counters
+    (``Observed``'s allocations, lookups, and a server's bytes, tokens and blocks) are
+    then the wave's, given on its last request and judged against the wave's sum."""
     out: list[Verdict] = []
+    whole = sum_of(wave) if wave else None
+    note = f"the wave's {len(wave)} requests together" if wave else ""
 
     def check(name: str, exp: object, got: object, detail: str = "") -> None:
         out.append(Verdict(name, exp == got, str(exp), str(got), detail))
@@ -134,12 +147,20 @@ def judge(
     if obs.raised or served is None:
         out.append(Verdict("engine-survived", False, "the request answered", obs.raised))
         return Judged(index, why, served, obs, out)
+    alone: Served = served
+
+    def of(figure: str) -> tuple[Served, str]:
+        """The prediction a figure is judged against: the request's, or its wave's."""
+        if whole is not None and figure in obs.wave_figures:
+            return whole, note
+        return alone, ""
+
     if obs.hit is not None:
         check("hit-tokens", served.hit, obs.hit)
     n = len(served.loads)
     for what, exp_moves, obs_moves in (
-        ("loaded", served.loads, obs.loads),
-        ("stored", served.stores, obs.stores),
+        ("loaded", of("loads")[0].loads, obs.loads),
+        ("stored", of("stores")[0].stores, obs.stores),
     ):
         if not obs_moves:
             continue
@@ -155,17 +176,47 @@ def judge(
                 _fmt_chunks([sorted(m.chunks or []) for m in obs_moves[:n]]),
             )
     if obs.loaded_bytes is not None:
-        check("loaded-bytes", served.loaded_bytes, int(obs.loaded_bytes))
+        exp, detail = of("loaded_bytes")
+        check("loaded-bytes", exp.loaded_bytes, int(obs.loaded_bytes), detail)
     if obs.stored_bytes is not None:
-        check("stored-bytes", served.stored_bytes, int(obs.stored_bytes))
+        exp, detail = of("stored_bytes")
+        check("stored-bytes", exp.stored_bytes, int(obs.stored_bytes), detail)
     if obs.host_tokens is not None:
-        check("host-tokens", served.host_tokens, int(obs.host_tokens))
+        exp, detail = of("host_tokens")
+        check("host-tokens", exp.host_tokens, int(obs.host_tokens), detail)
     if obs.allocated_chunks is not None:
-        check("allocated-chunks", served.stored_chunks, int(obs.allocated_chunks))
+        exp, detail = of("allocated_chunks")
+        check("allocated-chunks", exp.stored_chunks, int(obs.allocated_chunks), detail)
     if obs.usage_after is not None:
         check("tier-idle", 0.0, float(obs.usage_after), "no request holds a chunk once idle")
+    if obs.gauges is not None and obs.gauges.get("snapshots"):
+        wrong = obs.gauges.get("wrong") or []
+        first = wrong[0] if wrong else {}
+        out.append(
+            Verdict(
+                "tier-gauges",
+                not obs.gauges.get("wrong_count"),
+                "each step's usage gauges are the chunks being written and read / the tier's",
+                f"{obs.gauges.get('wrong_count', 0)} of {obs.gauges['snapshots']} wrong"
+                if wrong
+                else f"all {obs.gauges['snapshots']}",
+                (
+                    f"first: {first.get('gauge')} {first.get('observed'):.6g}, expected "
+                    f"{first.get('expected'):.6g} ({first.get('writing')} writing, "
+                    f"{first.get('reading')} reading of {first.get('chunks')})"
+                    if first
+                    else ""
+                ),
+            )
+        )
     if obs.async_lookups is not None:
-        check("async-lookups", int(deferring and served.queried), int(obs.async_lookups))
+        asked = sum(s.queried for s in wave) if "async_lookups" in obs.wave_figures else None
+        check(
+            "async-lookups",
+            int(deferring) * (int(served.queried) if asked is None else asked),
+            int(obs.async_lookups),
+            note if asked is not None else "",
+        )
     if obs.content_errors is not None:
         first = obs.content_errors[0] if obs.content_errors else {}
         out.append(
@@ -194,6 +245,25 @@ def judge(
             )
         )
     return Judged(index, why, served, obs, out)
+
+
+def sum_of(wave: Sequence[Served]) -> Served:
+    """The requests of a wave as one: what a counter that cannot tell them apart shows
+    (per group the blocks and bytes added, the lowest first block)."""
+    groups = len(wave[0].loads)
+    loads, stores = [Transfer()] * groups, [Transfer()] * groups
+    for s in wave:
+        loads = [a.plus(b) for a, b in zip(loads, s.loads, strict=True)]
+        stores = [a.plus(b) for a, b in zip(stores, s.stores, strict=True)]
+    return Served(
+        "+".join(s.name for s in wave),
+        sum(s.prompt_tokens for s in wave),
+        sum(s.hit for s in wave),
+        tuple(loads),
+        tuple(stores),
+        sum(s.host_tokens for s in wave),
+        any(s.queried for s in wave),
+    )
 
 
 @dataclass

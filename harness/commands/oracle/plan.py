@@ -115,6 +115,7 @@ class Cell:
             ),
             "chunk_tokens": self.layout.chunk(0),
             "requests": len(reqs),
+            "wave": self.mode.wave or 1,
             "resets": sum(1 for s in self.steps if s.reset),
             "longest_prompt": max((len(s.tokens) for s in reqs), default=0),
             "failing_checks": sorted(self.failing_checks),
@@ -265,6 +266,7 @@ def _cell(
 ) -> Cell:
     block = drive_block if engine == "drive" else server_block
     groups = drive_groups(config, block)
+    rules = _rules(scn, fam.name, mode.name, engine, env)
     layout = _layout(fam, mode, groups, block)
     windows = tuple(sorted({g.window for g in groups if g.window}))
     count = requests or (scn.requests if engine == "drive" else scn.server_requests)
@@ -282,9 +284,15 @@ def _cell(
         aborts=engine == "drive",
         resets=True,
         resets_in_flight=mode.resets_in_flight,
+        wave=mode.wave,
     )
+    if mode.wave > 1 and any(g.kind == "mamba" for g in groups):
+        # A Mamba group's stores follow the prefill's steps, which a wave shares out.
+        raise BadInput(
+            f"mode {mode.name}: family {fam.name} has a Mamba group, which a wave cannot "
+            "judge one request at a time; leave it out of the mode's families"
+        )
     steps = draw(shape, _seed(seed, fam.name, mode.name, engine), count)
-    rules = _rules(scn, fam.name, mode.name, engine, env)
     cell = Cell(
         fam,
         mode,

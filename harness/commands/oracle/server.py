@@ -6,6 +6,8 @@ let settle. What each request did is read three ways: the counters' deltas (hit,
 the host tier's tokens, the tier's allocations and usage, lookups), the host backend's
 transfer trace (per KV-cache group, blocks and the first block's index, per job), and
 the answer (a prompt seen before that hit must answer as its first, whole prefill did).
+A wave's requests are sent at once; each one's hit is then its answer's cached tokens,
+the rest (no counter splits by request) judged as the wave's sum.
 The model's layout is the one the engine reports building (``harness.engine.specs``),
 so a group the engine built differently from the plan is judged as built (and named).
 """
@@ -14,7 +16,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,7 +27,8 @@ from harness.commands.oracle.plan import Cell, OraclePlan
 from harness.commands.roundtrip.run import Endpoint, Status, start_server
 from harness.errors import HarnessError, RuntimeFailure
 from harness.names import LOG_TRANSFER
-from harness.oracle.scheduler import KINDS, Group, Layout, Offloader
+from harness.oracle.scheduler import KINDS, Group, Layout, Offloader, Served
+from harness.oracle.workload import Step, waves_of
 from harness.server import kv_layout
 from harness.server.admin import reset_prefix_cache
 from harness.server.workload import Completion, Prompt, complete, within_tolerance
@@ -97,6 +101,61 @@ def same_answer(tolerance: float) -> Callable[[Completion, Completion], tuple[bo
     return compare
 
 
+def _send(
+    ep: Endpoint, cell: Cell, steps: Sequence[Step], phase: str, logprobs: int, seed: int
+) -> list[Completion]:
+    """The steps' requests, at once when there are several (each on its own thread, in
+    flight together); their completions in order. The first failure is raised."""
+    assert cell.spec is not None
+    model = cell.spec.served_model_name or cell.spec.model
+
+    def one(step: Step) -> Completion:
+        extra: dict[str, Any] = {}
+        if step.max_load_tokens is not None:
+            extra["kv_transfer_params"] = {"max_load_tokens": step.max_load_tokens}
+        return complete(
+            ep.base,
+            model,
+            Prompt(step.request, "oracle", list(step.tokens)),
+            phase,
+            max_tokens=step.max_tokens,
+            logprobs=logprobs,
+            seed=seed,
+            extra=extra,
+        )
+
+    if len(steps) == 1:
+        return [one(steps[0])]
+    with ThreadPoolExecutor(max_workers=len(steps)) as pool:
+        futures = [pool.submit(one, step) for step in steps]
+        return [f.result() for f in futures]
+
+
+def _tier_figures(
+    delta: Any, after: Any, names: str, lines: list[str], groups: int
+) -> dict[str, Any]:
+    """What the counters and the trace show the requests since the last reading did
+    together, as ``Observed`` fields; a metric the release does not export is None."""
+    loads, stores = moves_from_trace(lines, groups)
+    return {
+        "hit": int(delta.ext_hits),
+        "loads": loads,
+        "stores": stores,
+        "loaded_bytes": delta.loaded_bytes,
+        "stored_bytes": delta.stored_bytes,
+        "host_tokens": (
+            delta.host_hit_tokens if "vllm:prompt_tokens_cached_by_source" in names else None
+        ),
+        "allocated_chunks": (
+            delta.allocated_chunks if "vllm:kv_offload_cpu_allocation_size" in names else None
+        ),
+        "usage_after": after.cpu_usage if "kv_offload_cpu_cache_usage_perc" in names else None,
+        "async_lookups": (
+            delta.async_lookups if "kv_offload_lookup_async_delay_seconds" in names else None
+        ),
+    }
+
+
 def run_server_cell(
     plan: OraclePlan,
     cell: Cell,
@@ -123,33 +182,22 @@ def run_server_cell(
         compare = same_answer(scn.logprob_tolerance)
         before, _ = ep.snapshot("start")
         offset = log.stat().st_size
-        for index, step in enumerate(cell.steps):
-            phase = f"{cell.name} step {index}"
-            if step.reset:
+        for members in waves_of(cell.steps):
+            steps = [cell.steps[i] for i in members]
+            phase = f"{cell.name} step {members[0]}"
+            if steps[0].reset:
                 reset_prefix_cache(server.url, external=True, poll_s=0.2)
                 model.reset()
                 before = ep.settle(phase, scn.settle_timeout_s)
                 offset = log.stat().st_size
                 continue
             reset_prefix_cache(server.url, external=False, poll_s=0.2)
-            extra: dict[str, Any] = {}
-            if step.max_load_tokens is not None:
-                extra["kv_transfer_params"] = {"max_load_tokens": step.max_load_tokens}
             try:
-                comp = complete(
-                    ep.base,
-                    cell.spec.served_model_name or cell.spec.model,
-                    Prompt(step.request, "oracle", list(step.tokens)),
-                    phase,
-                    max_tokens=step.max_tokens,
-                    logprobs=scn.logprobs,
-                    seed=scn.seed,
-                    extra=extra,
-                )
+                comps = _send(ep, cell, steps, phase, scn.logprobs, scn.seed)
             except HarnessError as err:
                 failure = ep.failure(phase, err)
-                obs = Observed(step.request, raised=str(failure))
-                result.requests.append(judge(index, step.why, None, obs))
+                obs = Observed(steps[0].request, raised=str(failure))
+                result.requests.append(judge(members[0], steps[0].why, None, obs))
                 on_update(result)
                 break
             after = ep.settle(phase, scn.settle_timeout_s)
@@ -157,44 +205,43 @@ def run_server_cell(
                 fh.seek(offset)
                 lines = fh.read().splitlines()
                 offset = fh.tell()
-            delta = after - before
+            tier = _tier_figures(after - before, after, ep.last_text, lines, n_groups)
             before = after
-            names = ep.last_text
-            loads, stores = moves_from_trace(lines, n_groups)
-            obs = Observed(
-                step.request,
-                hit=int(delta.ext_hits),
-                loads=loads,
-                stores=stores,
-                loaded_bytes=delta.loaded_bytes,
-                stored_bytes=delta.stored_bytes,
-                host_tokens=(
-                    delta.host_hit_tokens
-                    if "vllm:prompt_tokens_cached_by_source" in names
-                    else None
-                ),
-                allocated_chunks=(
-                    delta.allocated_chunks
-                    if "vllm:kv_offload_cpu_allocation_size" in names
-                    else None
-                ),
-                usage_after=after.cpu_usage if "kv_offload_cpu_cache_usage_perc" in names else None,
-                async_lookups=(
-                    delta.async_lookups
-                    if "kv_offload_lookup_async_delay_seconds" in names
-                    else None
-                ),
-                answer=comp,
-                generated=list(comp.token_ids),
-            )
-            served = model.serve(request_of(step), obs.generated)
-            key = (step.tokens, step.max_tokens)
-            earlier = first_answers.get(key)
-            judged = judge(index, step.why, served, obs, earlier=earlier, same_answer=compare)
-            if earlier is None:
-                first_answers[key] = comp
-            result.requests.append(judged)
-            reporter.request_done(cell.name, index, judged.failing)
+            wave: list[Served] = []
+            together = len(steps) > 1
+            for pos, (index, step, comp) in enumerate(zip(members, steps, comps, strict=True)):
+                last = pos == len(steps) - 1
+                obs = Observed(step.request, answer=comp, generated=list(comp.token_ids))
+                if not together:
+                    obs.hit = tier.pop("hit")
+                else:
+                    # No counter tells a wave's requests apart: each one's hit is its
+                    # answer's cached tokens (nothing else cached them: the GPU cache was
+                    # reset, its prompts share no block); the rest is the wave's, once.
+                    obs.hit = comp.cached_tokens
+                    tier.pop("hit", None)
+                if last:
+                    for name, value in tier.items():
+                        setattr(obs, name, value)
+                    if together:
+                        obs.wave_figures = frozenset(tier) | {"loads", "stores"}
+                served = model.serve(request_of(step), obs.generated)
+                wave.append(served)
+                key = (step.tokens, step.max_tokens)
+                earlier = first_answers.get(key)
+                judged = judge(
+                    index,
+                    step.why,
+                    served,
+                    obs,
+                    earlier=earlier,
+                    same_answer=compare,
+                    wave=wave if together else (),
+                )
+                if earlier is None:
+                    first_answers[key] = comp
+                result.requests.append(judged)
+                reporter.request_done(cell.name, index, judged.failing)
             on_update(result)
     except HarnessError as err:
         result.error = str(err)
