@@ -70,7 +70,7 @@ def test_every_family_on_the_drive_as_the_model_says_and_a_seeded_scheduler_faul
             "tier-gauges",
         } <= made, cell
     # Per request, every request; the tier's counters once a wave (30 in waves of 4: 8).
-    tier = df["check"].isin(["allocated-chunks", "tier-idle", "async-lookups"])
+    tier = df["check"].isin(["allocated-chunks", "tier-idle", "tier-gauges", "async-lookups"])
     in_waves = df["cell"].str.contains("/waves/")
     assert (df[~(tier & in_waves)]["requests"] == "30").all()
     assert (df[tier & in_waves]["requests"] == "8").all()
