@@ -21,11 +21,15 @@ Fault = Literal[
     "partial-store",
     "partial-load",
     "overcount-load",
+    "load-neighbour",
     "segv-in-worker",
 ]
 FAULTS: tuple[str, ...] = get_args(Fault)
 FAULT_NONE, FAULT_CORRUPT_LOAD, FAULT_DROP_STORE, FAULT_NO_LOAD = FAULTS[:4]
-FAULT_PARTIAL_STORE, FAULT_PARTIAL_LOAD, FAULT_OVERCOUNT_LOAD, FAULT_SEGV = FAULTS[4:]
+FAULT_PARTIAL_STORE, FAULT_PARTIAL_LOAD, FAULT_OVERCOUNT_LOAD = FAULTS[4:7]
+# A load that copies the slot after the one it was asked for (the last slot's: the
+# first), reporting success and the right byte count: KV reused from another chunk.
+FAULT_LOAD_NEIGHBOUR, FAULT_SEGV = FAULTS[7:]
 
 # --- seeded faults of the disk tier ------------------------------------------------------
 # The harness damages the chunk files between the filler and the replay (truncate: every
@@ -74,6 +78,8 @@ ENV_PATCH = "OFFLOAD_CHECK_PATCH"  # the patch the plugin applies ("none": none)
 ENV_AMX = "OFFLOAD_CHECK_AMX"  # "on" / "off": ask Linux for AMX tile permission
 ENV_REPORT_SPECS = "OFFLOAD_CHECK_REPORT_SPECS"  # "1": print KV groups and kernels
 ENV_TRACE = "OFFLOAD_CHECK_TRACE"  # "1": print every transfer job of the host backend
+# A directory: the host backend's content ledger (harness.engine.content_ledger).
+ENV_LEDGER = "OFFLOAD_CHECK_LEDGER"
 # mutate's coverage of the engine processes (harness.engine.reach): the file to trace, by
 # its path under site-packages, and the directory each process writes its lines to
 ENV_COVER = "OFFLOAD_CHECK_COVER"

@@ -30,16 +30,22 @@ from harness.server.workload import make_prompts
 
 CAUGHT_BY: dict[str, frozenset[str]] = {
     names.FAULT_NONE: frozenset(),
-    # Success and the full byte count reported, wrong (or no) bytes moved: only the
-    # output comparison can see these.
-    names.FAULT_CORRUPT_LOAD: frozenset({"replay-output-identical"}),
-    names.FAULT_DROP_STORE: frozenset({"replay-output-identical"}),
-    names.FAULT_NO_LOAD: frozenset({"replay-output-identical"}),
+    # Success and the full byte count reported, wrong (or no) bytes moved: the content
+    # ledger's digests and the output comparison see these, no count does.
+    names.FAULT_CORRUPT_LOAD: frozenset({"content-matches", "replay-output-identical"}),
+    names.FAULT_DROP_STORE: frozenset({"content-matches", "replay-output-identical"}),
+    names.FAULT_NO_LOAD: frozenset({"content-matches", "replay-output-identical"}),
     # Only the first KV-cache group moved (and honestly counted).
-    names.FAULT_PARTIAL_STORE: frozenset({"cold-stored-bytes", "replay-output-identical"}),
-    names.FAULT_PARTIAL_LOAD: frozenset({"replay-loaded-bytes", "replay-output-identical"}),
+    names.FAULT_PARTIAL_STORE: frozenset(
+        {"content-matches", "cold-stored-bytes", "replay-output-identical"}
+    ),
+    names.FAULT_PARTIAL_LOAD: frozenset(
+        {"content-matches", "replay-loaded-bytes", "replay-output-identical"}
+    ),
     # The right bytes moved, twice as many reported: only the load counter check sees it.
     names.FAULT_OVERCOUNT_LOAD: frozenset({"replay-loaded-bytes"}),
+    # Another chunk's KV loaded, success and the right bytes reported.
+    names.FAULT_LOAD_NEIGHBOUR: frozenset({"content-matches", "replay-output-identical"}),
     # The worker dies on its next step: the round trip fails as a whole.
     names.FAULT_SEGV: frozenset({"engine-survived"}),
 }

@@ -51,12 +51,14 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
+from harness.engine.content_ledger import Ledger, digests, open_ledger, record_assignments
 from harness.names import (
     ENV_TRACE,
     EXTRA_FAULT,
     EXTRA_FAULT_CONTROL,
     FAULT_CORRUPT_LOAD,
     FAULT_DROP_STORE,
+    FAULT_LOAD_NEIGHBOUR,
     FAULT_NO_LOAD,
     FAULT_NONE,
     FAULT_OVERCOUNT_LOAD,
@@ -97,7 +99,10 @@ forgets a group (hybrid models), which the byte checks must catch. overcount-loa
 the right bytes and reports twice as many (a counter that lies: the trace line keeps
 the bytes moved), which only a check of the counters can catch. segv-in-worker reads
 address 0 on the worker's first step, the way a broken copy kernel dies: the harness must
-name the signal and the vLLM frame, not report a server that "did not answer"."""
+name the signal and the vLLM frame, not report a server that "did not answer".
+load-neighbour copies each block from the slot after the one it was asked for (the last
+slot's from the first), success and the byte count right: KV reused from another chunk,
+which the content ledger's check is for."""
 
 _CORRUPT_XOR_MASK = 0x01
 # OFFLOAD_CHECK_TRACE=1: print every transfer job (group, blocks, bytes) to the server log.
@@ -278,6 +283,7 @@ class HostOffloadingWorker(OffloadingWorker):
         self._row_stride = stride
 
         self._finished: deque[TransferResult] = deque()
+        self._ledger: Ledger | None = open_ledger(f"worker-rank{rank}")
         logger.info(
             "%s rank %d, %d groups, %d tensors, "
             "%d host chunks x %d B, blocks_per_chunk %d, fault=%s",
@@ -382,6 +388,7 @@ class HostOffloadingWorker(OffloadingWorker):
             not to_host and fault == FAULT_NO_LOAD
         )
         corrupt = not to_host and fault == FAULT_CORRUPT_LOAD
+        neighbour = not to_host and fault == FAULT_LOAD_NEIGHBOUR
 
         partial = (to_host and fault == FAULT_PARTIAL_STORE) or (
             not to_host and fault == FAULT_PARTIAL_LOAD
@@ -407,11 +414,16 @@ class HostOffloadingWorker(OffloadingWorker):
                         group.engine_block_ids, :page
                     ]
                 else:
-                    data = host[group.host_rows, group.host_subs, :page]
+                    rows = group.host_rows
+                    if neighbour:
+                        rows = (rows + 1) % self.num_cpu_chunks
+                    data = host[rows, group.host_subs, :page]
                     if corrupt:
                         data = torch.bitwise_xor(data, _CORRUPT_XOR_MASK)
                     engine[group.engine_block_ids, :page] = data
 
+        if self._ledger is not None:
+            self._write_ledger(job_id, plan, to_host)
         if _TRACE:
             # One line per job: per group, blocks moved @ first host slot = bytes. The
             # stress run's byte ledger reads it (harness.commands.stress.checks.parse_transfers),
@@ -442,6 +454,39 @@ class HostOffloadingWorker(OffloadingWorker):
             )
         )
         return True
+
+    def _write_ledger(self, job_id: int, plan: list[_GroupSlice], to_host: bool) -> None:
+        """The job's blocks in the content ledger: per group, slot row and block within
+        the chunk, a digest of each layer tensor's bytes of the engine's block (a store's
+        source, a load's destination once copied), read where the KV lives."""
+        assert self._ledger is not None
+        blocks: list[list[Any]] = []
+        for group in plan:
+            per_ref = [
+                digests(
+                    self.engine_tensors[ref.tensor_idx][
+                        group.engine_block_ids, : ref.page_size_bytes
+                    ]
+                )
+                for ref in self.group_refs[group.group_idx]
+            ]
+            for i in range(len(group.engine_block_ids)):
+                blocks.append(
+                    [
+                        group.group_idx,
+                        int(group.host_rows[i]),
+                        int(group.host_subs[i]),
+                        [d[i] for d in per_ref],
+                    ]
+                )
+        self._ledger.write(
+            {
+                "op": "store" if to_host else "load",
+                "rank": self.rank,
+                "job": job_id,
+                "blocks": blocks,
+            }
+        )
 
     def submit_store(
         self,
@@ -477,6 +522,9 @@ class HostOffloadingWorker(OffloadingWorker):
         return
 
     def shutdown(self) -> None:
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
         self._finished.clear()
         self.host_views.clear()
         self.engine_tensors.clear()
@@ -493,6 +541,7 @@ class HostWorkerSpec:
     fault_mode: str
     fault_control: str | None
     _host_worker: HostOffloadingWorker | None = None
+    _ledgered_manager: Any = None  # the manager whose preparations go to the ledger
 
     def read_fault_keys(self, config: OffloadingConfig) -> None:
         extra: Mapping[str, Any] = config.extra_config or {}
@@ -515,6 +564,17 @@ class HostWorkerSpec:
 
     def create_worker(self, kv_caches: CanonicalKVCaches) -> HostOffloadingWorker:
         raise NotImplementedError
+
+    def get_manager(self) -> Any:
+        """The vLLM spec's manager, its store and load preparations written to the
+        content ledger when the run keeps one (the scheduler process's half of it)."""
+        manager = super().get_manager()  # type: ignore[misc]
+        if manager is not self._ledgered_manager:
+            ledger = open_ledger("scheduler")
+            if ledger is not None:
+                record_assignments(manager, ledger)
+            self._ledgered_manager = manager
+        return manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         # The stock method refuses non-GPU platforms before building anything; this one

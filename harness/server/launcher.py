@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import BadInput, HarnessError, RuntimeFailure
-from harness.names import ENV_LOCK, ENV_LOCK_WAIT
+from harness.names import ENV_LEDGER, ENV_LOCK, ENV_LOCK_WAIT
 from harness.server import lanes, launch_timeline
 
 HOST = "127.0.0.1"
@@ -299,6 +299,10 @@ class ServerSpec:
     env: dict[str, str] = field(default_factory=dict)  # on top of the harness's environment
     kv_transfer: dict[str, Any] | None = None  # --kv-transfer-config; None: no connector
     tail: list[str] = field(default_factory=list)  # the user's extra engine arguments, last
+    # Keep the host backend's content ledger (harness.engine.content_ledger) beside the
+    # log: what every chunk held when stored and loaded. Only the harness's backend
+    # writes one.
+    ledger: bool = False
 
     def argv(self, port: int | str = "<port>") -> list[str]:
         """The exact argv, as a list: nothing ever goes through a shell."""
@@ -357,6 +361,11 @@ class VllmServer:
     def command(self) -> list[str]:
         return self.spec.argv(self.port if self.port is not None else 0)
 
+    @property
+    def ledger_dir(self) -> Path:
+        """Where this server's content ledger goes: beside its log (``server.ledger/``)."""
+        return self.log_path.with_name(f"{self.log_path.stem}.ledger")
+
     def start(self) -> None:
         if _STOPPING[0]:
             raise KeyboardInterrupt("the run is stopping: no new server")
@@ -368,6 +377,9 @@ class VllmServer:
         if not (os.path.isfile(python) or os.sep not in python):
             raise BadInput(f"interpreter not found: {python}")
         env = {**os.environ, **self.spec.env}
+        if self.spec.ledger:
+            shutil.rmtree(self.ledger_dir, ignore_errors=True)  # this server's alone
+            env[ENV_LEDGER] = str(self.ledger_dir)
         cores = self.cores = lanes.current()
         if cores is not None:
             # A lane of a run split by --jobs: vLLM's OpenMP threads on the lane's cores.

@@ -80,21 +80,22 @@ def test_kv_written_by_one_server_serves_the_next(tmp_path):
 
 # Each seeded disk fault and the checks that must name it. vLLM falls back to recompute
 # on every failed read (the answers stay right: replay-output-identical passes), so the
-# damage shows only in the hits and in the disk checks; a chunk file holding another
-# chunk's bytes is read without complaint, so only the output comparison catches it.
+# damage shows only in the hits and in the disk checks (what was loaded is still what was
+# stored: content-matches passes); a chunk file holding another chunk's bytes is read
+# without complaint, every count exact: the content ledger and the answers catch it.
 FAULTS = {
-    "swap-chunks": ({"replay-output-identical"}, set()),
+    "swap-chunks": ({"content-matches", "replay-output-identical"}, set()),
     "truncate-chunks": (
         {"disk-errors", "disk-files", "disk-read-bytes", "replay-external-hits"},
-        {"replay-output-identical"},
+        {"replay-output-identical", "content-matches"},
     ),
     "delete-before-load": (
         {"disk-errors", "disk-read-bytes", "replay-external-hits", "replay-loaded-bytes"},
-        {"replay-output-identical"},
+        {"replay-output-identical", "content-matches"},
     ),
     "disk-full": (
         {"disk-errors", "disk-files", "disk-hits", "replay-external-hits"},
-        {"replay-output-identical"},
+        {"replay-output-identical", "content-matches"},
     ),
 }
 

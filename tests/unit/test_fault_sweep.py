@@ -44,13 +44,20 @@ def test_every_fault_of_the_backend_has_its_checks():
     [
         ("none", set(), "passed"),
         ("none", {"replay-output-identical"}, "missed"),
-        ("corrupt-load", {"replay-output-identical"}, "caught"),
+        ("corrupt-load", {"content-matches", "replay-output-identical"}, "caught"),
+        # The answers alone are not enough: the content check is the one it is for.
+        ("corrupt-load", {"replay-output-identical"}, "missed"),
         # A blind harness: the fault ran and nothing failed.
         ("corrupt-load", set(), "missed"),
         # A harness that blames the wrong thing as well.
         ("partial-load", {"replay-loaded-bytes", "replay-output-identical", "kv-layout"}, "missed"),
         ("partial-load", {"replay-loaded-bytes"}, "missed"),
-        ("partial-store", {"cold-stored-bytes", "replay-output-identical"}, "caught"),
+        (
+            "partial-store",
+            {"content-matches", "cold-stored-bytes", "replay-output-identical"},
+            "caught",
+        ),
+        ("load-neighbour", {"content-matches", "replay-output-identical"}, "caught"),
     ],
 )
 def test_a_round_is_caught_only_by_exactly_its_checks(fault, failing, status):
@@ -70,7 +77,7 @@ def test_a_round_without_checks_did_not_run():
 
 
 def test_missed_and_unexpected_columns():
-    rnd = _round("partial-load", {"replay-output-identical", "kv-layout"})
+    rnd = _round("partial-load", {"content-matches", "replay-output-identical", "kv-layout"})
     fs.judge(rnd)
     rec = rnd.record()
     assert rec["missed"] == "replay-loaded-bytes"

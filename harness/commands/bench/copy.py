@@ -18,7 +18,10 @@ keeps up with indexing can still be well short of what the machine does.
 
 from __future__ import annotations
 
+import os
+import shutil
 import statistics
+import tempfile
 import time
 from typing import Any
 
@@ -32,6 +35,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 from harness.engine.host_offload import HostOffloadingWorker
+from harness.names import ENV_LEDGER
 
 __all__ = ["measure_host_copy"]
 
@@ -105,6 +109,20 @@ def measure_host_copy(repeats: int = 5, total_bytes: int = 64 * 2**20) -> dict[s
     worker = HostOffloadingWorker(
         caches, blocks_per_chunk=_BLOCKS_PER_CHUNK, num_cpu_chunks=num_chunks
     )
+    # The same worker keeping the content ledger (a digest per block and layer at every
+    # store and load, one JSON line per job): what the ledger adds to each copy.
+    ledger_dir = tempfile.mkdtemp(prefix="oc-bench-ledger-")
+    saved = os.environ.get(ENV_LEDGER)
+    os.environ[ENV_LEDGER] = ledger_dir
+    try:
+        ledgered = HostOffloadingWorker(
+            caches, blocks_per_chunk=_BLOCKS_PER_CHUNK, num_cpu_chunks=num_chunks
+        )
+    finally:
+        if saved is None:
+            os.environ.pop(ENV_LEDGER, None)
+        else:
+            os.environ[ENV_LEDGER] = saved
     sizes = [blocks_per_group] * _NUM_GROUPS
     starts = [0] * _NUM_GROUPS
     # Specs come from the scheduler in the real connector, so they are built untimed.
@@ -162,6 +180,18 @@ def measure_host_copy(repeats: int = 5, total_bytes: int = 64 * 2**20) -> dict[s
         assert _blocks_equal(engine_raw, dst_list, expected_src), "worker round trip lost bytes"
         return elapsed, moved
 
+    def run_ledgered() -> float:
+        nonlocal job_id
+        job_id += 2
+        _zero_blocks(engine_raw, dst_list)
+        start = time.perf_counter()
+        ledgered.submit_store(job_id - 1, store_src, host_spec)
+        ledgered.submit_load(job_id, host_spec, load_dst)
+        elapsed = time.perf_counter() - start
+        assert len(ledgered.get_finished()) == 2
+        assert _blocks_equal(engine_raw, dst_list, expected_src), "ledgered round trip lost bytes"
+        return elapsed
+
     def run_plain() -> float:
         start = time.perf_counter()
         plain_host_rows[host_rows] = plain_engine[src_ids]
@@ -183,20 +213,25 @@ def measure_host_copy(repeats: int = 5, total_bytes: int = 64 * 2**20) -> dict[s
     # Warm-up: first touch of every page (and torch's kernel dispatch) is not a copy cost.
     reset()
     run_worker()
+    run_ledgered()
     run_plain()
     run_blockwise()
 
     worker_s: list[float] = []
     plain_s: list[float] = []
     block_s: list[float] = []
+    ledger_s: list[float] = []
     moved_bytes = 0
-    for _ in range(repeats):  # A B C A B C ...
+    for _ in range(repeats):  # A B C D A B C D ...
         reset()
         seconds, moved_bytes = run_worker()
         worker_s.append(seconds)
+        ledger_s.append(run_ledgered())
         plain_s.append(run_plain())
         block_s.append(run_blockwise())
     worker.shutdown()
+    ledgered.shutdown()
+    shutil.rmtree(ledger_dir, ignore_errors=True)
 
     worker_median = statistics.median(worker_s)
     plain_median = statistics.median(plain_s)
@@ -224,6 +259,11 @@ def measure_host_copy(repeats: int = 5, total_bytes: int = 64 * 2**20) -> dict[s
         "blockwise_median_s": block_median,
         "blockwise_gbps": block_gbps,
         "ratio_vs_blockwise": worker_gbps / block_gbps,
+        "ledger_median_s": statistics.median(ledger_s),
+        # What the content ledger adds per byte moved (negative: within the noise).
+        "ledger_extra_s_per_gb": (statistics.median(ledger_s) - worker_median) / moved_bytes * 1e9,
+        "ledger_over_worker": statistics.median(ledger_s) / worker_median,
+        "ledger_samples_s": ledger_s,
         "worker_samples_s": worker_s,
         "plain_samples_s": plain_s,
         "blockwise_samples_s": block_s,

@@ -195,8 +195,11 @@ def run_roundtrip_bench(scenario_path: Path, out_dir: Path) -> dict[str, Any]:
     result = rt.execute_roundtrip(plan, out_dir, _Silent(), lambda _r: None)
     wall = time.perf_counter() - t0
     floor = (result.startup_seconds or 0.0) + result.generation_seconds
+    moved = sum(p.delta.stored_bytes + p.delta.loaded_bytes for p in result.phases)
     return {
         "passed": result.passed,
+        "bytes_moved": int(moved),
+        "content_checked_blocks": result.content.checked if result.content else None,
         "pool_tokens": result.filler.pool_tokens if result.filler else None,
         "filler_tokens": result.filler.tokens if result.filler else 0,
         "filler_over_pool": result.filler.over_pool if result.filler else None,
@@ -308,6 +311,7 @@ def run_commands_bench(out_dir: Path, progress: Callable[[str], None] = print) -
 LAUNCH_TARGET = 0.5  # launch wall with bytecode / without, at most
 COPY_TARGET = 0.6  # host backend copy throughput / plain torch copy, at least
 FILLER_TARGET = 1.5  # filler tokens / pool tokens, at most: eviction without waste
+LEDGER_TARGET = 0.05  # the content ledger: at most 5% of a round trip (#39)
 WALL_TARGET = 1.3  # round-trip wall / (server start + generation), at most
 
 
@@ -386,6 +390,25 @@ def run_bench(
                 rtb,
             )
         )
+        if "copy" in parts:
+            # The ledger's cost per byte (the copy bench's paired sides) times the bytes
+            # this round trip moved, over its wall: what the content check costs it.
+            extra = max(0.0, float(copy["ledger_extra_s_per_gb"])) * rtb["bytes_moved"] / 1e9
+            share = extra / float(rtb["wall_s"])
+            figures.append(
+                _figure(
+                    "content ledger's cost / roundtrip wall",
+                    round(share, 5),
+                    f"<= {LEDGER_TARGET}",
+                    share <= LEDGER_TARGET,
+                    {
+                        "ledger_extra_s": round(extra, 4),
+                        "bytes_moved": rtb["bytes_moved"],
+                        "ledger_over_worker": copy["ledger_over_worker"],
+                        "wall_s": rtb["wall_s"],
+                    },
+                )
+            )
     if "crash-repro" in parts:
         cases = [
             Case("start (current, connector on)", "current", config, "on"),

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from harness.oracle.content import ContentReport
 from harness.results.records import CheckResult
 from harness.server.kv_layout import KindLayout
 
@@ -453,3 +454,23 @@ def check_outputs_within(
         why,
         detail,
     )
+
+
+def check_content(report: ContentReport) -> CheckResult:
+    """Every block the replay loaded holds what was stored under its key, by the content
+    ledger's digests (per block and layer, read on the engine's side): the check a chunk
+    served from the wrong slot, a stale file or a corrupting copy fails even when every
+    count is right."""
+    first = report.errors[0].text() if report.errors else ""
+    out = CheckResult(
+        "content-matches",
+        report.passed,
+        "every loaded block is the block stored under its key (per layer)",
+        report.observed(),
+        "bytes loaded must be the bytes stored, by content, not only by count",
+        f"first: {first}" if first else "",
+    )
+    # Nothing held to a store (every load's key stored before the ledger began): said,
+    # not passed.
+    out.informational = report.passed and report.checked == 0
+    return out

@@ -145,8 +145,15 @@ def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[CheckResult]:
     elif plan.disk is not None and plan.disk.from_disk:
         # The CPU tier evicted the targets; the disk tier must serve them.
         evicted = [ck.check_tier_evicted(exp.stored_bytes, stored)]
+    # What was loaded, by content, first: a wrong chunk is the fault the counts miss.
+    content = (
+        [ck.check_content(result.content)]
+        if result.content is not None and result.content.loaded_blocks
+        else []
+    )
     return [
         *layout,
+        *content,
         *evicted,
         ck.check_stored(exp, by_phase["cold"].stored_bytes),
         ck.check_filler_loaded_nothing(by_phase["filler"].loaded_bytes),

@@ -12,7 +12,12 @@ from typing import Any, TypedDict, Unpack
 
 from harness.commands.roundtrip import checks as ck
 from harness.errors import BadInput, RuntimeFailure
-from harness.names import ENGINE_DISK_FAULTS, ENV_DEVICE
+from harness.names import (
+    ENGINE_DISK_FAULTS,
+    ENV_DEVICE,
+    HOST_SPEC_MODULE,
+    HOST_TIERING_SPEC_MODULE,
+)
 from harness.scenario.schema import (
     OffloadSettings,
     RoundtripScenario,
@@ -348,10 +353,17 @@ def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) 
     return RoundtripPlan(
         scn, name, geometry, model_ref, served, kv_block, c, expected, targets, vocab, tuple(notes),
         env=env, patch=eff_patch, fault=eff_fault, tensor_parallel=tp_size,
-        server=replace(sp, tail=later_wins(sp.tail)),
+        server=replace(sp, tail=later_wins(sp.tail), ledger=writes_ledger(sp)),
         cpu_capacity_tokens=None if cpu_holds_targets else capacity,
         off_platform=off_platform, evicts_targets=evicts_targets, disk=disk,
     )  # fmt: skip
+
+
+def writes_ledger(spec: ServerSpec) -> bool:
+    """Whether a server's connector is the harness's host backend, the one that keeps a
+    content ledger (vLLM's own worker, on a GPU, does not)."""
+    extra = (spec.kv_transfer or {}).get("kv_connector_extra_config") or {}
+    return extra.get("spec_module_path") in (HOST_SPEC_MODULE, HOST_TIERING_SPEC_MODULE)
 
 
 def resolve_disk(plan: RoundtripPlan, run_dir: Path) -> RoundtripPlan:

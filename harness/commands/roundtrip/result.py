@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from harness.commands.roundtrip import checks as ck
+from harness.oracle.content import ContentReport
 from harness.results.records import CheckResult
 from harness.server import metrics
 from harness.server.disk_tier import DiskInventory
@@ -60,6 +61,8 @@ class RoundtripResult:
     restart_seconds: float | None = None  # the second server's start (a disk restart)
     disk_files: DiskInventory | None = None  # the disk tier's chunk files after the replay
     disk_counters: bool = True  # the server exports the tiering counters (0.28+)
+    # The content ledger judged (harness.oracle.content): None where none was kept.
+    content: ContentReport | None = None
 
     @property
     def passed(self) -> bool:

@@ -16,6 +16,7 @@ from harness.commands.roundtrip.plan import RoundtripPlan, resolve_disk, size_fi
 from harness.commands.roundtrip.result import PhaseResult, RoundtripResult
 from harness.errors import ExitCode, HarnessError, RuntimeFailure
 from harness.names import DISK_FAULT_SWAP, DISK_FAULT_TRUNCATE
+from harness.oracle.content import judge_directories
 from harness.results.records import CheckResult
 from harness.scenario.schema import ServerSettings
 from harness.server import disk_tier, engine_log, kv_layout, metrics
@@ -265,6 +266,7 @@ def run_round(
     replay and may give another server (a restart: the replay's deltas are then the new
     server's, from its own start).
     """
+    began = time.monotonic_ns()  # this round's loads are the ledger's to judge
     try:
         w = plan.scenario.workload
         metrics_dir.mkdir(parents=True, exist_ok=True)
@@ -315,6 +317,10 @@ def run_round(
         if plan.disk is not None:
             result.disk_files = disk_tier.inventory(Path(plan.disk.dir))
             result.disk_counters = metrics.disk_counters_exported(ep.last_text)
+        if ep.server is not None and ep.server.spec.ledger:
+            # Every server of the run keeps its ledger beside its log.
+            ledgers = sorted(ep.server.log_path.parent.glob("*.ledger"))
+            result.content = judge_directories(ledgers, since=began)
         result.checks = evaluate(plan, result)
         on_record(result)
     except EngineFailure as err:
