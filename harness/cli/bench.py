@@ -26,7 +26,12 @@ class BenchPart(str, Enum):
 @run_options("results_dir", "no_wait", "label")
 def bench_cmd(
     repeats: Annotated[int, typer.Option(min=1, help="launches per side and case")] = 3,
-    only: Annotated[BenchPart, typer.Option(help="run one part only")] = BenchPart.all,
+    only: Annotated[
+        list[BenchPart] | None,
+        typer.Option(
+            help="run only this part (repeatable: copy and roundtrip give the ledger's cost)"
+        ),
+    ] = None,
     config: Annotated[Path | None, typer.Option(help="model config (default: small-chunk)")] = None,
     *,
     opts: RunOptions,
@@ -46,17 +51,18 @@ def bench_cmd(
 
     install_signal_handlers()
     lock_free()
+    chosen = only or [BenchPart.all]
     parts = (
         {p.value for p in BenchPart if p is not BenchPart.all}
-        if only is BenchPart.all
-        else {only.value}
+        if BenchPart.all in chosen
+        else {p.value for p in chosen}
     )
     try:
         if config is not None and not config.is_file():
             raise HarnessError(f"--config {config}: no such model config")
         run_dir = RunDirectory(new_run_dir(opts.results_dir, "bench", opts.label), "bench")
         run_dir.update_meta(
-            label=opts.label, platform=host_platform(), repeats=repeats, only=only.value
+            label=opts.label, platform=host_platform(), repeats=repeats, only=sorted(parts)
         )
         scen = load_crash_repro(common.default_scenario("crash-repro.toml"))
         figures = run_bench(

@@ -33,9 +33,9 @@ def test_json_lists_every_section_without_an_index(tmp_path, monkeypatch):
     data = json.loads(out)
     assert tuple(data) == SECTIONS
     assert [f["name"] for f in data["faults"]] == list(FAULTS)
-    assert dict((f["name"], f["caught_by"]) for f in data["faults"])["corrupt-load"] == [
-        "replay-output-identical"
-    ]
+    caught = dict((f["name"], f["caught_by"]) for f in data["faults"])
+    assert caught["corrupt-load"] == ["content-matches", "replay-output-identical"]
+    assert caught["load-neighbour"] == ["content-matches", "replay-output-identical"]
     assert data["patches"] == list(PATCHES)
     assert "multi-turn" in data["profiles"]
     assert {b["id"] for b in data["bugs"]} == {
