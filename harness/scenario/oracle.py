@@ -12,7 +12,7 @@ seconds) and, where the mode and platform allow, on a live ``server``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -71,35 +71,27 @@ class OracleMode(StrictModel):
     )
     about: str = ""
 
+    # Settings only the drive can honour, and of those the ones that keep a wave's
+    # requests from being served as if alone (a tier reset under them, a request
+    # arriving at another's finish, a pool for one).
+    _DRIVE_ONLY: ClassVar[tuple[str, ...]] = (
+        "store_delay",
+        "overlap",
+        "tight_pool",
+        "defer_lookups",
+        "resets_in_flight",
+    )
+    _NOT_IN_A_WAVE: ClassVar[tuple[str, ...]] = ("overlap", "tight_pool", "resets_in_flight")
+
     @model_validator(mode="after")
     def _drive_only(self) -> OracleMode:
-        only = [
-            name
-            for name, on in (
-                ("store_delay", self.store_delay),
-                ("overlap", self.overlap),
-                ("tight_pool", self.tight_pool),
-                ("defer_lookups", self.defer_lookups),
-                ("resets_in_flight", self.resets_in_flight),
-            )
-            if on
-        ]
+        only = [name for name in self._DRIVE_ONLY if getattr(self, name)]
         if only and "server" in self.engines:
             raise ValueError(
                 f"mode {self.name!r}: {', '.join(only)} only the drive can do: "
                 'give engines = ["drive"]'
             )
-        # A wave's requests are judged one by one only while each is served as if alone:
-        # no tier reset under them, no request arriving at another's finish, a pool for all.
-        alone = [
-            name
-            for name, on in (
-                ("overlap", self.overlap),
-                ("tight_pool", self.tight_pool),
-                ("resets_in_flight", self.resets_in_flight),
-            )
-            if on
-        ]
+        alone = [name for name in self._NOT_IN_A_WAVE if getattr(self, name)]
         if self.wave > 1 and alone:
             raise ValueError(f"mode {self.name!r}: wave cannot be combined with {alone[0]}")
         return self
