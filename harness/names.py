@@ -78,6 +78,10 @@ ENV_PATCH = "OFFLOAD_CHECK_PATCH"  # the patch the plugin applies ("none": none)
 ENV_AMX = "OFFLOAD_CHECK_AMX"  # "on" / "off": ask Linux for AMX tile permission
 ENV_REPORT_SPECS = "OFFLOAD_CHECK_REPORT_SPECS"  # "1": print KV groups and kernels
 ENV_TRACE = "OFFLOAD_CHECK_TRACE"  # "1": print every transfer job of the host backend
+# The CPU tier's usage gauges (vLLM 0.30+), as its stats and /metrics name them.
+GAUGE_CPU_USAGE = "vllm:kv_offload_cpu_cache_usage_perc"
+GAUGE_CPU_WRITE_USAGE = "vllm:kv_offload_cpu_cache_write_usage_perc"
+GAUGE_CPU_READ_USAGE = "vllm:kv_offload_cpu_cache_read_usage_perc"
 # A directory: the host backend's content ledger (harness.engine.content_ledger).
 ENV_LEDGER = "OFFLOAD_CHECK_LEDGER"
 # mutate's coverage of the engine processes (harness.engine.reach): the file to trace, by

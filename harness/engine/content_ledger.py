@@ -85,10 +85,11 @@ class Ledger:
         self._fh.close()
 
 
-def open_ledger(role: str) -> Ledger | None:
-    """This process's ledger, or None when the run keeps none."""
-    directory = os.environ.get(ENV_LEDGER, "").strip()
-    return Ledger(directory, role) if directory else None
+def open_ledger(role: str, directory: str | None = None) -> Ledger | None:
+    """This process's ledger in ``directory`` (default: ``OFFLOAD_CHECK_LEDGER``, as a
+    server's processes get it), or None when the run keeps none."""
+    where = (directory if directory is not None else os.environ.get(ENV_LEDGER, "")).strip()
+    return Ledger(where, role) if where else None
 
 
 def key_text(key: Any) -> str:

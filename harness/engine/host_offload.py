@@ -200,11 +200,13 @@ class HostOffloadingWorker(OffloadingWorker):
         rank: int = 0,
         host_rows: torch.Tensor | None = None,
         row_offset: int = 0,
+        ledger_dir: str | None = None,
     ) -> None:
         """``host_rows``: an int8 ``(num_chunks, row_stride)`` tensor to hold the chunks in
         place of a private buffer, this rank's part of each row starting at ``row_offset``
         (``harness.engine.host_tiering`` passes vLLM's shared region, which the secondary
-        tiers read and write from the scheduler process)."""
+        tiers read and write from the scheduler process). ``ledger_dir``: where this
+        rank's content ledger goes (default: ``OFFLOAD_CHECK_LEDGER``, or none)."""
         if blocks_per_chunk < 1:
             raise ValueError(f"blocks_per_chunk must be >= 1, got {blocks_per_chunk}")
         if not kv_caches.tensors:
@@ -283,7 +285,7 @@ class HostOffloadingWorker(OffloadingWorker):
         self._row_stride = stride
 
         self._finished: deque[TransferResult] = deque()
-        self._ledger: Ledger | None = open_ledger(f"worker-rank{rank}")
+        self._ledger: Ledger | None = open_ledger(f"worker-rank{rank}", ledger_dir)
         logger.info(
             "%s rank %d, %d groups, %d tensors, "
             "%d host chunks x %d B, blocks_per_chunk %d, fault=%s",

@@ -48,11 +48,14 @@ from harness.engine.drive_report import (
 )
 from harness.engine.oracle_worker import ContentWorker
 from harness.engine.scheduler_rig import Rig, kwargs_for, load_vllm
-from harness.names import ENV_PATCH, PATCH_NONE
+from harness.names import (
+    ENV_PATCH,
+    GAUGE_CPU_READ_USAGE,
+    GAUGE_CPU_USAGE,
+    GAUGE_CPU_WRITE_USAGE,
+    PATCH_NONE,
+)
 
-GAUGE_USAGE = "vllm:kv_offload_cpu_cache_usage_perc"
-GAUGE_WRITE = "vllm:kv_offload_cpu_cache_write_usage_perc"
-GAUGE_READ = "vllm:kv_offload_cpu_cache_read_usage_perc"
 MAX_STEPS_PER_REQUEST = 4096  # a request that needs more is a stalled scheduler
 PAGE_HEAD = 64  # the full-attention group of the largest block: head size 64, float32
 
@@ -155,7 +158,6 @@ class OracleRig:
         self._deferrals: dict[str, int] = {}
         self.stores: list[tuple[list[bytes], list[bytes] | None]] = []
         self.sources: list[tuple[str, dict[str, int]]] = []  # (request, tokens by source)
-        self.reports_sources = hasattr(self.rig.offload, "get_external_cache_hit_sources")
         self.stats: list[dict[str, float]] = []
         off, mgr = self.rig.offload, self.rig.manager
         prepare_store, sources, get_stats = (
@@ -234,6 +236,7 @@ class OracleRig:
         mgr.prepare_store = spy_store
         mgr.prepare_load, mgr.complete_load = spy_load, spy_complete_load
         mgr.complete_store = spy_complete_store
+        self.reports_sources = sources is not None
         if sources is not None:
             off.get_external_cache_hit_sources = spy_sources
         off.get_stats = spy_stats
@@ -276,9 +279,9 @@ class OracleRig:
             return
         writing, reading = len(self.writing), len(self.reading)
         want = {
-            GAUGE_USAGE: (writing + reading) / self.chunks,
-            GAUGE_WRITE: writing / self.chunks,
-            GAUGE_READ: reading / self.chunks,
+            GAUGE_CPU_USAGE: (writing + reading) / self.chunks,
+            GAUGE_CPU_WRITE_USAGE: writing / self.chunks,
+            GAUGE_CPU_READ_USAGE: reading / self.chunks,
         }
         for name, expected in want.items():
             got = snap.get(name)

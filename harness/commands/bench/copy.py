@@ -18,7 +18,6 @@ keeps up with indexing can still be well short of what the machine does.
 
 from __future__ import annotations
 
-import os
 import shutil
 import statistics
 import tempfile
@@ -35,7 +34,6 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 from harness.engine.host_offload import HostOffloadingWorker
-from harness.names import ENV_LEDGER
 
 __all__ = ["measure_host_copy"]
 
@@ -112,17 +110,12 @@ def measure_host_copy(repeats: int = 5, total_bytes: int = 64 * 2**20) -> dict[s
     # The same worker keeping the content ledger (a digest per block and layer at every
     # store and load, one JSON line per job): what the ledger adds to each copy.
     ledger_dir = tempfile.mkdtemp(prefix="oc-bench-ledger-")
-    saved = os.environ.get(ENV_LEDGER)
-    os.environ[ENV_LEDGER] = ledger_dir
-    try:
-        ledgered = HostOffloadingWorker(
-            caches, blocks_per_chunk=_BLOCKS_PER_CHUNK, num_cpu_chunks=num_chunks
-        )
-    finally:
-        if saved is None:
-            os.environ.pop(ENV_LEDGER, None)
-        else:
-            os.environ[ENV_LEDGER] = saved
+    ledgered = HostOffloadingWorker(
+        caches,
+        blocks_per_chunk=_BLOCKS_PER_CHUNK,
+        num_cpu_chunks=num_chunks,
+        ledger_dir=ledger_dir,
+    )
     sizes = [blocks_per_group] * _NUM_GROUPS
     starts = [0] * _NUM_GROUPS
     # Specs come from the scheduler in the real connector, so they are built untimed.

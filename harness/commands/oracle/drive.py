@@ -21,13 +21,12 @@ from typing import IO, Any
 from harness.commands.oracle.judge import CellResult, Judged, Moved, Observed, judge
 from harness.commands.oracle.plan import DRIVE_MODULE, Cell
 from harness.errors import RuntimeFailure
-from harness.names import ENV_PATCH, PATCH_NONE, REPO_ROOT
+from harness.names import ENV_PATCH, GAUGE_CPU_USAGE, PATCH_NONE, REPO_ROOT
 from harness.oracle.scheduler import Layout, Offloader, Request, Served
 from harness.oracle.workload import Step
 
 STATS_ASYNC = "vllm:kv_offload_lookup_async_delay_seconds_count"
 STATS_ALLOCATED = "vllm:kv_offload_cpu_allocation_size_sum"
-STATS_USAGE = "vllm:kv_offload_cpu_cache_usage_perc"
 
 
 def drive_env(patch: str | None = None) -> dict[str, str]:
@@ -85,7 +84,7 @@ def observed_from(line: dict[str, Any], *, overlap: bool, tier: bool = True) -> 
         allocated_chunks=float(stats.get(STATS_ALLOCATED, 0.0)) if tier else None,
         # With requests overlapping, stores are still in flight at a request's end and a
         # later lookup may wait on them: the tier is not idle, a wait not a deferral.
-        usage_after=None if overlap or not tier else float(stats.get(STATS_USAGE, 0.0)),
+        usage_after=None if overlap or not tier else float(stats.get(GAUGE_CPU_USAGE, 0.0)),
         async_lookups=None if overlap or not tier else float(stats.get(STATS_ASYNC, 0.0)),
         content_errors=list(line.get("content_errors") or []),
         gauges=line.get("gauges") if tier else None,

@@ -206,25 +206,26 @@ def run_server_cell(
                 lines = fh.read().splitlines()
                 offset = fh.tell()
             tier = _tier_figures(after - before, after, ep.last_text, lines, n_groups)
+            counted_hit = tier.pop("hit")
             before = after
             wave: list[Served] = []
             together = len(steps) > 1
             for pos, (index, step, comp) in enumerate(zip(members, steps, comps, strict=True)):
                 last = pos == len(steps) - 1
-                obs = Observed(step.request, answer=comp, generated=list(comp.token_ids))
-                if not together:
-                    obs.hit = tier.pop("hit")
-                else:
-                    # No counter tells a wave's requests apart: each one's hit is its
-                    # answer's cached tokens (nothing else cached them: the GPU cache was
-                    # reset, its prompts share no block); the rest is the wave's, once.
-                    obs.hit = comp.cached_tokens
-                    tier.pop("hit", None)
+                # No counter tells a wave's requests apart: each one's hit is its answer's
+                # cached tokens (nothing else cached them: the GPU cache was reset, its
+                # prompts share no block); the rest is the wave's, given once.
+                obs = Observed(
+                    step.request,
+                    hit=comp.cached_tokens if together else counted_hit,
+                    answer=comp,
+                    generated=list(comp.token_ids),
+                )
                 if last:
                     for name, value in tier.items():
                         setattr(obs, name, value)
                     if together:
-                        obs.wave_figures = frozenset(tier) | {"loads", "stores"}
+                        obs.wave_figures = frozenset(tier)
                 served = model.serve(request_of(step), obs.generated)
                 wave.append(served)
                 key = (step.tokens, step.max_tokens)
