@@ -34,13 +34,29 @@ FAULT_LOAD_NEIGHBOUR, FAULT_SEGV = FAULTS[7:]
 # --- seeded faults of the disk tier ------------------------------------------------------
 # The harness damages the chunk files between the filler and the replay (truncate: every
 # file cut to half; swap: every file holds another chunk's bytes, as if named by another
-# hash), or, inside EngineCore (harness.engine.host_tiering), the fs tier's own I/O
-# fails: each file read back is deleted between the lookup that found it and its read,
-# or every write finds the disk full (ENOSPC).
-DiskFault = Literal["none", "truncate-chunks", "swap-chunks", "delete-before-load", "disk-full"]
+# hash; bit-flip: one bit of every file flipped, its size kept), or, inside EngineCore
+# (harness.engine.host_tiering), the fs tier's own I/O fails: each file read back is
+# deleted between the lookup that found it and its read, every write finds the disk full
+# (ENOSPC), or every read fails with EIO after the lookup found the file (the file kept).
+# tier-never-loads replaces the fs tier with one loaded through vLLM's own ``module_path``
+# hook whose loads never complete (harness.engine.stall_tier).
+DiskFault = Literal[
+    "none",
+    "truncate-chunks",
+    "swap-chunks",
+    "delete-before-load",
+    "disk-full",
+    "bit-flip",
+    "read-eio",
+    "tier-never-loads",
+]
 DISK_FAULTS: tuple[str, ...] = get_args(DiskFault)
-DISK_FAULT_TRUNCATE, DISK_FAULT_SWAP, DISK_FAULT_DELETE, DISK_FAULT_FULL = DISK_FAULTS[1:]
-ENGINE_DISK_FAULTS = (DISK_FAULT_DELETE, DISK_FAULT_FULL)
+DISK_FAULT_TRUNCATE, DISK_FAULT_SWAP, DISK_FAULT_DELETE, DISK_FAULT_FULL = DISK_FAULTS[1:5]
+DISK_FAULT_BITFLIP, DISK_FAULT_EIO, DISK_FAULT_STALL = DISK_FAULTS[5:]
+ENGINE_DISK_FAULTS = (DISK_FAULT_DELETE, DISK_FAULT_FULL, DISK_FAULT_EIO)
+# The never-loading tier, as vLLM's tier factory finds it: the class by its ``type``.
+STALL_TIER_MODULE = "harness.engine.stall_tier"
+STALL_TIER_TYPE = "NeverLoadsTier"
 EXTRA_DISK_FAULT = "offload_check_disk_fault"  # kv_connector_extra_config key
 LOG_DISK_FAULT = "offload-check disk fault:"  # the engine log line naming it
 

@@ -47,6 +47,16 @@ def roundtrip_cmd(
     disk_fault: Annotated[
         DiskFaultName | None, opt("roundtrip.disk-fault", "--disk-fault", metavar="FAULT")
     ] = None,
+    stall_after: Annotated[
+        float | None,
+        opt(
+            "roundtrip.stall-after",
+            "--stall-after",
+            min=10,
+            max=3600,
+            rich_help_panel="Stall watch",
+        ),
+    ] = None,
     *,
     opts: RunOptions,
 ) -> None:
@@ -62,7 +72,7 @@ def roundtrip_cmd(
         common.refuse_on_attach(
             url, variant=variant, python=python, patch=patch, fault=fault, tp=tp,
             engine_arg=engine_arg, baseline=baseline, policy=policy, tier_dir=tier_dir,
-            disk_fault=disk_fault,
+            disk_fault=disk_fault, stall_after=stall_after,
         )  # fmt: skip
         scen = load_roundtrip(scenario or common.default_scenario("roundtrip-cpu.toml"))
         common.known_fault(fault)
@@ -81,11 +91,16 @@ def roundtrip_cmd(
         return plan
 
     common.plan_and_run(
-        make_plan, "roundtrip_plan", lambda planned: run_roundtrip(planned, opts, baseline), opts
+        make_plan,
+        "roundtrip_plan",
+        lambda planned: run_roundtrip(planned, opts, baseline, stall_after),
+        opts,
     )
 
 
-def run_roundtrip(plan: object, opts: RunOptions, baseline: bool = False) -> int:
+def run_roundtrip(
+    plan: object, opts: RunOptions, baseline: bool = False, stall_after: float | None = None
+) -> int:
     from harness.commands import roundtrip as rt
     from harness.commands.roundtrip.files import RoundtripWriter
     from harness.ui.terminal import RoundtripProgress, checks_table, phase_table
@@ -110,6 +125,7 @@ def run_roundtrip(plan: object, opts: RunOptions, baseline: bool = False) -> int
             url=url,
             port=opts.port,
             baseline=baseline,
+            stall_after=stall_after,
         )
         if not result.passed:
             outcome.code = ExitCode.MISMATCH

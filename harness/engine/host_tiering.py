@@ -42,6 +42,7 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 from harness.engine.host_offload import HostOffloadingWorker, HostWorkerSpec
 from harness.names import (
     DISK_FAULT_DELETE,
+    DISK_FAULT_EIO,
     DISK_FAULT_FULL,
     ENGINE_DISK_FAULTS,
     EXTRA_DISK_FAULT,
@@ -72,6 +73,15 @@ def _seed_disk_fault(fault: str) -> None:
             raise OSError(errno.ENOSPC, f"No space left on device ({LOG_DISK_FAULT} {fault})")
 
         fs_manager.batch_store_block = disk_full
+    elif fault == DISK_FAULT_EIO:
+
+        def read_fails(paths: list[str], *args: Any, **kwargs: Any) -> Any:
+            # The file stays: a device error, not a missing file. None loaded.
+            err = OSError(errno.EIO, f"Input/output error ({LOG_DISK_FAULT} {fault})")
+            err.num_succeeded = 0  # type: ignore[attr-defined]
+            raise err
+
+        fs_manager.batch_load_block = read_fails
     logger.info("%s %s", LOG_DISK_FAULT, fault)
 
 

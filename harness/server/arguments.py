@@ -13,6 +13,7 @@ from typing import Any
 from harness.engine.amx import fix_enabled
 from harness.errors import BadInput
 from harness.names import (
+    DISK_FAULT_STALL,
     ENGINE_DISK_FAULTS,
     ENV_AMX,
     ENV_PATCH,
@@ -25,6 +26,8 @@ from harness.names import (
     HOST_TIERING_SPEC_MODULE,
     HOST_TIERING_SPEC_NAME,
     PATCH_NONE,
+    STALL_TIER_MODULE,
+    STALL_TIER_TYPE,
     TIERING_SPEC_NAME,
 )
 from harness.scenario.schema import OffloadSettings, ServerSettings
@@ -73,6 +76,9 @@ def kv_transfer_config(
                 "n_read_threads": settings.disk.io_threads,
                 "n_write_threads": settings.disk.io_threads,
             }
+            if settings.disk.fault != DISK_FAULT_STALL
+            # vLLM's own hook for an out-of-tree tier: its engine code waits on it.
+            else {"type": STALL_TIER_TYPE, "module_path": STALL_TIER_MODULE}
         ]
         if settings.disk.fault in ENGINE_DISK_FAULTS:
             if not host:

@@ -76,6 +76,27 @@ def truncate_chunks(root: Path) -> int:
     return len(files)
 
 
+def flip_bits(root: Path) -> int:
+    """Seeded fault: one bit flipped in every chunk file, its size unchanged (bit rot, a
+    bad sector: the fs tier keeps no checksum to notice, #54363). The bit is the lowest
+    of the 16-bit value at the file's middle (an even byte: a little-endian value's low
+    byte), one unit in the last place of one KV element: read back without complaint,
+    every count exact, the answers most likely unchanged; only a digest of the content
+    sees it. The number of files flipped."""
+    files = chunk_files(root)
+    for path in files:
+        size = path.stat().st_size
+        if size < 2:
+            continue
+        at = (size // 2) & ~1
+        with path.open("r+b") as fh:
+            fh.seek(at)
+            byte = fh.read(1)[0]
+            fh.seek(at)
+            fh.write(bytes([byte ^ 0x01]))
+    return len(files)
+
+
 def swap_chunks(root: Path) -> int:
     """Seeded fault: every chunk file holds the bytes of the next one of its size (a file
     named by another chunk's hash), so a read succeeds with the wrong KV. The number of

@@ -554,6 +554,14 @@ class VllmServer:
         self.stop()
 
 
+class HttpRefusal(HarnessError):
+    """The server answered with an HTTP error: ``status`` and the start of its body."""
+
+    def __init__(self, url: str, status: int, detail: str) -> None:
+        super().__init__(f"{url}: HTTP {status}: {detail}")
+        self.status, self.detail = status, detail
+
+
 def http_json(url: str, payload: dict[str, Any] | None = None, timeout_s: float = 120.0) -> Any:
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(
@@ -567,7 +575,7 @@ def http_json(url: str, payload: dict[str, Any] | None = None, timeout_s: float 
             body = resp.read()
     except urllib.error.HTTPError as err:
         detail = err.read()[:300].decode(errors="replace")
-        raise HarnessError(f"{url}: HTTP {err.code}: {detail}") from None
+        raise HttpRefusal(url, err.code, detail) from None
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
         reason = getattr(err, "reason", err)
         raise HarnessError(f"{url}: no answer ({reason})") from None

@@ -66,6 +66,9 @@ COUNTERS: dict[str, Sources] = {
     # The CPU tier's share in use (a gauge: read it, never subtract it): chunks held by a
     # request or a store in flight, so 0 whenever the server is idle.
     "cpu_usage": [("vllm:kv_offload_cpu_cache_usage_perc", {})],
+    # A secondary tier's loads in flight (a gauge): the stall watch names such a tier
+    # when the engine stops moving while they stay active.
+    "promotions_active": [("vllm:kv_offload_tiering_active_promotion_jobs", {})],
 }
 
 # Histograms read as one of their samples: field -> (family, sample suffix). The CPU
@@ -109,6 +112,7 @@ class Snapshot:
     disk_read_failures: float = 0.0
     host_hit_tokens: float = 0.0
     cpu_usage: float = 0.0  # a gauge
+    promotions_active: float = 0.0  # a gauge: secondary-tier loads in flight
     allocated_chunks: float = 0.0
     sync_lookups: float = 0.0
     async_lookups: float = 0.0

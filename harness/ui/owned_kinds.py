@@ -11,7 +11,7 @@ from harness.results.tables import ResultsKind
 from harness.results.tables import kind_of as _registered_kind
 
 # Each module registers its ResultsKind when imported (commands/<command>/files.py).
-OWNERS = ("harness.commands.oracle.files",)
+OWNERS = ("harness.commands.oracle.files", "harness.commands.namespace.files")
 
 
 def load() -> None:

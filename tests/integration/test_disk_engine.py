@@ -97,6 +97,19 @@ FAULTS = {
         {"disk-errors", "disk-files", "disk-hits", "replay-external-hits"},
         {"replay-output-identical", "content-matches"},
     ),
+    # One bit, the lowest of one KV element per file (#54363: no checksum): read back
+    # without complaint, every count exact; the ledger finds the 8 of 16 loaded blocks
+    # holding a flipped element (the answers changed too on 0.32.0, not asserted: a bit
+    # this small may leave them be).
+    "bit-flip": (
+        {"content-matches"},
+        {"replay-external-hits", "replay-loaded-bytes", "disk-errors", "disk-read-bytes"},
+    ),
+    # Every read fails with EIO after the lookup found the file (kept): vLLM recomputes.
+    "read-eio": (
+        {"disk-errors", "disk-read-bytes", "replay-external-hits", "replay-loaded-bytes"},
+        {"replay-output-identical", "content-matches"},
+    ),
 }
 
 
@@ -113,7 +126,7 @@ def test_each_disk_fault_is_caught_by_its_checks(tmp_path, fault):
     assert not (still_right & bad), checks(run).to_string()
     if fault == "swap-chunks":
         assert bad == caught_by  # hits, loads and every disk figure exact: silent
-    if fault in ("delete-before-load", "disk-full"):
+    if fault in ("delete-before-load", "disk-full", "read-eio"):
         log = (run / "logs" / "server.log").read_text(errors="replace")
         assert f"offload-check disk fault: {fault}" in log
 
@@ -185,3 +198,21 @@ def test_stress_restart_on_0_28_loses_every_prefix_to_the_hash_seed(tmp_path):
     assert failed(run) == {"restart-reused", "disk-served"}, out
     df = checks(run)
     assert "restart 1: 0 disk hits" in df.loc["disk-served", "observed"]
+
+
+@pytest.mark.launches(1)
+def test_a_tier_whose_loads_never_finish_is_named_by_the_stall_watch(tmp_path):
+    """The fs tier swapped for one loaded through vLLM's own ``module_path`` hook whose
+    loads never complete: the replay's request waits on it with no deadline (#49829),
+    and the stall watch stops the server and names the tier, not a timeout."""
+    code, run, out = run_cli(
+        tmp_path, "roundtrip", "--scenario", DISK, "--disk-fault", "tier-never-loads",
+        "--stall-after", "30", timeout=600,
+    )  # fmt: skip
+    assert code == 1, out
+    df = checks(run)
+    assert list(df.index) == ["engine-survived"], df.to_string()
+    seen = df.loc["engine-survived", "observed"]
+    assert "the engine stalled" in seen and "secondary-tier load (promotion) job" in seen
+    log = (run / "logs" / "server.log").read_text(errors="replace")
+    assert "offload-check stalled tier: load job" in log

@@ -38,6 +38,7 @@ COMMAND_ORDER = {
     "stress": 1,
     "pressure": 1,
     "oracle": 1,
+    "namespace": 1,
     "bench": 1,
     "sweep": 2,
     "bugs": 3,

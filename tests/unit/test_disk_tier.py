@@ -214,3 +214,17 @@ def test_the_stress_disk_checks_fail_on_what_they_are_for(tmp_path):
     assert not dc.check_served(True, 21, 20 * 65_536, 65_536).passed  # a hit with no read
     assert dc.check_served(False, 0, 0, 65_536).passed
     assert not dc.check_served(False, 3, 3 * 65_536, 65_536).passed  # roomy tier, disk hit
+
+
+def test_a_bit_flip_changes_one_bit_of_each_file_and_no_size(tmp_path):
+    chunk_tree(tmp_path, [4096] * 2)
+    files = disk_tier.chunk_files(tmp_path)
+    before = [bytes(range(256)) * 16 for _ in files]
+    for f, data in zip(files, before, strict=True):
+        f.write_bytes(data)
+    assert disk_tier.flip_bits(tmp_path) == 2
+    for f, data in zip(files, before, strict=True):
+        after = f.read_bytes()
+        diff = [(i, a ^ b) for i, (a, b) in enumerate(zip(data, after, strict=True)) if a != b]
+        # One bit: the lowest of the 16-bit value at the middle (its low byte).
+        assert diff == [(2048, 0x01)] and len(after) == 4096

@@ -91,6 +91,7 @@ def test_every_command_with_a_run_directory_is_registered():
         "mutate",
         "pressure",
         "oracle",
+        "namespace",
     }
     for kind in rk.KINDS.values():
         assert f"{kind.command} runs" in README or kind.command == "crash-repro", kind.command

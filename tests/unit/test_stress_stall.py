@@ -1,12 +1,12 @@
-"""The stress run's stall watch (harness.commands.stress.run.Sampler): an engine that
+"""The stress run's stall watch (harness.server.stall_watch.Sampler): an engine that
 takes and generates no token while requests wait is stopped at once, instead of every
 request waiting out its timeout (a mutant that never completes a transfer job stalled
 the engine 38 s into the traffic; the run then waited 20 minutes)."""
 
 from __future__ import annotations
 
-from harness.commands.stress.run import Sampler, stalled
 from harness.server.metrics import Snapshot
+from harness.server.stall_watch import Sampler, stalled
 
 
 def snap(prompt: float, generated: float) -> Snapshot:
@@ -72,3 +72,14 @@ def test_the_longest_quiet_with_requests_waiting_is_measured():
     idle._watch(snap(1, 1), 0.0)
     idle._watch(snap(1, 1), 50.0)
     assert idle.longest_still_s == 0.0  # nothing waited: not a quiet
+
+
+def test_a_stall_with_secondary_tier_loads_in_flight_names_the_tier():
+    """A tier whose loads never complete (the tier-never-loads disk fault): the gauge of
+    active promotion jobs stays up while nothing moves, and the line says so."""
+    s, fired = watch(outstanding=1)
+    stuck = Snapshot(prompt_tokens=100, generation_tokens=5, promotions_active=2)
+    s._watch(stuck, 0.0)
+    s._watch(stuck, 10.0)
+    assert fired and "2 secondary-tier load (promotion) job(s) still active" in fired[0]
+    assert "secondary-tier" not in stalled(1, 12.0, (100.0, 5.0))  # none in flight

@@ -424,7 +424,7 @@ def calibrated_stall(run_dir: Path | None) -> float | None:
     (``run.json``'s ``stress.longest_still_s``); None when the run recorded none."""
     import json
 
-    from harness.commands.stress.plan import STALL_S
+    from harness.server.stall_watch import STALL_S
 
     if run_dir is None:
         return None

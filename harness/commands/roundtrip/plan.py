@@ -371,13 +371,18 @@ def resolve_disk(plan: RoundtripPlan, run_dir: Path) -> RoundtripPlan:
     (the server's connector config says so too); any other plan unchanged."""
     if plan.disk is None or plan.disk.dir != DISK_DIR_PLACEHOLDER or plan.server is None:
         return plan
-    where = str(run_dir / "disk-tier")
+    return with_disk_dir(plan, run_dir / "disk-tier")
+
+
+def with_disk_dir(plan: RoundtripPlan, where: Path) -> RoundtripPlan:
+    """The plan with its disk tier in ``where`` (its server's connector config too)."""
+    assert plan.disk is not None and plan.server is not None
     assert plan.server.kv_transfer is not None
     extra = dict(plan.server.kv_transfer["kv_connector_extra_config"])
-    extra["secondary_tiers"] = [{**t, "root_dir": where} for t in extra["secondary_tiers"]]
+    extra["secondary_tiers"] = [{**t, "root_dir": str(where)} for t in extra["secondary_tiers"]]
     kv = {**plan.server.kv_transfer, "kv_connector_extra_config": extra}
     return replace(
-        plan, server=replace(plan.server, kv_transfer=kv), disk=replace(plan.disk, dir=where)
+        plan, server=replace(plan.server, kv_transfer=kv), disk=replace(plan.disk, dir=str(where))
     )
 
 

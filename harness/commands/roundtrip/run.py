@@ -8,19 +8,20 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, TypedDict, Unpack
+from typing import Any, Protocol, TypedDict, Unpack
 
 from harness.commands.roundtrip import checks as ck
 from harness.commands.roundtrip.evaluate import evaluate
 from harness.commands.roundtrip.plan import RoundtripPlan, resolve_disk, size_filler
 from harness.commands.roundtrip.result import PhaseResult, RoundtripResult
 from harness.errors import ExitCode, HarnessError, RuntimeFailure
-from harness.names import DISK_FAULT_SWAP, DISK_FAULT_TRUNCATE
+from harness.names import DISK_FAULT_BITFLIP, DISK_FAULT_SWAP, DISK_FAULT_TRUNCATE
 from harness.oracle.content import judge_directories
 from harness.results.records import CheckResult
 from harness.scenario.schema import ServerSettings
 from harness.server import disk_tier, engine_log, kv_layout, metrics
-from harness.server.launcher import VllmServer, http_json
+from harness.server.launcher import HttpRefusal, VllmServer, http_json
+from harness.server.stall_watch import STALL_S, Sampler
 from harness.server.workload import (
     Completion,
     Prompt,
@@ -71,13 +72,28 @@ class RoundtripReporter(Status, Protocol):
 class Endpoint:
     """Requests and metrics against a base URL, attributing failures to a dead server."""
 
-    def __init__(self, base: str, server: VllmServer | None) -> None:
+    def __init__(self, base: str, server: VllmServer | None, stall_s: float = STALL_S) -> None:
         self.base = base
         self.server = server
         self.last_text = ""  # the raw exposition, kept per phase for diagnosis
+        self.stall_s = stall_s  # the stall watch's window over each request
+        self.stall = ""  # what the stall watch saw, once it stopped the server
+        # Requests this run's servers answered: after one, a refusal of the same kind of
+        # request is the engine's doing, not a request the harness built wrong.
+        self.answered = 0
 
     def failure(self, phase: str, err: Exception) -> HarnessError:
         """Blame a failed request: the engine under test, or the run's environment."""
+        if self.stall:
+            # The watch stopped a server that had stopped moving: the engine under test
+            # failed (a stalled tier is named in the line), not the connection.
+            return EngineFailure(phase, self.stall, self.stall)
+        if isinstance(err, HttpRefusal) and self.answered and self.server is not None:
+            # Requests built the same way were answered before: refusing this one is the
+            # engine's failure (KV that made the logprobs inf or NaN gives "Out of range
+            # float values are not JSON compliant", HTTP 400), a verdict, not exit 3.
+            why = f"the server refused a request it had answered before: HTTP {err.status}"
+            return EngineFailure(phase, f"{why}: {err.detail[:160]}", err.detail)
         if self.server is not None:
             from harness.server.crash_signatures import crash_signature
 
@@ -125,11 +141,19 @@ class Endpoint:
         return last
 
     def complete(
-        self, plan: RoundtripPlan, prompt: Prompt, phase: str, max_tokens: int
+        self,
+        plan: RoundtripPlan,
+        prompt: Prompt,
+        phase: str,
+        max_tokens: int,
+        extra: dict[str, Any] | None = None,
     ) -> Completion:
+        """One request of ``plan``'s workload; ``extra`` goes into its body (a
+        ``cache_salt``)."""
         w = plan.scenario.workload
+        watch = self._watch()
         try:
-            return complete(
+            answer = complete(
                 self.base,
                 plan.served_name,
                 prompt,
@@ -137,9 +161,31 @@ class Endpoint:
                 max_tokens=max_tokens,
                 logprobs=w.logprobs,
                 seed=w.seed,
+                extra=extra,
             )
+            self.answered += 1
+            return answer
         except HarnessError as err:
             raise self.failure(phase, err) from None
+        finally:
+            if watch is not None:
+                watch.stop()
+
+    def _watch(self) -> Sampler | None:
+        """The stall watch over one request of a server this run launched (someone
+        else's is never stopped): if the engine stops moving, the server is stopped and
+        the request fails with what the watch saw."""
+        server = self.server
+        if server is None:
+            return None
+
+        def stop(why: str) -> None:
+            self.stall = why
+            server.stop()
+
+        watch = Sampler(self.base, outstanding=lambda: 1, on_stall=stop, stall_s=self.stall_s)
+        watch.start()
+        return watch
 
 
 def start_server(
@@ -197,19 +243,22 @@ def execute_roundtrip(
     on_record: Callable[[RoundtripResult], None],
     *,
     baseline: bool = False,
+    stall_after: float | None = None,
     **at: Unpack[ServerChoice],
 ) -> RoundtripResult:
     """Run the four phases; ``on_record`` is called after each step to persist results.
 
     With a disk tier that restarts (``[offload.disk] restart``), the server is stopped
-    cleanly after the filler and a new one, on the same directory, serves the replay."""
+    cleanly after the filler and a new one, on the same directory, serves the replay.
+    ``stall_after``: the stall watch's window over each request (default ``STALL_S``)."""
     url, port = at.get("url"), at.get("port")
+    stall_s = stall_after or STALL_S
     plan = resolve_disk(plan, out_dir)
     result = RoundtripResult(plan)
     server = server_under_test(plan, out_dir, url, port)
     servers = [server] if server is not None else []
 
-    def restart() -> Endpoint:
+    def restart(answered: int) -> Endpoint:
         assert server is not None and plan.server is not None  # a launch restarts
         reporter.status("stopping the server; its disk tier stays ...")
         server.stop()
@@ -218,7 +267,9 @@ def execute_roundtrip(
         result.restart_seconds = start_server(
             second, plan.scenario.server, reporter, "restarted server"
         )
-        return Endpoint(second.url, second)
+        fresh = Endpoint(second.url, second, stall_s)
+        fresh.answered = answered
+        return fresh
 
     try:
         if server is not None:
@@ -227,7 +278,7 @@ def execute_roundtrip(
         else:
             assert url is not None  # server is None only in attach mode, which gives url
             base = url.rstrip("/")
-        ep = Endpoint(base, server)
+        ep = Endpoint(base, server, stall_s)
         if server is not None:
             read_engine_layout(plan, result, server.log_path)
         before_replay = None
@@ -236,7 +287,7 @@ def execute_roundtrip(
 
             def before_replay(current: Endpoint) -> Endpoint:
                 damage_disk(disk.fault, Path(disk.dir), result, reporter)
-                return restart() if disk.restart else current
+                return restart(current.answered) if disk.restart else current
 
         if not run_round(plan, ep, result, reporter, on_record, out_dir / "metrics", before_replay):
             return result
@@ -348,6 +399,8 @@ def damage_disk(fault: str, root: Path, result: RoundtripResult, reporter: Statu
         n = disk_tier.truncate_chunks(root)
     elif fault == DISK_FAULT_SWAP:
         n = disk_tier.swap_chunks(root)
+    elif fault == DISK_FAULT_BITFLIP:
+        n = disk_tier.flip_bits(root)
     else:
         return
     reporter.status(f"disk fault {fault}: {n} chunk files")

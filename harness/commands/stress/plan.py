@@ -18,14 +18,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 from harness.commands.stress.workload import PlannedRequest, plan_profile
 from harness.errors import BadInput
 from harness.scenario.stress_profiles import PROFILES, ProfileSettings
-
-# An engine that takes no prompt token and generates none for this long while requests
-# are outstanding has stalled (a transfer job that never completes, a lost wake-up):
-# its server is stopped, so the run fails at once instead of each request waiting out
-# its timeout (600 s; a mutate command's 1200 s). A healthy step here is under a second.
-# ``--stall-after`` sets another window (mutate calibrates one from its baseline run:
-# harness.commands.mutate.execute.calibrated_stall). The stall watch: run.Sampler.
-STALL_S = 120.0
+from harness.server.stall_watch import STALL_S
 
 if TYPE_CHECKING:
     from harness.commands.roundtrip.plan import RoundtripOptions

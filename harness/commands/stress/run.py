@@ -12,7 +12,6 @@ noise floor, and scores each answered request of the run under test alone
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,16 +26,15 @@ from harness.commands.stress.judge import (
     http_scorer,
     run_reference_side,
 )
-from harness.commands.stress.plan import STALL_S, StressPlan
+from harness.commands.stress.plan import StressPlan
 from harness.errors import HarnessError, RuntimeFailure
 from harness.server import disk_tier, engine_log, kv_layout, metrics
+from harness.server.stall_watch import Sampler
 
 if TYPE_CHECKING:
     from harness.commands.roundtrip.run import ServerChoice
     from harness.commands.stress.reference_cache import LiveReference
     from harness.server.launcher import VllmServer
-
-SAMPLE_S = 0.5  # metrics sampling period for the timeline
 
 
 def engine_kernels(lines: list[str]) -> dict[str, str]:
@@ -45,87 +43,9 @@ def engine_kernels(lines: list[str]) -> dict[str, str]:
     return {**engine_log.kernels(lines), "amx_permission": engine_log.amx_permission(lines)}
 
 
-def stalled(waiting: int, still_s: float, progress: tuple[float, float]) -> str:
-    """What the stall watch says of an engine that stopped moving (``run.death``)."""
-    prompt, generated = progress
-    return (
-        f"the engine stalled: {waiting} request(s) outstanding and no token taken or "
-        f"generated for {still_s:.0f} s (prompt tokens {prompt:.0f}, generated "
-        f"{generated:.0f}); the harness stopped the server"
-    )
-
-
 class StressReporter(Protocol):
     def status(self, message: str) -> None: ...
     def request_done(self, outcome: Outcome, done: int, total: int) -> None: ...
-
-
-class Sampler:
-    """Reads ``/metrics`` every ``SAMPLE_S`` in the background: cumulative stored and
-    loaded bytes and preemptions over time, for the timeline; and the stall watch: when
-    ``outstanding()`` requests wait while the engine's prompt and generation token
-    counters stay still for ``stall_s``, ``on_stall`` is called once with what was seen
-    (:func:`stalled`)."""
-
-    def __init__(
-        self,
-        base: str,
-        *,
-        outstanding: Callable[[], int] | None = None,
-        on_stall: Callable[[str], None] | None = None,
-        stall_s: float = STALL_S,
-    ) -> None:
-        self.base = base
-        self.points: list[tuple[float, metrics.Snapshot]] = []
-        self.stall: str = ""  # what the watch saw, once it fired
-        # The longest the counters stayed still with requests outstanding: a healthy
-        # run's (run.json's longest_still_s) is what a stall window is calibrated from.
-        self.longest_still_s = 0.0
-        self._outstanding = outstanding
-        self._on_stall = on_stall
-        self._stall_s = stall_s
-        self._progress: tuple[float, float] | None = None
-        self._moved = time.monotonic()
-        self._stop = threading.Event()
-        self._t0 = time.monotonic()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> None:
-        self._t0 = time.monotonic()
-        self._thread.start()
-
-    def _run(self) -> None:
-        from harness.server.launcher import http_json
-
-        while not self._stop.wait(SAMPLE_S):
-            try:
-                text = http_json(f"{self.base}/metrics", None, 5)
-            except HarnessError:
-                continue  # a dying server: the run's own checks say so
-            snap, _, _ = metrics.parse(str(text))
-            now = time.monotonic()
-            self.points.append((now - self._t0, snap))
-            self._watch(snap, now)
-
-    def _watch(self, snap: metrics.Snapshot, now: float) -> None:
-        """The stall watch, one sample at a time (pure but for the callback)."""
-        progress = (snap.prompt_tokens, snap.generation_tokens)
-        waiting = self._outstanding() if self._outstanding is not None else 0
-        if progress != self._progress or not waiting:
-            self._progress, self._moved = progress, now
-            return
-        self.longest_still_s = max(self.longest_still_s, now - self._moved)
-        if self.stall or now - self._moved < self._stall_s:
-            return
-        self.stall = stalled(waiting, now - self._moved, progress)
-        if self._on_stall is not None:
-            self._on_stall(self.stall)
-
-    def stop(self) -> None:
-        """Stop sampling; wait for the thread, so a stall's server stop has finished
-        before the run stops its servers itself."""
-        self._stop.set()
-        self._thread.join(timeout=60)
 
 
 def execute_stress(
