@@ -136,8 +136,23 @@ def run_roundtrip(
             common.show(phase_table([p.record() for p in result.phases]))
         if result.checks:
             common.show(checks_table([c.record() for c in (*result.checks, *result.info_checks)]))
+        show_reference(result)
         verdict = "[green]all checks passed[/]" if result.passed else "[red]some checks failed[/]"
         common.console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
     else:
         common.console.print(f"results so far: {run_dir.path}", highlight=False)
     return int(code)
+
+
+def show_reference(result: Any) -> None:
+    """The scenario's reference figures (PR #51161's) beside this run's, one line each."""
+    from harness.results.markdown import reference_figures
+
+    figures = reference_figures(result)
+    if not figures:
+        return
+    common.console.print(f"against {result.plan.scenario.reference.source}:", highlight=False)
+    for what, ref, got in figures:
+        mark = "same" if got == ref else "DIFFERS"
+        seen = "-" if got is None else f"{got:,}"
+        common.console.print(f"  {what}: {ref:,} there, {seen} here ({mark})", highlight=False)

@@ -21,6 +21,34 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(out)
 
 
+def reference_figures(result: Any) -> list[tuple[str, int, int | None]]:
+    """(figure, the reference's, this run's) for a scenario with ``reference`` figures:
+    the cold pass's stored bytes, the replay's loaded bytes and external hit tokens
+    (None where the run did not get that far); [] without a reference."""
+    ref = result.plan.scenario.reference
+    if ref is None:
+        return []
+    by = {p.phase: p.delta for p in result.phases}
+    cold, replay = by.get("cold"), by.get("replay")
+    return [
+        ("bytes stored", ref.stored_bytes, int(cold.stored_bytes) if cold else None),
+        ("bytes loaded", ref.loaded_bytes, int(replay.loaded_bytes) if replay else None),
+        ("external hit tokens", ref.hit_tokens, int(replay.ext_hits) if replay else None),
+    ]
+
+
+def reference_section(result: Any) -> list[str]:
+    figures = reference_figures(result)
+    if not figures:
+        return []
+    source = result.plan.scenario.reference.source
+    rows = [
+        [what, f"{ref:,}", "-" if got is None else f"{got:,}", "same" if got == ref else "differs"]
+        for what, ref, got in figures
+    ]
+    return [f"## Against {source}", "", table(["figure", "reference", "this run", ""], rows), ""]
+
+
 def roundtrip_report(result: Any, meta: dict[str, Any]) -> str:
     plan, filler = result.plan, result.filler
     verdict = "PASS" if result.passed else "FAIL"
@@ -40,6 +68,7 @@ def roundtrip_report(result: Any, meta: dict[str, Any]) -> str:
         f"{filler.tokens if filler else 0} tokens ({filler.count if filler else 0} prompts)",
         f"- results: `{meta.get('results_dir', '')}`",
         "",
+        *reference_section(result),
         "## Phases",
         "",
     ]

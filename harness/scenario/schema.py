@@ -324,6 +324,16 @@ class RoundtripExpectation(RoundTripRule):
     outcome: Literal["pass", "fail", "crashed"] = "pass"
 
 
+class ReferenceFigures(StrictModel):
+    """Figures a round trip is set beside (the report shows both): a proof made
+    elsewhere, such as PR #51161's on Scout FP8 at TP 4."""
+
+    source: str = Field(description="where the figures come from, one line")
+    stored_bytes: int = Field(ge=0)
+    loaded_bytes: int = Field(ge=0)
+    hit_tokens: int = Field(ge=0)
+
+
 class RoundtripScenario(FileScenario):
     name: str
     description: str = ""
@@ -347,6 +357,7 @@ class RoundtripScenario(FileScenario):
     # the crashes worth a name there (a rule's ``issue`` must then match the crash's).
     expectations: list[RoundtripExpectation] = Field(default_factory=list)
     known_crashes: list[KnownCrash] = Field(default_factory=list)
+    reference: ReferenceFigures | None = None  # figures to set this run's beside
 
     @field_validator("patch")
     @classmethod

@@ -145,9 +145,12 @@ def server_spec(
             penv["VLLM_CPU_KVCACHE_SPACE"] = f"{server.cpu_kvcache_space_gib:g}"
         if tensor_parallel > 1:
             # One OpenMP core per CPU worker; without it TP>1 refuses to start on
-            # machines with a single NUMA node (see FACTS.md).
+            # machines with a single NUMA node (see FACTS.md). More workers than cores
+            # (TP 4 on 2 cores) share them round robin: slow, but the layout is TP 4's.
+            cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
             penv.setdefault(
-                "VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i) for i in range(tensor_parallel))
+                "VLLM_CPU_OMP_THREADS_BIND",
+                "|".join(str(cores[i % len(cores)]) for i in range(tensor_parallel)),
             )
     if "VLLM_CACHE_ROOT" not in os.environ:
         # One vLLM cache per build: vLLM keys its model-class cache by one file name and

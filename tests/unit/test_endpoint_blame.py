@@ -42,3 +42,18 @@ def test_a_stall_the_watch_saw_is_the_verdict(tmp_path):
     ep.stall = "the engine stalled: 1 request(s) outstanding ..."
     err = ep.failure("replay", RuntimeFailure("no answer"))
     assert isinstance(err, EngineFailure) and err.signature.startswith("the engine stalled")
+
+
+def test_an_engine_that_raised_is_blamed_by_its_crash_not_by_the_refusal(tmp_path):
+    """The segv-in-worker fault: the API server answers HTTP 500 after its engine died;
+    the engine's own crash is the verdict's line (the faults round matches on it)."""
+    ep = endpoint(tmp_path, answered=4)
+    ep.server.log_path.write_text(  # type: ignore[union-attr]
+        "Traceback (most recent call last):\n"
+        '  File "/x/vllm/v1/engine/core.py", line 10, in run_engine_core\n'
+        "    raise RuntimeError('boom')\n"
+        "RuntimeError: boom\n"
+    )
+    busy = HttpRefusal("http://127.0.0.1:1/v1/completions", 500, "EngineCore encountered an issue")
+    err = ep.failure("cold", busy)
+    assert isinstance(err, EngineFailure) and "refused" not in err.signature

@@ -88,12 +88,6 @@ class Endpoint:
             # The watch stopped a server that had stopped moving: the engine under test
             # failed (a stalled tier is named in the line), not the connection.
             return EngineFailure(phase, self.stall, self.stall)
-        if isinstance(err, HttpRefusal) and self.answered and self.server is not None:
-            # Requests built the same way were answered before: refusing this one is the
-            # engine's failure (KV that made the logprobs inf or NaN gives "Out of range
-            # float values are not JSON compliant", HTTP 400), a verdict, not exit 3.
-            why = f"the server refused a request it had answered before: HTTP {err.status}"
-            return EngineFailure(phase, f"{why}: {err.detail[:160]}", err.detail)
         if self.server is not None:
             from harness.server.crash_signatures import crash_signature
 
@@ -111,6 +105,13 @@ class Endpoint:
                     f"the server died during the {phase} phase (exit "
                     f"code {code}); log: {self.server.log_path}"
                 )
+            if isinstance(err, HttpRefusal) and self.answered:
+                # Alive, nothing raised in its log, and requests built the same way were
+                # answered before: refusing this one is the engine's failure (KV that
+                # made the logprobs inf or NaN: "Out of range float values are not JSON
+                # compliant", HTTP 400), a verdict, not exit 3.
+                why = f"the server refused a request it had answered before: HTTP {err.status}"
+                return EngineFailure(phase, f"{why}: {err.detail[:160]}", err.detail)
         return RuntimeFailure(f"{phase} phase: {err}")
 
     def snapshot(self, phase: str) -> tuple[metrics.Snapshot, metrics.CacheConfig | None]:

