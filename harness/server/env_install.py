@@ -167,15 +167,36 @@ def source_flags(torch_index: str | None = None) -> list[str]:
     return [*flags, "--extra-index-url", torch_index] if torch_index else flags
 
 
+# Requirements a release pins that no index holds, replaced at install (uv's --override):
+# one file per release, ``<dist>-<version>.txt``, each saying why. The Makefile's setup
+# reads the same files.
+OVERRIDES_DIR = Path(__file__).resolve().parent / "overrides"
+
+
+def override_file(requirement: str) -> Path | None:
+    """The override file for a ``dist==version`` requirement, if the release needs one."""
+    if "==" not in requirement:
+        return None
+    dist, version = requirement.split("==", 1)
+    path = OVERRIDES_DIR / f"{dist.strip()}-{version.strip()}.txt"
+    return path if path.is_file() else None
+
+
 def install_argv(
     build: Build, uv: str, python: str, flags: Sequence[str], *options: str
 ) -> list[str]:
     """``uv pip install`` of the build into ``python``'s environment, from ``flags``'s
-    sources (:func:`source_flags`), with ``options`` before the requirement."""
+    sources (:func:`source_flags`), with ``options`` before the requirement (and the
+    release's override file, where it pins what no index holds)."""
     # Wheels only for a release and what it pulls in: an old release with no wheel for
     # this platform is unavailable in seconds, not an hour of compiling vLLM from source.
     binary = ["--no-build"] if build.version is not None else []
-    return [uv, "pip", "install", "--python", python, *flags, *binary, *options, build.requirement]
+    found = override_file(build.requirement)
+    override = ["--override", str(found)] if found else []
+    return [
+        uv, "pip", "install", "--python", python, *flags, *binary, *override, *options,
+        build.requirement,
+    ]  # fmt: skip
 
 
 def resolve(build: Build, uv: str, python: str, flags: Sequence[str]) -> None:

