@@ -43,3 +43,21 @@ def test_the_seed_replica_moves_the_seeds_own_bytes_at_tp_4(tmp_path):
         "## Against PR #51161" in report
         and "| bytes loaded | 245,366,784 | 245,366,784 | same |" in report
     )
+
+
+@pytest.mark.launches(1)
+def test_a_hit_across_the_real_attention_chunk_loads_what_the_chunked_local_rule_says(tmp_path):
+    """long-context-1: hits of 7936, 8192 and 8448 tokens around Scout's first 8192-token
+    attention chunk; each chunked-local layer loads 7936, 0 and 256 of them, each full
+    layer all (measured: 77 s, 4.8 GB stored, 2.4 GB loaded). The fillers are shorter than
+    an offload chunk: they evict the GPU prefix cache and store nothing."""
+    code, run, out = run_cli(
+        tmp_path, "roundtrip", "--scenario", str(ROOT / "scenarios" / "long-context-1.toml"),
+        timeout=1200,
+    )  # fmt: skip
+    assert code == 0, out
+    ph = pd.read_csv(run / "phases.csv").set_index("phase")
+    assert ph.loc["cold", "d_stored_bytes"] == 4_831_838_208
+    assert ph.loc["filler", "d_stored_bytes"] == 0
+    assert ph.loc["replay", "d_loaded_bytes"] == 2_415_919_104
+    assert ph.loc["replay", "d_ext_hits"] == 7936 + 8192 + 8448

@@ -81,3 +81,32 @@ def test_the_seed_replica_plans_the_seeds_own_figures():
     assert (target.prompt_tokens, target.stored_tokens, target.hit_tokens) == (1262, 1248, 1248)
     assert exp.stored_bytes == 245_366_784 == sum(t.loaded_bytes for t in exp.targets)
     assert exp.hit_tokens == 1248
+
+
+@pytest.mark.parametrize(
+    "scenario,hits,chunked_loads",
+    [
+        ("long-context-1.toml", (7936, 8192, 8448), (7936, 0, 256)),
+        ("long-context-2.toml", (16128, 16384, 16640), (7936, 0, 256)),
+    ],
+)
+def test_long_context_hits_end_before_on_and_after_a_real_attention_chunk(
+    scenario, hits, chunked_loads
+):
+    """Scout's 8192-token attention chunk crossed once and twice: each chunked-local
+    layer loads ``hit - floor(hit / 8192) * 8192`` tokens (0 when the hit ends on the
+    boundary), each full layer the whole hit."""
+    from harness.commands.roundtrip.plan import plan_roundtrip
+    from harness.scenario.schema import load_roundtrip
+
+    plan = plan_roundtrip(load_roundtrip(MODELS.parent / scenario))
+    assert plan.expected.attention_chunk_size == 8192
+    assert tuple(t.hit_tokens for t in plan.expected.targets) == hits
+    assert tuple(t.chunked_needed_tokens for t in plan.expected.targets) == chunked_loads
+
+
+def test_fillers_shorter_than_a_chunk_store_nothing_so_the_tier_holds_only_the_targets():
+    from harness.commands.roundtrip.plan import filler_stored
+
+    assert filler_stored([255] * 40, 256) == 0
+    assert filler_stored([1024, 1024, 300], 256) == 2304

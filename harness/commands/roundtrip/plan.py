@@ -309,7 +309,7 @@ def plan_roundtrip(scn: RoundtripScenario, **choices: Unpack[RoundtripOptions]) 
     if scn.server.pool_tokens is not None and not cpu_holds_targets:
         # The pool is known before launch: an impossible plan is refused now, not after
         # a server start.
-        need = stored_target_tokens + sum(_filler_lengths(scn, scn.server.pool_tokens))
+        need = stored_target_tokens + filler_stored(_filler_lengths(scn, scn.server.pool_tokens), c)
         if need > capacity:
             raise BadInput(
                 f"impossible eviction plan: the CPU tier holds ~{capacity} tokens "
@@ -506,7 +506,8 @@ def _sized_cpu_tier(
             'offload.cpu_bytes_to_use = "auto" needs server.pool_tokens: the tier '
             "is sized from targets plus the filler the pool calls for"
         )
-    need = stored_target_tokens + sum(_filler_lengths(scn, scn.server.pool_tokens))
+    chunk = scn.offload.block_size or expected.tokens_per_chunk
+    need = stored_target_tokens + filler_stored(_filler_lengths(scn, scn.server.pool_tokens), chunk)
     size = math.ceil(
         need * expected.kv_bytes_per_token * (1 + CPU_TIER_MARGIN) / CPU_CAPACITY_SAFETY
     )
@@ -527,6 +528,14 @@ def build_local_model(plan: RoundtripPlan) -> None:
             'weights = "random" needs server.load_format = "auto": dummy '
             "loading would discard the weights"
         )
+
+
+def filler_stored(lengths: Sequence[int], tokens_per_chunk: int) -> int:
+    """The tokens the filler stores in the CPU tier: each prompt's full offload chunks
+    (a one-token answer adds no KV). Fillers shorter than a chunk evict the GPU prefix
+    cache and store nothing, so a tier of the targets alone is enough for them (the
+    long-context scenarios, where each target is gigabytes)."""
+    return sum(n // tokens_per_chunk * tokens_per_chunk for n in lengths)
 
 
 def size_filler(
@@ -552,7 +561,9 @@ def size_filler(
         )
     filler = Filler(pool, tuple(_filler_lengths(plan.scenario, pool)), note)
     if plan.cpu_capacity_tokens is not None:
-        need = sum(t.stored_tokens for t in plan.expected.targets) + filler.tokens
+        need = sum(t.stored_tokens for t in plan.expected.targets) + filler_stored(
+            filler.lengths, plan.tokens_per_chunk
+        )
         if need > plan.cpu_capacity_tokens:
             raise BadInput(
                 f"impossible eviction plan: the CPU tier holds ~{plan.cpu_capacity_tokens} "
