@@ -152,9 +152,10 @@ def _is_engine(proc: psutil.Process) -> bool:
 # tests/unit/test_tiers.py.
 FIXTURE_LAUNCHES: dict[str, int] = {
     "small_chunk_matrix": 3,  # crash-repro on llama4-small-chunk, connector on (+1 on AMX)
-    # the whole `make crash-repro` (+2 on AMX hosts): 12 rows, each model's stock+fix
-    # control served by its stock control's launch (the same server)
-    "default_matrix": 10,
+    # the whole `make crash-repro` (+2 on AMX hosts): 20 rows, the two small models'
+    # stock+fix controls served by their stock controls' launches (the same server);
+    # Scout's and Maverick's narrow layouts on stock and current only
+    "default_matrix": 18,
     "clean_run": 2,  # roundtrip --baseline: the connector server and the baseline server
     "subset": 2,  # matrix: MLA and Gemma 3 sliding window on stock
     "subset_current": 2,  # the same two on current (nightly)

@@ -29,7 +29,7 @@ MODELS = ROOT / "scenarios" / "models"
 # `make crash-repro`, every control included (stock without the connector among them),
 # and reads the small-chunk rows from it rather than launching them twice.
 AMX_ROWS = {"small_chunk_matrix": 1, "default_matrix": 2}
-ROWS = {"small_chunk_matrix": 3 + 1, "default_matrix": 12 + 2}
+ROWS = {"small_chunk_matrix": 3 + 1, "default_matrix": 20 + 2}
 # Rows served by another row's launch: each model's stock+fix control by stock's.
 SHARED = {"small_chunk_matrix": 0, "default_matrix": 2}
 nightly = pytest.mark.nightly
@@ -134,6 +134,25 @@ def test_matrix_verdicts(request, matrix, model):
     else:
         assert set(df.connector) == {"on"}
     assert all(str(m) == "True" for m in df.matched)
+
+
+@nightly
+@pytest.mark.parametrize("model", ["llama4-scout-narrow", "llama4-maverick-narrow"])
+def test_the_family_at_its_real_kv_layout_crashes_on_stock_and_starts_on_current(
+    default_matrix, model
+):
+    """Scout's and Maverick's KV layouts (48 layers, chunk 8192) on narrow bodies: #51150
+    on stock with the connector, every control and current starting and answering."""
+    code, run, stdout = default_matrix
+    assert code == 0, stdout
+    df = outcomes(run)
+    stock = row(df, model, "stock", "on")
+    assert stock.outcome == "crashed" and int(stock.known_issue) == 51150
+    assert stock.frame.endswith("offloading/scheduler.py:get_sliding_window_size_in_chunks")
+    for variant, connector in (("stock", "off"), ("current", "on"), ("current", "off")):
+        started = row(df, model, variant, connector)
+        assert started.outcome == "started" and str(started.answered) == "True"
+    assert df[df.model == model].variant.nunique() == 2  # stock and current only
 
 
 def test_amx_sigill_row_follows_the_host(small_chunk_matrix):

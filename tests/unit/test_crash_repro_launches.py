@@ -37,10 +37,12 @@ def test_a_control_carries_no_patch_so_the_two_stock_controls_are_one_server(mon
 
 def test_the_launch_count_after_merging(monkeypatch):
     no_amx = plan(monkeypatch, NO_AMX)
-    assert len(no_amx.rows) == 14
+    # The two small models on four variants (current-no-amx on one), Scout's and
+    # Maverick's narrow layouts on stock and current: 22 rows.
+    assert len(no_amx.rows) == 22
     # 2 current-no-amx rows skipped, 2 stock+fix controls served by the stock ones.
-    assert crash_repro.launch_count(no_amx.rows) == 10
-    assert crash_repro.launch_count(plan(monkeypatch, AMX).rows) == 12
+    assert crash_repro.launch_count(no_amx.rows) == 18
+    assert crash_repro.launch_count(plan(monkeypatch, AMX).rows) == 20
 
 
 def test_execute_launches_each_key_once_and_judges_every_row(monkeypatch, tmp_path):
@@ -63,8 +65,8 @@ def test_execute_launches_each_key_once_and_judges_every_row(monkeypatch, tmp_pa
 
     monkeypatch.setattr(crash_repro, "run_row", fake_run_row)
     crash_repro.execute_crash_repro(run, tmp_path, Rec())
-    assert len(launched) == 10 and len(set(launched)) == 10
-    assert len(finished) == 14
+    assert len(launched) == 18 and len(set(launched)) == 18
+    assert len(finished) == 22
     rows = by_key(run.rows)
     shared = rows["llama4-small-chunk / stock+fix / connector off"]
     first = rows["llama4-small-chunk / stock / connector off"]
@@ -73,5 +75,5 @@ def test_execute_launches_each_key_once_and_judges_every_row(monkeypatch, tmp_pa
     assert shared.shared_with == first.key
     assert (shared.outcome, shared.log, shared.answered) == ("started", first.log, True)
     assert shared.matched is True  # judged against its own expectation
-    assert sorted({r.launch for r in run.rows if r.launch}) == list(range(1, 11))
+    assert sorted({r.launch for r in run.rows if r.launch}) == list(range(1, 19))
     assert {r.launch for r in run.rows if r.skip_reason} == {0}

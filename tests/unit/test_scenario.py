@@ -15,7 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_shipped_scenario_loads_and_resolves_relative_paths():
     scen = load_crash_repro(ROOT / "scenarios" / "crash-repro.toml")
     assert scen.variants == ["stock", "stock+fix", "current", "current-no-amx"]
-    assert scen.variant_models == {"current-no-amx": ["models/llama4-small-chunk.json"]}
+    assert scen.variant_models == {
+        "current-no-amx": ["models/llama4-small-chunk.json"],
+        "stock+fix": ["models/llama4-issue-51150.json", "models/llama4-small-chunk.json"],
+    }
     assert scen.resolve(scen.models[0]) == ROOT / "scenarios" / "models" / "llama4-issue-51150.json"
     variants = load_variants(scen.resolve(scen.variants_file))
     assert variants["stock+fix"].patch == "chunked-local-fix"

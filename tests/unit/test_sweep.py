@@ -87,7 +87,7 @@ def test_selection_across_scenarios_and_unknown_names():
     assert [t.kind for t in targets] == ["matrix"]
     assert all(c.startswith("sliding-window/") for c in targets[0].checks)
     everything = sw.plan_targets([crash_repro(), roundtrip()], [])
-    assert sum(len(t.checks) for t in everything) == 5  # 2 models x on/off + the round trip
+    assert sum(len(t.checks) for t in everything) == 9  # 4 models x on/off + the round trip
     with pytest.raises(BadInput, match="--check llama5 names no check; there are: llama4"):
         sw.plan_targets([crash_repro()], ["llama5"])
 
