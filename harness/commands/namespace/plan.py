@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness.commands.namespace.changes import UNCHANGED, Change, Inputs
+from harness.commands.namespace.changes import Change, Inputs
 from harness.commands.roundtrip.plan import RoundtripPlan, plan_roundtrip, with_disk_dir
 from harness.errors import BadInput
 from harness.scenario.schema import RoundtripScenario, Variant
@@ -142,13 +142,10 @@ def for_build(plan: RoundtripPlan, build_dir: Path, tier: Path) -> RoundtripPlan
     return with_disk_dir(placed, tier)
 
 
-def weights_dir(plan: RoundtripPlan, seed: int) -> Path:
-    """Build (or reuse) the plan's model with ``seed``'s weights; where it is."""
+def weights_dir(plan: RoundtripPlan) -> Path:
+    """Build (or reuse) the plan's model with its scenario's weight seed; where it is."""
     assert plan.geometry is not None
+    scn = plan.scenario
     return model_builder.build_model(
-        plan.geometry, Path(plan.model_ref).stem, weights=plan.scenario.weights, seed=seed
+        plan.geometry, Path(plan.model_ref).stem, weights=scn.weights, seed=scn.weight_seed
     )
-
-
-def the_unchanged(build: BuildPlan) -> Reader | None:
-    return next((r for r in build.readers if r.change.name == UNCHANGED), None)

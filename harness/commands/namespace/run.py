@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from harness.commands.namespace.changes import Change, Known
+from harness.commands.namespace.changes import UNCHANGED, Change, Known
 from harness.commands.namespace.judge import (
     ENGINE_FAILED,
     KEPT,
@@ -84,7 +84,7 @@ def run_build(
     written = build_dir / "written"
     writer = for_build(build.writer, build_dir, written)
     expected = writer.expected.hit_tokens
-    _point(build_dir, weights_dir(writer, writer.scenario.weight_seed))
+    _point(build_dir, weights_dir(writer))
     try:
         cold = _write(writer, build_dir, reporter, build.label, port)
     except (StartupFailure, EngineFailure, RuntimeFailure) as err:
@@ -100,8 +100,7 @@ def run_build(
         shutil.rmtree(tier, ignore_errors=True)
         shutil.copytree(written, tier, symlinks=True)
         plan = for_build(reader.plan, build_dir, tier)
-        assert plan.geometry is not None
-        _point(build_dir, weights_dir(plan, reader.weight_seed))
+        _point(build_dir, weights_dir(plan))
         done(_read(build, reader, plan, cold, expected, build_dir, reporter, port))
 
 
@@ -165,7 +164,7 @@ def _read(
         server.stop()
     delta = after - before
     served = Served(delta.ext_hits, delta.loaded_bytes, delta.disk_hits, replay, control, again)
-    unchanged = reader.change.name == "unchanged"
+    unchanged = reader.change.name == UNCHANGED
     outcome, kept, answers, tol, diffs = judge(unchanged, expected, served, writer_answers)
     row = _row(build, reader, expected, outcome, kept, "", time.monotonic() - t0)
     known = known_bug(reader.change, build.vllm_version, outcome)
