@@ -141,6 +141,11 @@ DEVIATIONS: dict[str, str] = {
     # #52022 / PR #52227 (0.27-0.28): offers counted in lookup(), which stops at the
     # first miss, so a request counts one chunk, not all it offers.
     "threshold-at-lookup": "the store threshold counts only the first missing chunk",
+    # 0.27-0.30: the scheduler touches every chunk of a request at lookup and again after
+    # a store (``_touch``, offloading/scheduler.py): a resident chunk past the first miss
+    # is used before the store evicts, and a chunk the store just evicted is touched as
+    # an ARC ghost hit, moving T1's target (found by this project's ARC sequence, S3).
+    "touch-twice": "a request's chunks are touched at lookup and after its store, ghosts too",
 }
 
 # Seeded eviction-policy mutants (harness.engine.policies, loaded by vLLM through

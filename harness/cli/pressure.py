@@ -27,6 +27,7 @@ def pressure_cmd(
     mutant: Annotated[list[str] | None, opt("pressure.mutant", "--mutant")] = None,
     fault: Annotated[list[str] | None, opt("pressure.fault", "--fault")] = None,
     patch: Annotated[str | None, opt("pressure.patch")] = None,
+    replay: Annotated[bool, opt("pressure.replay", "--replay")] = False,
     variant: VariantName = None,
     python: OnePython = None,
     engine_arg: EngineArgs = None,
@@ -40,7 +41,10 @@ def pressure_cmd(
     exactly what the harness's model of the policy predicts (releases with known policy
     bugs are judged by an exact model of the bug). Each --mutant or --fault adds a round
     on the same server after a reset of the tier, which must fail exactly the checks
-    that are for it. Exit 0 when every round is as expected; 1 when one is not.
+    that are for it. With --replay no server starts: the build's own manager and
+    policies (any build from 0.31, CUDA wheels included) are fed the same sequences and
+    judged request by request, evicted chunks by name. Exit 0 when every round is as
+    expected; 1 when one is not.
     """
     from harness.commands.pressure.plan import plan_pressure
     from harness.scenario.schema import load_pressure
@@ -50,7 +54,7 @@ def pressure_cmd(
         adhoc = common.adhoc_variants([python] if python else [])
         if adhoc and variant:
             raise HarnessError("give --variant or --python, not both")
-        return plan_pressure(
+        planned = plan_pressure(
             scen,
             variant=next(iter(adhoc), variant),
             extra_variants=adhoc,
@@ -60,26 +64,35 @@ def pressure_cmd(
             patch=patch,
             extra_args=engine_arg,
         )
+        if replay:
+            from harness.commands.pressure.replay import check_replayable
+
+            check_replayable(planned, len(mutant or ()) + len(fault or ()) + bool(patch))
+        return planned
 
     common.plan_and_run(
-        make_plan, "pressure_plan", lambda planned: run_pressure(planned, opts), opts
+        make_plan, "pressure_plan", lambda planned: run_pressure(planned, opts, replay), opts
     )
 
 
-def run_pressure(plan: object, opts: RunOptions) -> int:
+def run_pressure(plan: object, opts: RunOptions, replay: bool = False) -> int:
     from harness.commands.pressure.files import server_verdict, write_pressure
     from harness.commands.pressure.plan import PressurePlan, build_local_model
+    from harness.commands.pressure.replay import replay_plan
     from harness.commands.pressure.run import ServerResult, execute_pressure
     from harness.results.tables import PRESSURE_CHECKS
     from harness.ui.terminal import PressureProgress, frame_table
 
     assert isinstance(plan, PressurePlan)
     run_dir = open_run(opts, "pressure", plan.scenario)
-    run_dir.update_meta(plan=plan.describe(), variant=plan.env.as_dict())
+    run_dir.update_meta(
+        plan=plan.describe(), variant=plan.env.as_dict(), mode="replay" if replay else "live"
+    )
     t = plan.tier
     rounds = sum(len(s.all_rounds()) for s in plan.servers)
+    how = "replayed through its own manager, no server" if replay else f"{rounds} rounds"
     common.console.print(
-        f"[bold]pressure[/] {len(plan.servers)} servers ({rounds} rounds), {t.slots} slots of "
+        f"[bold]pressure[/] {len(plan.servers)} servers ({how}), {t.slots} slots of "
         f"{t.slot_bytes:,} B each: {plan.geometry_path.name} (variant {plan.variant}, vLLM "
         f"{plan.env.vllm_version})",
         highlight=False,
@@ -91,8 +104,13 @@ def run_pressure(plan: object, opts: RunOptions) -> int:
         write_pressure(run_dir, plan, done)
 
     with guard() as outcome:
-        build_local_model(plan)
-        execute_pressure(plan, run_dir.path, PressureProgress(common.console), on_update, opts.port)
+        if replay:
+            on_update(replay_plan(plan))
+        else:
+            build_local_model(plan)
+            execute_pressure(
+                plan, run_dir.path, PressureProgress(common.console), on_update, opts.port
+            )
         if not all(r.matched for r in results):
             outcome.code = ExitCode.MISMATCH
     code = outcome.code

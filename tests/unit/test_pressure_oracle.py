@@ -149,3 +149,18 @@ def test_threshold_at_lookup_takes_two_n_plus_one_requests():
 def test_an_unknown_deviation_is_refused():
     with pytest.raises(ValueError, match="unknown deviation 'nope'"):
         predict(S1, N, "lru", deviations=["nope"])
+
+
+def test_touch_twice_makes_a_chunk_the_store_evicted_a_ghost_hit():
+    """0.27-0.30 touch a request's chunks again after its store: K4 (K1-K3 resident,
+    just promoted to T2) stores K4 by evicting K3 from T2, and the second touch finds K3
+    in B2, a ghost hit that lowers T1's target from 8 to 7; the next eviction then takes
+    N3 from T1 where the oracle of 0.31+ takes K2, and K4 later hits two chunks, not one
+    (what vLLM 0.30.0 served, live, on scenarios/pressure.toml's ARC server)."""
+    words = "A4 B4 A4 C4 D4 A4 E1 D4 D4 H4 I4 J4 H4 I4 I4 L4 K3 L4 N4 K4 L3 L1 O2 K1 K4"
+    seq = [(w[0], int(w[1:])) for w in words.split()]
+    plain = predict(seq, 8, "arc")
+    twice = predict(seq, 8, "arc", deviations=["touch-twice"])
+    assert plain[:20] == twice[:20]
+    assert (plain[20].evicted, twice[20].evicted) == (("H1", "N4", "K2"), ("H1", "N4", "N3"))
+    assert (plain[24].hit, twice[24].hit) == (1, 2)

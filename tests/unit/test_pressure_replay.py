@@ -215,3 +215,132 @@ def test_the_threshold_mutant_patch_asks_one_offer_more():
     lines = proc.stdout.strip().splitlines()
     assert "store-threshold-plus-one applied" in lines[0]
     assert lines[-1] == "[0, 0, 0, 4, 4]"
+
+
+# Every edit of ARC's ``_adapt_to_ghost_hit`` (the cosmic-ray mutants of
+# ``mutate --target vllm.v1.kv_offload.cpu.policies.arc``) that changes a decision; the
+# three left out flip its return value, which no caller reads (equivalent).
+ADAPT_EDITS = [
+    ("delta = max(1, len(self.b2) / len(self.b1))", "delta = max(2, len(self.b2) / len(self.b1))"),
+    ("delta = max(1, len(self.b2) / len(self.b1))", "delta = max(0, len(self.b2) / len(self.b1))"),
+    ("delta = max(1, len(self.b2) / len(self.b1))", "delta = max(1, len(self.b2) * len(self.b1))"),
+    ("min(self.target_t1_size + delta, self.cache_capacity)",
+     "min(self.target_t1_size - delta, self.cache_capacity)"),
+    ("delta = max(1, len(self.b1) / len(self.b2))", "delta = max(2, len(self.b1) / len(self.b2))"),
+    ("delta = max(1, len(self.b1) / len(self.b2))", "delta = max(0, len(self.b1) / len(self.b2))"),
+    ("delta = max(1, len(self.b1) / len(self.b2))", "delta = max(1, len(self.b1) * len(self.b2))"),
+    ("max(self.target_t1_size - delta, 0)", "max(self.target_t1_size + delta, 0)"),
+    ("max(self.target_t1_size - delta, 0)", "max(self.target_t1_size - delta, 1)"),
+    ("max(self.target_t1_size - delta, 0)", "max(self.target_t1_size - delta, -1)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("edit", range(len(ADAPT_EDITS)), ids=lambda i: ADAPT_EDITS[i][1][-40:])
+def test_the_arc_server_parts_every_edit_of_arcs_adaptation(edit, monkeypatch):
+    """The ARC server's sequence (S4) reaches B1 ghost hits with B2 non-empty, B2 ghost
+    hits and the target's floor: each edit of the adaptation, run in vLLM's own manager,
+    hits, stores or evicts otherwise somewhere (so pressure's exact checks see it)."""
+    import inspect
+    import textwrap
+
+    import vllm.v1.kv_offload.cpu.policies.arc as arc
+
+    before, after = ADAPT_EDITS[edit]
+    source = textwrap.dedent(inspect.getsource(arc.ARCCachePolicy._adapt_to_ghost_hit))
+    if before not in source:
+        pytest.skip(f"this build's _adapt_to_ghost_hit has no {before!r}")
+    space: dict[str, object] = {}
+    exec(compile(source.replace(before, after, 1), "mutant", "exec"), vars(arc), space)
+    scn, servers = _scenario_servers()
+    srv = next(s for s in servers if s.name == "arc")
+    seq = srv.sequence()
+    clean = replay(seq, scn.slots, "arc")
+    monkeypatch.setattr(arc.ARCCachePolicy, "_adapt_to_ghost_hit", space["_adapt_to_ghost_hit"])
+    try:
+        mutated = replay(seq, scn.slots, "arc")
+    except ZeroDivisionError:
+        return  # the engine would die of it
+    assert mutated != clean
+
+
+def test_a_request_offering_its_chunks_twice_counts_once_from_0_34():
+    """0.34's per-request threshold count (``counted_keys``): the same chunks offered
+    twice by one request (a store retried at the next step) are one offer; before it,
+    two, so ``store_threshold`` 2 admits them on that one request. Pressure offers each
+    chunk once per request (one store decision each), so its sequences and the oracle
+    are the same on both sides of the change."""
+    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+    manager = CPUOffloadingManager(num_chunks=N, cache_policy="lru", store_threshold=2)
+    keys = [make_offload_key(f"A{i}".encode(), 0) for i in (1, 2)]
+    ctx = ReqContext(req_id="r1")
+    for i, key in enumerate(keys, 1):
+        ctx.set_offload_key_position(key, i * 256)
+    manager.on_new_request(ctx)
+    first, again = manager.prepare_store(keys, ctx), manager.prepare_store(keys, ctx)
+    assert first is not None and again is not None and first.keys_to_store == []
+    assert len(again.keys_to_store) == (0 if Version("0.34") <= VLLM else 2)
+
+
+def _pressure_plan(servers):
+    from harness.commands.pressure.plan import plan_pressure
+
+    scn, _ = _scenario_servers()
+    return plan_pressure(scn, servers=servers)
+
+
+def test_the_replay_judge_names_a_policy_that_evicts_the_wrong_chunks():
+    """The seeded fault for ``pressure --replay``: the LRU server's requests through
+    vLLM's manager with a mutant policy (the newest chunk evicted first) fail the hit
+    and evicted-chunks checks, the first wrong eviction named; the real LRU passes."""
+    from harness.commands.pressure.replay import judge_replay
+    from harness.engine import policies
+
+    plan = _pressure_plan(["lru"])
+    sp = plan.servers[0]
+    seq = [(r.prompt.name, r.chunks) for r in sp.requests]
+    clean = judge_replay(sp, plan.tier, replay(seq, plan.tier.slots, "lru"))
+    assert clean.matched and clean.failing == frozenset()
+    newest = replay(seq, plan.tier.slots, "LruEvictsNewest", policy_module=policies.MODULE)
+    bad = judge_replay(sp, plan.tier, newest)
+    assert {"hit-tokens", "evicted-chunks"} <= bad.failing and not bad.matched
+    detail = next(c.detail for c in bad.checks if c.check == "evicted-chunks")
+    assert detail.startswith("request 3 (C4): evicted A1 A2 A3 A4, the oracle B4 B3 B2 B1")
+
+
+def test_pressure_replay_runs_no_server_and_writes_its_rows(tmp_path):
+    from tests.unit.cli_in_process import invoke
+
+    code, out, _ = invoke("pressure", "--replay", "--server", "arc", "--results-dir", str(tmp_path))
+    assert code == 0, out
+    (run,) = tmp_path.iterdir()
+    rows = (run / "pressure.csv").read_text().splitlines()
+    assert len(rows) == 1 + 33 and not (run / "logs").exists()
+    assert json.loads((run / "run.json").read_text())["mode"] == "replay"
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--mutant", "lru-evicts-newest"], "need a server"),
+        (["--fault", "corrupt-load"], "need a server"),
+    ],
+)
+def test_replay_refuses_rounds_with_one_line(args, says):
+    from tests.unit.cli_in_process import invoke, one_line
+
+    code, _, err = invoke("pressure", "--replay", *args, "--dry-run")
+    assert code == 2 and says in one_line(err)
+
+
+def test_replay_refuses_a_build_before_0_31():
+    from dataclasses import replace
+
+    from harness.commands.pressure.replay import check_replayable
+    from harness.errors import BadInput
+
+    plan = _pressure_plan(["lru"])
+    plan.env = replace(plan.env, vllm_version="0.30.0")
+    with pytest.raises(BadInput, match=r"0\.31 or later"):
+        check_replayable(plan, 0)

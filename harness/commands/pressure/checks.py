@@ -29,6 +29,8 @@ WHY = {
     "stores-skipped": "the threshold turns away exactly the chunks offered fewer times "
     "than it asks (#52227)",
     "no-store-failure": "a store with evictable room must not fail (#55461); one without room must",
+    "evicted-chunks": "the policy evicts exactly the chunks the oracle names, in its order "
+    "(seen only by a replay of the build's manager: a live run sees bytes, not names)",
     "evictions": "the tier must really evict (stored chunks beyond its slots), or the "
     "run proved nothing about eviction",
     "output-after-hit": "a request served from the tier must answer as its cold run did",
@@ -100,23 +102,23 @@ def judge_request(
     return Judged(row, failing)
 
 
-def _row_detail(check: str, r: PressureRequest) -> str:
+def row_detail(name: str, r: PressureRequest) -> str:
     at = f"request {r.index} ({r.request})"
-    if check == "hit-tokens":
+    if name == "hit-tokens":
         return (
             f"{at}: hit {r.ext_hits} tokens (cached_tokens {r.cached_tokens}), the oracle "
             f"{r.hit_expected}"
         )
-    if check == "loaded-bytes":
+    if name == "loaded-bytes":
         return f"{at}: loaded {r.loaded_bytes} B, the oracle {r.loaded_expected} B"
-    if check == "stored-bytes":
+    if name == "stored-bytes":
         return f"{at}: stored {r.stored_bytes} B, the oracle {r.stored_expected} B"
-    if check == "stores-skipped":
+    if name == "stores-skipped":
         return f"{at}: {r.stores_skipped} keys skipped, the oracle {r.skipped_expected}"
-    if check == "no-store-failure":
+    if name == "no-store-failure":
         want = "a failed store" if r.store_fails_expected else "none"
         return f"{at}: {r.store_failures} failed store attempts, the oracle {want}"
-    if check == "gpu-tier-silent":
+    if name == "gpu-tier-silent":
         return f"{at}: {r.gpu_hits} GPU prefix-cache hit tokens"
     return at
 
@@ -131,7 +133,7 @@ PER_REQUEST = (
 )
 
 
-def _check(
+def check(
     server: ServerPlan, name: str, passed: bool, expected: str, observed: str, detail: str = ""
 ) -> PressureCheck:
     known = name in server.failing_checks
@@ -165,13 +167,13 @@ def judge_server(
     out = []
     if capacity is None:
         out.append(
-            _check(server, "capacity", True, f"{tier.slots} x {tier.slot_bytes} B",
+            check(server, "capacity", True, f"{tier.slots} x {tier.slot_bytes} B",
                    "not reported by this backend", "judged by the requests alone")
         )  # fmt: skip
     else:
         want = (tier.slots, tier.slot_bytes)
         out.append(
-            _check(server, "capacity", capacity == want, f"{want[0]} x {want[1]} B",
+            check(server, "capacity", capacity == want, f"{want[0]} x {want[1]} B",
                    f"{capacity[0]} x {capacity[1]} B")
         )  # fmt: skip
     for name in PER_REQUEST:
@@ -179,20 +181,20 @@ def judge_server(
             continue
         bad = [r for r in rows if name in r.failing.split(";")]
         out.append(
-            _check(
+            check(
                 server,
                 name,
                 not bad,
                 "every request as the oracle says",
                 f"{len(rows) - len(bad)} of {len(rows)} requests agree",
-                _row_detail(name, bad[0]) if bad else "",
+                row_detail(name, bad[0]) if bad else "",
             )
         )
     stored_chunks = sum(r.stored_bytes for r in rows) // max(1, tier.chunk_bytes)
     oracle_evicts = sum(len(p.expected.evicted) for p in server.requests)
     at_least = max(0, stored_chunks - tier.slots)
     out.append(
-        _check(
+        check(
             server,
             "evictions",
             at_least > 0 or oracle_evicts == 0,
@@ -229,7 +231,7 @@ def _outputs(
                 f"request {req.index} ({req.label}) vs request {ref_index}: {dv.field} differ "
                 f"at {dv.position}: {dv.left} vs {dv.right}"
             )
-    return _check(
+    return check(
         server,
         "output-after-hit",
         not bad,
@@ -252,7 +254,7 @@ def _ledger(server: ServerPlan, rows: Sequence[PressureRequest], whole: Snapshot
         off.append(
             f"computed tokens: {whole.local_compute_tokens:.0f}, prompts minus hits {computed}"
         )
-    return _check(
+    return check(
         server,
         "ledger",
         not off,

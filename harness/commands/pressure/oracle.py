@@ -9,8 +9,9 @@ pure Python on purpose: it is the reference semantics a run is judged by, so a p
 bug in vLLM cannot hide in it (the build's own manager is a diagnosis, never the
 verdict; docs/pressure-design.md §2.2).
 
-The semantics, per request (the design's §2.2, which 0.33.0's LRU and 0.30.0's ARC
-follow; older releases differ by the upstream bugs the scenarios' rules name):
+The semantics, per request (the design's §2.2, which 0.33.0's and 0.34.0's LRU follow;
+other releases and ARC differ by the behaviours the scenarios' rules name, each modelled
+as a deviation: ``harness.names.DEVIATIONS``):
 
 1. **Lookup**: the hit is the longest resident prefix of the request's chunks.
 2. **Access**: the hit chunks are used now, before the same request stores: LRU ranks
@@ -193,7 +194,9 @@ class Tier:
         """One request whose prompt fills ``chunks`` (head first); what it does."""
         lists, dev = self._lists, self.deviations
         hit = next((i for i, key in enumerate(chunks) if key not in lists), len(chunks))
-        if "access-at-finish" not in dev:
+        if "touch-twice" in dev:
+            lists.use([key for key in chunks if key in lists])
+        elif "access-at-finish" not in dev:
             lists.use(chunks[:hit])
         offered = [key for key in chunks[hit:] if key not in lists]
         if isinstance(lists, _Arc):
@@ -210,6 +213,9 @@ class Tier:
             return Step(request, hit, (), (), tuple(skipped), True, lists.listing())
         lists.evict(victims)
         lists.insert(admitted)
+        if "touch-twice" in dev and admitted and isinstance(lists, _Arc):
+            # The touch after the store: the chunks it just evicted are ghost hits.
+            lists.offered([key for key in chunks if key not in lists])
         lists.use(chunks, stored=admitted)
         return Step(request, hit, tuple(admitted), tuple(victims), tuple(skipped), False,
                     lists.listing())  # fmt: skip
