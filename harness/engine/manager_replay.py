@@ -24,6 +24,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from harness.engine import reach
+
 CHUNK_TOKENS = 256  # only the order of the keys' positions matters to the manager
 
 
@@ -109,6 +111,7 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m harness.engine.manager_replay '<json request>'", file=sys.stderr)
         return 2
+    reach.install()  # mutate's line coverage, when it asks (OFFLOAD_CHECK_COVER)
     try:
         spec = json.loads(argv[0])
         many = isinstance(spec, list)

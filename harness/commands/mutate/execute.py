@@ -49,6 +49,9 @@ RUN_COMMANDS: dict[str, tuple[str, ...]] = {
     "roundtrip": ("roundtrip",),
     "stress": ("stress",),
     "pressure": ("pressure",),
+    # The build's own manager and policies against the oracle, no server: any build from
+    # 0.31, a CUDA wheel's on a CPU host included (pressure --replay).
+    "pressure-replay": ("pressure", "--replay"),
     "oracle": ("oracle", "--no-shrink", "--fail-fast"),
     "oracle-drive": ("oracle", "--engine", "drive", "--no-shrink", "--fail-fast"),
     "oracle-server": ("oracle", "--engine", "server", "--no-shrink", "--fail-fast"),

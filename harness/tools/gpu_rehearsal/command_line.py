@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.errors import HarnessError
+from harness.errors import BadInput, HarnessError
 from harness.tools.gpu_rehearsal.launch import PlannedLaunch, Rehearsal, RehearsalError, mismatches
 from harness.tools.gpu_rehearsal.nightly_release import (
     SCOUT_COMMAND,
@@ -48,10 +48,20 @@ def _print_results(results: Sequence[tuple[PlannedLaunch, Rehearsal | RehearsalE
     return bad
 
 
-def _main_release(record: bool) -> int:
+def _main_release(record: bool, release: str | None = None) -> int:
     dist, version = nightly_pin()
     print(f">> the GPU nightly installs {dist}=={version} (Makefile, make setup GPU=1)")
-    python = nightly_env_python(create=True, on_step=lambda m: print(f"   {m}", flush=True))
+    if release is not None and release != version:
+        if record:
+            raise BadInput(
+                f"--record keeps the pin's rehearsal ({version}); {release} is rehearsed "
+                "without it (move the pin in the Makefile first)"
+            )
+        print(f">> rehearsing {dist}=={release} instead (--release)")
+        version = release
+    python = nightly_env_python(
+        create=True, on_step=lambda m: print(f"   {m}", flush=True), release=version
+    )
     print(f">> rehearsing on {python}", flush=True)
     res = rehearse_release(python, dist=dist, release=version)
     _print_results(res.launches)
@@ -67,6 +77,29 @@ def _main_release(record: bool) -> int:
     return 1 if res.problems else 0
 
 
+USAGE = """usage: python -m harness.tools.gpu_rehearsal [offload-check command ...]
+       python -m harness.tools.gpu_rehearsal --nightly-release [--record] [--release VERSION]
+
+Rehearse an offload-check command's GPU launches here with the CUDA build's own vLLM
+(default: the nightly round trip), or every nightly launch and the seeded rejections on
+the release the GPU nightly installs (--release: another release of it, e.g. the release
+watch's newer one; --record: write the rehearsal record, the pin's only)."""
+
+
+def _release_options(args: Sequence[str]) -> tuple[bool, str | None]:
+    """``--record`` and ``--release VERSION`` after ``--nightly-release``."""
+    record, release, rest = False, None, list(args)
+    while rest:
+        word = rest.pop(0)
+        if word == "--record":
+            record = True
+        elif word == "--release" and rest:
+            release = rest.pop(0)
+        else:
+            raise BadInput(f"--nightly-release takes --record and --release VERSION, not {word!r}")
+    return record, release
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m harness.tools.gpu_rehearsal [offload-check command ...]``: rehearse it here.
 
@@ -79,15 +112,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[:1] == ["--worker"]:
         print(WORKER_MARKER + json.dumps(run_worker(sys.stdin)), flush=True)
         return 0
-    if args and set(args) <= {"--nightly-release", "--record"}:
-        try:
-            return _main_release(record="--record" in args)
-        except HarnessError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return int(err.exit_code)
-    root = Path.cwd()
-    command = args or list(SCOUT_COMMAND)
-    launches = plan_command(command, root)
+    if args[:1] in (["--help"], ["-h"]):
+        print(USAGE)
+        return 0
+    try:
+        if args[:1] == ["--nightly-release"]:
+            return _main_release(*_release_options(args[1:]))
+        launches = plan_command(args or list(SCOUT_COMMAND), Path.cwd())
+    except HarnessError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return int(err.exit_code)
     here = [x for x in launches if is_this_interpreter(x.python)]
     there = [x for x in launches if not is_this_interpreter(x.python)]
     results: list[tuple[PlannedLaunch, Rehearsal | RehearsalError]] = []

