@@ -46,6 +46,16 @@ KINDS: tuple[Kind, ...] = ("full", "mla", "chunked-local", "sliding-window", "ma
 FULL_KINDS = frozenset({"full", "mla"})
 Key = tuple[int, bytes]  # (group index, the digest of the tokens up to the chunk's end)
 
+# Where a release's scheduler does otherwise, exactly (a scenario rule's ``deviations``).
+# 0.34+: with a windowed group the last prompt token is cut before ``max_load_tokens``
+# caps the hit ("tighter caps are already supported boundaries and are not reduced"),
+# so a cap on a chunk boundary is served whole; up to 0.33 the cut came after the cap
+# and such a hit was one chunk short.
+MAX_LOAD_WHOLE = "max-load-whole"
+DEVIATIONS: dict[str, str] = {
+    MAX_LOAD_WHOLE: "max_load_tokens on a chunk boundary is served whole with windowed groups",
+}
+
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -258,9 +268,11 @@ def _transfer_record(t: Transfer) -> dict[str, object]:
 
 @dataclass
 class Offloader:
-    """The connector over a CPU tier that never evicts, fed one request at a time."""
+    """The connector over a CPU tier that never evicts, fed one request at a time;
+    ``deviations`` (``DEVIATIONS``) are the rules a release follows instead."""
 
     layout: Layout
+    deviations: frozenset[str] = frozenset()
     resident: set[Key] = field(default_factory=set)
     queried: bool = False  # the last lookup asked the tier for a chunk
 
@@ -278,7 +290,10 @@ class Offloader:
         self.queried = False
         cap = prompt if max_load is None else min(prompt, max_load)
         if any(g.windowed for g in lay.groups):
-            cap -= 1  # the last prompt token is recomputed (its logprobs, the window)
+            if MAX_LOAD_WHOLE in self.deviations:
+                cap = prompt - 1 if max_load is None else min(prompt - 1, max_load)
+            else:
+                cap -= 1  # the last prompt token is recomputed (its logprobs, the window)
             mamba = [lay.chunk(i) for i, g in enumerate(lay.groups) if g.kind == "mamba"]
             if mamba:
                 cap = cap // mamba[0] * mamba[0]

@@ -16,6 +16,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from harness.oracle.scheduler import DEVIATIONS as MODEL_DEVIATIONS
 from harness.scenario.schema import (
     FileScenario,
     Platform,
@@ -107,11 +108,24 @@ class OracleRule(StrictModel):
     engine: Engine | None = None
     platform: Platform | None = None
     failing_checks: list[str] = Field(default_factory=list)
+    deviations: list[str] = Field(
+        default_factory=list, description="rules of the model this release follows instead"
+    )
     skip: bool = Field(False, description="not run where the rule holds")
     issue: int | str | None = None
     why: str = ""
 
     _specifier = field_validator("vllm")(_spec_or_none)
+
+    @field_validator("deviations")
+    @classmethod
+    def _known_deviations(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - set(MODEL_DEVIATIONS))
+        if unknown:
+            raise ValueError(
+                f"unknown deviation {unknown[0]!r}; known: {', '.join(MODEL_DEVIATIONS)}"
+            )
+        return value
 
 
 class OracleScenario(FileScenario):

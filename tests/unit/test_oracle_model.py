@@ -262,3 +262,23 @@ def test_bad_geometry_is_refused():
 
 def test_cdiv():
     assert [cdiv(n, 4) for n in (0, 1, 4, 5)] == [0, 1, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("deviations", "hits"), [((), [0, 32, 64]), (("max-load-whole",), [32, 64, 96])]
+)
+def test_a_cap_on_a_chunk_boundary_with_a_window_group_is_whole_from_0_34(deviations, hits):
+    """With a window group (chunked local here) the last prompt token is recomputed: up
+    to 0.33 the cut came after ``max_load_tokens`` (32 -> 31 -> no whole chunk), from 0.34
+    before it, so a cap on a chunk boundary is served whole (measured by the drive on
+    0.33.0 and 0.34.0)."""
+    lay = Layout((Group("full", 16), Group("chunked-local", 16, window=64)), blocks_per_chunk=2)
+    prompt = tokens(200, 5)
+    model = Offloader(lay, frozenset(deviations))
+    model.serve(Request("a", prompt), (7,))
+    got = [model.serve(Request(f"m{n}", prompt, max_load_tokens=n), (7,)).hit for n in (32, 64, 96)]
+    assert got == hits
+    with pytest.raises(ValueError, match="unknown deviation 'no-such'"):
+        from harness.scenario.oracle import OracleRule
+
+        OracleRule(deviations=["no-such"])

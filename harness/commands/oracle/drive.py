@@ -99,7 +99,7 @@ def judge_lines(
     cell: Cell, lines: Sequence[dict[str, Any]], settings: dict[str, Any]
 ) -> list[Judged]:
     """A sequence's lines (its steps, in order) judged against a fresh model."""
-    model = Offloader(layout_for(cell, settings))
+    model = Offloader(layout_for(cell, settings), cell.deviations)
     out: list[Judged] = []
     wave: list[Served] = []  # the wave's requests so far, as the model serves them
     for line in lines:

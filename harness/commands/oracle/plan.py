@@ -70,6 +70,7 @@ class Cell:
     layout: Layout  # the model's layout (a server's is replaced by what its engine built)
     steps: list[Step]
     failing_checks: frozenset[str] = frozenset()  # what the rules let fail here
+    deviations: frozenset[str] = frozenset()  # what the rules say this release does instead
     issues: tuple[str, ...] = ()
     skip: str = ""  # why a rule keeps it from running
     spec: ServerSpec | None = None
@@ -119,6 +120,7 @@ class Cell:
             "resets": sum(1 for s in self.steps if s.reset),
             "longest_prompt": max((len(s.tokens) for s in reqs), default=0),
             "failing_checks": sorted(self.failing_checks),
+            "deviations": sorted(self.deviations),
             "skip": self.skip,
             "argv": self.spec.argv() if self.spec is not None else [],
         }
@@ -300,6 +302,7 @@ def _cell(
         layout,
         steps,
         failing_checks=frozenset(c for r in rules for c in r.failing_checks),
+        deviations=frozenset(d for r in rules for d in r.deviations),
         issues=tuple(str(r.issue) for r in rules if r.issue is not None),
         skip=next((r.why or "a rule skips it" for r in rules if r.skip), ""),
         geometry=config,

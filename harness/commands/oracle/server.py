@@ -175,7 +175,7 @@ def run_server_cell(
     try:
         start_server(server, scn.server, reporter, f"server {cell.name}")
         ep = Endpoint(server.url, server)
-        model = Offloader(engine_layout(cell, log))
+        model = Offloader(engine_layout(cell, log), cell.deviations)
         n_groups = len(model.layout.groups)
         result.vllm_version = plan.env.vllm_version
         first_answers: dict[tuple[tuple[int, ...], int], Completion] = {}
