@@ -27,6 +27,9 @@ from typing import Any
 from harness.engine import reach
 
 CHUNK_TOKENS = 256  # only the order of the keys' positions matters to the manager
+# The replay ran and vLLM's manager raised (an engine would have died of it): not a bad
+# request (2), and told apart from an interpreter that cannot import vLLM at all.
+EXIT_RAISED = 3
 
 
 def replay(
@@ -119,7 +122,11 @@ def main(argv: Sequence[str]) -> int:
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         print(f"manager_replay: bad request {argv[0]!r}: {err!r}", file=sys.stderr)
         return 2
-    results = [replay(*one) for one in parsed]
+    try:
+        results = [replay(*one) for one in parsed]
+    except Exception as err:  # vLLM's manager or policy raised: what an engine would die of
+        print(f"manager_replay: vLLM's manager raised {type(err).__name__}: {err}", file=sys.stderr)
+        return EXIT_RAISED
     print(json.dumps(results if many else results[0]))
     return 0
 

@@ -344,3 +344,21 @@ def test_replay_refuses_a_build_before_0_31():
     plan.env = replace(plan.env, vllm_version="0.30.0")
     with pytest.raises(BadInput, match=r"0\.31 or later"):
         check_replayable(plan, 0)
+
+
+def test_a_manager_that_raises_is_exit_3_not_a_bad_request(monkeypatch, capsys):
+    """A mutant that makes vLLM's manager raise mid-replay is what an engine would die of
+    (mutate: killed), not a request the replay cannot read (exit 2: incompetent)."""
+    import vllm.v1.kv_offload.cpu.policies.lru as lru
+
+    from harness.engine import manager_replay
+
+    def broken(self, n, protected):
+        raise AssertionError("a mutant's evict")
+
+    monkeypatch.setattr(lru.LRUCachePolicy, "evict", broken)
+    seq = [["A", 4], ["B", 4], ["C", 4]]
+    spec = json.dumps({"requests": seq, "capacity": N, "policy": "lru"})
+    assert manager_replay.main([spec]) == manager_replay.EXIT_RAISED == 3
+    err = capsys.readouterr().err.strip()
+    assert err == "manager_replay: vLLM's manager raised AssertionError: a mutant's evict"

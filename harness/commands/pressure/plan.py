@@ -22,7 +22,8 @@ from packaging.version import Version
 
 from harness.commands.pressure.oracle import Policy, Step, predict
 from harness.engine.amx import cpu_flags
-from harness.errors import BadInput
+from harness.engine.manager_replay import EXIT_RAISED
+from harness.errors import BadInput, RuntimeFailure
 from harness.names import (
     ENV_POLICY_CONTROL,
     FAULT_CORRUPT_LOAD,
@@ -154,8 +155,10 @@ def replay_mutants(env: Environment, specs: Sequence[dict[str, Any]]) -> list[li
         check=False,
     )
     lines = proc.stdout.strip().splitlines()
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    if proc.returncode == EXIT_RAISED:  # the build's manager itself failed: a finding
+        raise RuntimeFailure(f"the replay in {env.python}: {tail.removeprefix('manager_replay: ')}")
     if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise BadInput(f"cannot replay the mutants in {env.python}: {tail}")
     result: list[list[dict[str, Any]]] = json.loads(lines[-1])
     return result
