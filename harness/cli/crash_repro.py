@@ -38,7 +38,7 @@ def crash_repro_cmd(
     signature (exception, innermost vLLM frame, known upstream issue).
     """
     from harness.commands import crash_repro
-    from harness.scenario.schema import load_crash_repro
+    from harness.scenario.crash_repro import load_crash_repro
 
     def make_plan() -> Any:
         scen = load_crash_repro(scenario or common.default_scenario("crash-repro.toml"))

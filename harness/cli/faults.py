@@ -36,7 +36,7 @@ def faults_cmd(
     none). Exit 0 when every fault is caught by exactly its checks.
     """
     from harness.commands import faults as fs
-    from harness.scenario.schema import load_roundtrip
+    from harness.scenario.roundtrip import load_roundtrip
 
     def make_plan() -> Any:
         scen = load_roundtrip(scenario or common.default_scenario("roundtrip-cpu.toml"))

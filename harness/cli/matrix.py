@@ -28,7 +28,7 @@ def matrix_cmd(
     every cell matches its expectation.
     """
     from harness.commands import matrix as mx
-    from harness.scenario.schema import load_matrix
+    from harness.scenario.matrix import load_matrix
 
     def make_plan() -> Any:
         scen = load_matrix(scenario or common.default_scenario("matrix.toml"))

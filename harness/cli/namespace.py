@@ -37,7 +37,7 @@ def namespace_cmd(
     """
     from harness.commands.namespace.changes import choose
     from harness.commands.namespace.plan import plan_namespace
-    from harness.scenario.schema import load_roundtrip
+    from harness.scenario.roundtrip import load_roundtrip
 
     def make_plan() -> Any:
         scen = load_roundtrip(scenario or common.default_scenario(DEFAULT_SCENARIO))

@@ -43,7 +43,7 @@ def pressure_cmd(
     that are for it. Exit 0 when every round is as expected; 1 when one is not.
     """
     from harness.commands.pressure.plan import plan_pressure
-    from harness.scenario.schema import load_pressure
+    from harness.scenario.pressure import load_pressure
 
     def make_plan() -> Any:
         scen = load_pressure(scenario or common.default_scenario("pressure.toml"))

@@ -66,7 +66,7 @@ def roundtrip_cmd(
     metrics snapshot, then checks against figures planned from the model geometry.
     """
     from harness.commands import roundtrip as rt
-    from harness.scenario.schema import load_roundtrip
+    from harness.scenario.roundtrip import load_roundtrip
 
     def make_plan() -> Any:
         common.refuse_on_attach(

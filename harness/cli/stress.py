@@ -82,7 +82,7 @@ def stress_cmd(
     (same engine, connector off) measures the noise floor and scores each answer alone.
     """
     from harness.commands.stress import plan as st
-    from harness.scenario.schema import load_stress
+    from harness.scenario.stress import load_stress
 
     def make_plan() -> Any:
         common.refuse_on_attach(

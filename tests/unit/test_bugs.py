@@ -15,7 +15,7 @@ from harness.commands.bugs import corpus as bugs
 from harness.commands.bugs import steps as bs
 from harness.commands.sweep import Build, SweepCell
 from harness.errors import BadInput
-from harness.scenario.schema import Step, load_bug
+from harness.scenario.bugs import Step, load_bug
 from harness.server.metrics import Snapshot
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.commands import crash_repro
-from harness.scenario.schema import load_crash_repro
+from harness.scenario.crash_repro import load_crash_repro
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_AMX = {"avx2", "avx512f"}

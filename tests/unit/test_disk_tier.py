@@ -15,7 +15,7 @@ import pytest
 from harness.commands import roundtrip as rt
 from harness.commands.roundtrip import disk_checks as dc
 from harness.errors import BadInput
-from harness.scenario.schema import load_roundtrip
+from harness.scenario.roundtrip import load_roundtrip
 from harness.server import disk_tier, metrics
 
 ROOT = Path(__file__).resolve().parents[2]

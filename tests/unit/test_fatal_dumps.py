@@ -29,7 +29,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.scenario.schema import load_bug, load_crash_repro
+from harness.scenario.bugs import load_bug
+from harness.scenario.crash_repro import load_crash_repro
 from harness.server.crash_signatures import (
     CrashSignature,
     crash_signature,

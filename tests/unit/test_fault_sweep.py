@@ -13,7 +13,7 @@ from harness.commands import faults as fs
 from harness.commands.roundtrip import RoundtripResult
 from harness.commands.roundtrip.checks import CheckResult
 from harness.errors import BadInput
-from harness.scenario.schema import load_roundtrip
+from harness.scenario.roundtrip import load_roundtrip
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -72,7 +72,7 @@ def test_the_seed_replica_plans_the_seeds_own_figures():
     """1262 tokens, 32-token blocks (the CPU kernel's multiple): 1248 stored and hit,
     every layer loads all of it (one 8192-token attention chunk), 245,366,784 B."""
     from harness.commands.roundtrip.plan import plan_roundtrip
-    from harness.scenario.schema import load_roundtrip
+    from harness.scenario.roundtrip import load_roundtrip
 
     plan = plan_roundtrip(load_roundtrip(MODELS.parent / "seed-replica.toml"))
     exp = plan.expected
@@ -97,7 +97,7 @@ def test_long_context_hits_end_before_on_and_after_a_real_attention_chunk(
     layer loads ``hit - floor(hit / 8192) * 8192`` tokens (0 when the hit ends on the
     boundary), each full layer the whole hit."""
     from harness.commands.roundtrip.plan import plan_roundtrip
-    from harness.scenario.schema import load_roundtrip
+    from harness.scenario.roundtrip import load_roundtrip
 
     plan = plan_roundtrip(load_roundtrip(MODELS.parent / scenario))
     assert plan.expected.attention_chunk_size == 8192

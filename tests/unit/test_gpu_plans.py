@@ -31,9 +31,10 @@ from harness.commands import crash_repro, matrix, roundtrip
 from harness.commands.bugs import corpus as bugs
 from harness.commands.stress.plan import StressPlan
 from harness.engine import amx
+from harness.scenario.bugs import BugEntry
 from harness.scenario.kinds import load_any
 from harness.scenario.rules import first_match
-from harness.scenario.schema import BugEntry, KnownCrash
+from harness.scenario.schema import KnownCrash
 from harness.server.interpreters import probe
 from tests.unit.test_ci_files import BUILDKITE, NIGHTLY, _offload_check_invocations
 

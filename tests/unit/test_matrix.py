@@ -11,7 +11,8 @@ from harness.commands.matrix import Cell, cell_scenario, find_rule, judge_cell, 
 from harness.commands.roundtrip.checks import CheckResult, check_layout
 from harness.engine import specs
 from harness.errors import BadInput
-from harness.scenario.schema import CellExpectation, load_matrix, load_roundtrip
+from harness.scenario.matrix import CellExpectation, load_matrix
+from harness.scenario.roundtrip import load_roundtrip
 from harness.server import kv_layout
 
 ROOT = Path(__file__).resolve().parents[2]

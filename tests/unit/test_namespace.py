@@ -23,7 +23,7 @@ from harness.commands.namespace.judge import (
 )
 from harness.commands.namespace.plan import plan_namespace
 from harness.errors import BadInput
-from harness.scenario.schema import load_roundtrip
+from harness.scenario.roundtrip import load_roundtrip
 from harness.server.workload import Completion
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "roundtrip-namespace.toml"

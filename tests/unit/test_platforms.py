@@ -20,19 +20,12 @@ from harness.commands import sweep as sw
 from harness.commands.bugs import corpus as bugs
 from harness.engine import amx
 from harness.errors import BadInput
+from harness.scenario.bugs import BugEntry, load_bug
+from harness.scenario.crash_repro import Expectation, load_crash_repro
+from harness.scenario.matrix import CellExpectation, load_matrix
+from harness.scenario.roundtrip import RoundtripExpectation
 from harness.scenario.rules import first_match, platform_gap
-from harness.scenario.schema import (
-    BugEntry,
-    CellExpectation,
-    Expectation,
-    Platform,
-    RoundtripExpectation,
-    Variant,
-    load_bug,
-    load_crash_repro,
-    load_matrix,
-    load_variants,
-)
+from harness.scenario.schema import Platform, Variant, load_variants
 from harness.server.crash_signatures import RowContext, expectation_gap, match_expectation
 from harness.server.interpreters import probe
 

@@ -20,7 +20,9 @@ from harness.commands.matrix import plan_matrix
 from harness.commands.roundtrip.plan import CPU_CAPACITY_SAFETY
 from harness.engine import amx
 from harness.errors import BadInput
-from harness.scenario.schema import load_crash_repro, load_matrix, load_roundtrip
+from harness.scenario.crash_repro import load_crash_repro
+from harness.scenario.matrix import load_matrix
+from harness.scenario.roundtrip import load_roundtrip
 from harness.server import engine_log
 from harness.server.metrics import CacheConfig
 from harness.server.workload import Completion, within_tolerance

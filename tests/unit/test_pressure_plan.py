@@ -21,7 +21,8 @@ from harness.commands.pressure.plan import (
 from harness.errors import BadInput
 from harness.names import REPO_ROOT
 from harness.scenario.kinds import scenario_kind
-from harness.scenario.schema import load_model_config, load_pressure, read_toml
+from harness.scenario.pressure import load_pressure
+from harness.scenario.schema import load_model_config, read_toml
 from harness.server.metrics import Snapshot
 from harness.server.workload import Completion
 
@@ -64,7 +65,7 @@ def test_a_repeated_request_is_the_same_tokens_and_an_extension_shares_the_head(
     ],
 )
 def test_every_matching_rule_applies(version, policy, threshold, deviations, failing):
-    from harness.scenario.schema import PressureServer
+    from harness.scenario.pressure import PressureServer
 
     scn = load_pressure(SCENARIO)
     srv = PressureServer(name="s", policy=policy, store_threshold=threshold, requests="A4")
@@ -96,7 +97,7 @@ def _server(policy="lru", threshold=0, failing=()):
         for i, (p, (_, n), st) in enumerate(zip(prompts, seq, steps, strict=True))
     ]
     from harness.commands.pressure.plan import Rules
-    from harness.scenario.schema import PressureRule, PressureServer
+    from harness.scenario.pressure import PressureRule, PressureServer
 
     srv = PressureServer(name="s", policy=policy, store_threshold=threshold, requests="A4")
     matched = (PressureRule(failing_checks=list(failing), issue=51787),) if failing else ()

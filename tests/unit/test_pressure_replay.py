@@ -141,7 +141,7 @@ def test_a_bad_replay_request_is_one_line_and_exit_2(bad):
 
 def _scenario_servers():
     from harness.names import REPO_ROOT
-    from harness.scenario.schema import load_pressure
+    from harness.scenario.pressure import load_pressure
 
     scn = load_pressure(REPO_ROOT / "scenarios" / "pressure.toml")
     return scn, scn.servers

@@ -54,7 +54,7 @@ def test_readers_select_only_written_columns(table):
 def test_records_have_exactly_the_registered_columns():
     from harness.commands.faults import CAUGHT_BY, Round
     from harness.commands.matrix import Cell
-    from harness.scenario.schema import CellExpectation
+    from harness.scenario.matrix import CellExpectation
 
     rnd = Round(0, "none", CAUGHT_BY["none"])
     assert tuple(rnd.record()) == rk.FAULT_ROUNDS.columns

@@ -8,7 +8,7 @@ import pytest
 
 from harness.commands import roundtrip as rt
 from harness.errors import BadInput
-from harness.scenario.schema import load_roundtrip
+from harness.scenario.roundtrip import load_roundtrip
 from harness.server.interpreters import probe
 from harness.server.metrics import CacheConfig
 from harness.server.workload import make_fillers, make_prompts

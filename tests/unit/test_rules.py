@@ -9,8 +9,9 @@ import pytest
 
 from harness.commands.matrix import find_rule
 from harness.errors import BadInput
+from harness.scenario.crash_repro import Expectation
+from harness.scenario.matrix import CellExpectation, load_matrix
 from harness.scenario.rules import Match, first_match, version_matches
-from harness.scenario.schema import CellExpectation, Expectation, load_matrix
 from harness.server.crash_signatures import RowContext, match_expectation
 from harness.server.crash_signatures import version_matches as reexported
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from harness.errors import BadInput, ExitCode
-from harness.scenario.schema import load_crash_repro, load_model_config, load_variants
+from harness.scenario.crash_repro import load_crash_repro
+from harness.scenario.schema import load_model_config, load_variants
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.scenario.schema import Expectation, KnownCrash
+from harness.scenario.crash_repro import Expectation
+from harness.scenario.schema import KnownCrash
 from harness.server.crash_signatures import (
     crash_signature,
     judge,

@@ -11,7 +11,7 @@ import pytest
 from harness.commands.stress.plan import plan_stress, prompt_bounds, settings_for
 from harness.commands.stress.workload import PlannedRequest
 from harness.errors import BadInput
-from harness.scenario.schema import load_stress
+from harness.scenario.stress import load_stress
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "stress.toml"
 

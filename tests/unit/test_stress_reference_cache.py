@@ -145,7 +145,7 @@ HOST = {"machine": "x86_64", "cpu": "a CPU", "flags_sha256": "f" * 64, "cores": 
 @pytest.fixture(scope="module")
 def plan() -> StressPlan:
     from harness.commands.stress.plan import plan_stress
-    from harness.scenario.schema import load_stress
+    from harness.scenario.stress import load_stress
 
     return plan_stress(load_stress(SCENARIO), profile="multi-turn", requests=4)
 

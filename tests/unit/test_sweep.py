@@ -11,12 +11,9 @@ import pytest
 
 from harness.commands import sweep as sw
 from harness.errors import BadInput
-from harness.scenario.schema import (
-    RoundtripExpectation,
-    load_crash_repro,
-    load_matrix,
-    load_roundtrip,
-)
+from harness.scenario.crash_repro import load_crash_repro
+from harness.scenario.matrix import load_matrix
+from harness.scenario.roundtrip import RoundtripExpectation, load_roundtrip
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"

@@ -24,7 +24,7 @@ from harness.commands.bugs.groups import EntryGroup
 from harness.commands.sweep import ERROR, Job
 from harness.errors import BadInput
 from harness.results.records import SweepCell
-from harness.scenario.schema import BugEntry, SchedulerTrigger
+from harness.scenario.bugs import BugEntry, SchedulerTrigger
 
 DRIVE_MODULE = "harness.engine.scheduler_drive"
 

@@ -3,7 +3,7 @@
 Some upstream bugs show in no crash-repro row, matrix cell or round trip: a counter that
 moves when it must not, an admin call that answers success and does nothing, a second
 request that finds the engine in a state the first one left. A bug entry with a
-``steps`` trigger spells that sequence as data (``harness.scenario.schema.Step``; the kinds are
+``steps`` trigger spells that sequence as data (``harness.scenario.bugs.Step``; the kinds are
 documented in ``docs/bugs.md``), on a server whose model, engine and offload settings
 come from a round-trip scenario. Each ``expect`` step is one named check, healthy
 behaviour stated positively, so an affected build fails exactly the checks the entry's
@@ -35,7 +35,8 @@ from harness.commands.bugs.groups import EntryGroup
 from harness.commands.sweep import ERROR, Job
 from harness.errors import BadInput, HarnessError
 from harness.results.records import CheckResult, StepRecord, SweepCell
-from harness.scenario.schema import BugEntry, RoundtripScenario, Step, StepsTrigger, load_roundtrip
+from harness.scenario.bugs import BugEntry, Step, StepsTrigger
+from harness.scenario.roundtrip import RoundtripScenario, load_roundtrip
 from harness.server import metrics
 from harness.server.launcher import http_post
 from harness.server.workload import FIRST_ORDINARY_ID, Completion, Prompt, complete, make_fillers
