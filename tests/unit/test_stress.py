@@ -10,18 +10,18 @@ import pytest
 
 from harness.commands.stress.driver import Outcome
 from harness.commands.stress.files import timeline
-from harness.commands.stress.judge import (
+from harness.commands.stress.floor import (
     FLOOR_FACTOR,
     MIN_TOLERANCE,
     PAIR_FACTOR,
     Floor,
-    StressResult,
     compared,
     floor_of,
-    judge_run,
     tolerance_for,
 )
+from harness.commands.stress.judge import judge_run
 from harness.commands.stress.plan import StressPlan, cap_requests
+from harness.commands.stress.result import StressResult
 from harness.commands.stress.workload import PlannedRequest, plan_profile
 from harness.scenario.stress_profiles import ProfileSettings
 
@@ -158,7 +158,7 @@ def test_a_divergence_is_explained_by_the_references_own_continuation():
 def test_reuse_and_preemption_are_judged_only_where_the_profile_makes_them():
     """The preemption profile shares no prefix (nothing to reuse: judging reuse there
     would fail on nothing judged); multi-turn need not preempt."""
-    from harness.commands.stress.judge import evaluate
+    from harness.commands.stress.evaluate import evaluate
 
     def names(profile):
         base = type("B", (), {"tokens_per_chunk": 4, "server": None})()
@@ -220,7 +220,7 @@ def test_on_a_kernel_where_they_differ_the_floor_is_what_they_differ_by():
 
 
 def test_the_pair_change_is_the_largest_move_of_a_two_token_gap():
-    from harness.commands.stress.judge import pair_change
+    from harness.commands.stress.floor import pair_change
 
     assert pair_change({1: -1.0, 2: -1.5}, {1: -1.0, 2: -1.5, 3: -9.0}) == 0.0
     assert math.isclose(pair_change({1: -1.0, 2: -1.5}, {1: -1.1, 2: -1.3}), 0.3)
@@ -272,8 +272,8 @@ def test_the_vec_tolerance_would_fail_the_amx_noise():
 
 
 def test_both_servers_kernels_are_recorded_in_the_figures_the_check_and_divergence_md():
+    from harness.commands.stress.evaluate import evaluate
     from harness.commands.stress.files import divergence_md
-    from harness.commands.stress.judge import evaluate
     from harness.commands.stress.run import engine_kernels
     from harness.names import LOG_AMX, LOG_KERNEL
 

@@ -96,7 +96,7 @@ def test_the_reference_has_no_connector_and_a_pool_that_evicts_nothing():
 def test_prefix_reuse_is_judged_only_where_the_harness_can_state_it():
     """Sliding-window layers keep only what a hit at a prompt boundary reaches (vLLM's
     retention rule), so the reuse a later request must get is not stated there."""
-    from harness.commands.stress.judge import reuse_is_modelled
+    from harness.commands.stress.evaluate import reuse_is_modelled
 
     models = SCENARIO.parent / "models"
     assert reuse_is_modelled(plan_stress(load_stress(SCENARIO)))
@@ -147,7 +147,7 @@ def test_under_pressure_the_tier_holds_its_fraction_and_the_policy_is_set(tmp_pa
 
 
 def test_under_pressure_reuse_and_store_counts_give_way_to_a_tier_evicted_check():
-    from harness.commands.stress.judge import check_tier_evicted
+    from harness.commands.stress.evaluate import check_tier_evicted
     from harness.commands.stress.run import StressResult
 
     plan = plan_stress(load_stress(SCENARIO), tier_fraction=0.3)

@@ -17,9 +17,11 @@ import pytest
 
 from harness.commands.stress import reference_cache as rc
 from harness.commands.stress.driver import Outcome, Reply
+from harness.commands.stress.evaluate import evaluate
 from harness.commands.stress.files import divergence_md
-from harness.commands.stress.judge import StressResult, evaluate, run_reference_side
+from harness.commands.stress.judge import run_reference_side
 from harness.commands.stress.plan import StressPlan, check_reference_cache
+from harness.commands.stress.result import StressResult
 from harness.commands.stress.workload import PlannedRequest
 from harness.errors import BadInput
 from harness.scenario.stress_profiles import ProfileSettings

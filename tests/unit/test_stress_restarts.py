@@ -8,14 +8,9 @@ import pytest
 
 from harness.commands.roundtrip import disk_checks as dc
 from harness.commands.stress.driver import Outcome
-from harness.commands.stress.judge import (
-    ServerRun,
-    StressResult,
-    check_restart_reuse,
-    ledger_of,
-    per_server,
-)
+from harness.commands.stress.evaluate import check_restart_reuse, ledger_of, per_server
 from harness.commands.stress.plan import StressPlan, refuse_restarts
+from harness.commands.stress.result import ServerRun, StressResult
 from harness.commands.stress.workload import PlannedRequest
 from harness.errors import BadInput
 from harness.results.records import CheckResult
@@ -130,7 +125,7 @@ def test_prefix_reuse_is_a_servers_own_and_reuse_across_a_restart_is_the_disks()
     restarted request that missed is ``restart-reused``'s failure alone; and a donor on
     the restarted server itself does not count for ``restart-reused``."""
     from harness.commands.stress.checks import check_prefix_reuse
-    from harness.commands.stress.judge import server_index
+    from harness.commands.stress.evaluate import server_index
 
     res = two_server_result(0)
     server = server_index(res)
