@@ -42,14 +42,15 @@ from harness.server.crash_signatures import crash_signature, known_label
 from harness.server.interpreters import probe
 
 # A root-cause traceback through any of these is a crash in offloading code.
-# Frames of offloading code: vLLM's, and the harness's offload backend and patches (its
-# report wrappers in harness/engine/specs.py only observe, so a crash through them is
-# still the engine's).
+# Frames of offloading code: vLLM's, and the harness's offload backend (its copies and
+# its seeded faults) and patches (its report wrappers in harness/engine/specs.py only
+# observe, so a crash through them is still the engine's).
 OFFLOAD_PATHS = (
     "kv_connector",
     "kv_offload",
     "kv_transfer",
     "harness/engine/host_offload",
+    "harness/engine/host_faults",
     "harness/engine/patches",
 )
 

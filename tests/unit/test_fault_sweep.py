@@ -33,7 +33,7 @@ def _round(fault: str, failing: set[str], names: tuple[str, ...] = ()) -> fs.Rou
 
 
 def test_every_fault_of_the_backend_has_its_checks():
-    from harness.engine.host_offload import FAULT_MODES
+    from harness.engine.host_faults import FAULT_MODES
 
     assert set(fs.CAUGHT_BY) == set(FAULT_MODES)
     assert fs.DEFAULT_FAULTS[0] == "none" and fs.DEFAULT_FAULTS[-1] == "segv-in-worker"

@@ -32,14 +32,8 @@ from vllm.v1.kv_offload.config import (
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.gpu_worker import compute_sub_block_ptrs
 
-from harness.engine.host_offload import (
-    FAULT_CONTROL_KEY,
-    FAULT_KEY,
-    FAULT_MODES,
-    HostOffloadingSpec,
-    HostOffloadingWorker,
-    parse_fault_mode,
-)
+from harness.engine.host_faults import FAULT_CONTROL_KEY, FAULT_KEY, FAULT_MODES, parse_fault_mode
+from harness.engine.host_offload import HostOffloadingSpec, HostOffloadingWorker
 
 NUM_BLOCKS = 24
 NUM_CHUNKS = 32
