@@ -282,9 +282,9 @@ def run(args: list[str] | None = None) -> int:
 
 def _reset_lock_wait() -> None:
     """``--no-wait`` holds for one command (several may run in one process: tests)."""
-    launcher = sys.modules.get("harness.server.launcher")
-    if launcher is not None:
-        launcher.set_lock_wait(None)
+    server_lock = sys.modules.get("harness.server.server_lock")
+    if server_lock is not None:
+        server_lock.set_lock_wait(None)
 
 
 def main() -> None:

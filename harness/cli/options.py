@@ -163,7 +163,7 @@ def check_label(value: str | None) -> str | None:
 def no_wait(value: bool) -> bool:
     """``--no-wait``: the server lock is not waited for (this command only)."""
     if value:
-        from harness.server.launcher import set_lock_wait
+        from harness.server.server_lock import set_lock_wait
 
         set_lock_wait(False)
     return value

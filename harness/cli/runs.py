@@ -81,7 +81,7 @@ def end_run(
 
 def lock_free() -> None:
     """``--no-wait``: a run another holds the server lock against does not start."""
-    from harness.server.launcher import refuse_if_lock_busy
+    from harness.server.server_lock import refuse_if_lock_busy
 
     try:
         refuse_if_lock_busy()

@@ -366,8 +366,8 @@ def check_loopback(bind: Callable[[], int] | None = None) -> Check:
 
 
 def check_lock(path: str | None, holder: Any) -> Check:
-    """The machine-wide server lock (``launcher.server_slot``): a run holding it makes
-    every launch of another wait. ``holder`` is a ``launcher.LockHolder`` or None."""
+    """The machine-wide server lock (``server_lock.server_slot``): a run holding it makes
+    every launch of another wait. ``holder`` is a ``server_lock.LockHolder`` or None."""
     if path is None:
         return Check("server lock", "ok", "off (OFFLOAD_CHECK_LOCK=none): launches do not queue")
     if holder is None:
@@ -645,7 +645,7 @@ def run_checks(variants_file: Path, variant_names: Sequence[str] | None = None) 
 
 
 def _lock_check() -> Check:
-    from harness.server.launcher import lock_holder, lock_path
+    from harness.server.server_lock import lock_holder, lock_path
 
     path = lock_path()
     return check_lock(path, lock_holder(path) if path else None)

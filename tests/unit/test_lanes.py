@@ -22,7 +22,7 @@ from harness.commands.sweep import run as sweep_run
 from harness.commands.sweep.builds import Build
 from harness.commands.sweep.targets import Target
 from harness.errors import BadInput, RuntimeFailure
-from harness.server import lanes, launcher, side_by_side
+from harness.server import lanes, launcher, server_lock, side_by_side
 from harness.server.build_envs import EnvStatus
 from harness.server.build_prep import Prepared
 from tests.unit.test_sweep_ahead import _Quiet, _Scenario
@@ -137,17 +137,17 @@ def test_a_run_holding_the_machine_takes_the_lock_once(lock):
     entered = threading.Event()
 
     def launch_inside() -> None:
-        with launcher.server_slot():  # a second flock of the same file would block here
+        with server_lock.server_slot():  # a second flock of the same file would block here
             entered.set()
 
-    with launcher.hold_machine():
-        assert launcher.lock_holder() is not None
-        assert launcher.lock_holder().pid == os.getpid()  # type: ignore[union-attr]
+    with server_lock.hold_machine():
+        assert server_lock.lock_holder() is not None
+        assert server_lock.lock_holder().pid == os.getpid()  # type: ignore[union-attr]
         t = threading.Thread(target=launch_inside, daemon=True)
         t.start()
         t.join(10)
         assert entered.is_set()
-    assert launcher.lock_holder() is None
+    assert server_lock.lock_holder() is None
 
 
 def test_no_server_starts_once_the_lanes_are_stopping(lock, tmp_path):
@@ -186,7 +186,7 @@ def test_items_run_two_at_once_each_pinned_and_are_recorded_by_the_caller(lock, 
     assert sorted(i for i, _, _ in seen) == [0, 1, 2, 3, 4]
     assert all(current == cores == (core,) for _, current, cores in seen)
     assert sorted(recorded) == [(i, f"r{i}", main) for i in range(5)]
-    assert launcher.lock_holder() is None  # released at the end
+    assert server_lock.lock_holder() is None  # released at the end
 
 
 def test_a_failing_lane_stops_the_others_and_its_error_is_raised(lock, one_core_twice):
@@ -411,7 +411,7 @@ def test_a_server_launched_in_a_lane_runs_and_binds_on_its_cores(
         if ranks_bind is not None:  # two CPU workers cannot share one core's lane
             with pytest.raises(BadInput, match="2 CPU worker"):
                 server.start()
-            assert launcher.lock_holder() is None  # refused before the lock was taken
+            assert server_lock.lock_holder() is None  # refused before the lock was taken
             return
         server.start()
     try:

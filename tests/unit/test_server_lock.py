@@ -19,12 +19,12 @@ import pytest
 from harness.cli import app as cli
 from harness.commands import doctor
 from harness.errors import ExitCode, HarnessError
-from harness.server import launcher
+from harness.server import server_lock
 from tests.conftest import ROOT
 
 HOLD = """
 import sys, time
-from harness.server.launcher import server_slot
+from harness.server.server_lock import server_slot
 with server_slot():
     print("held", flush=True)
     time.sleep(float(sys.argv[1]))
@@ -36,11 +36,11 @@ def lock(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "server.lock"
     monkeypatch.setenv("OFFLOAD_CHECK_LOCK", str(path))
     monkeypatch.delenv("OFFLOAD_CHECK_LOCK_WAIT", raising=False)
-    monkeypatch.setattr(launcher, "_ANNOUNCED", set())
-    launcher.set_lock_wait(None)
+    monkeypatch.setattr(server_lock, "_ANNOUNCED", set())
+    server_lock.set_lock_wait(None)
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     yield path
-    launcher.set_lock_wait(None)
+    server_lock.set_lock_wait(None)
     for sig, handler in saved.items():
         signal.signal(sig, handler)
 
@@ -61,30 +61,30 @@ def holder(seconds: float = 30.0) -> Iterator[subprocess.Popen[str]]:
 
 
 def test_the_holder_is_recorded_and_named(lock):
-    assert launcher.lock_holder() is None  # no file yet
+    assert server_lock.lock_holder() is None  # no file yet
     with holder() as proc:
         record = json.loads(lock.read_text())
         assert record["pid"] == proc.pid
-        found = launcher.lock_holder()
+        found = server_lock.lock_holder()
         assert found is not None
         assert found.pid == proc.pid
         assert found.since == record["since"]
         assert f"pid {proc.pid} since " in found.text()
-    assert launcher.lock_holder() is None  # released when its holder is gone
+    assert server_lock.lock_holder() is None  # released when its holder is gone
 
 
 def test_released_lock_forgets_its_holder(lock):
-    with launcher.server_slot():
+    with server_lock.server_slot():
         assert json.loads(lock.read_text())["pid"] > 0
     assert lock.read_text() == ""
-    assert launcher.lock_holder() is None
+    assert server_lock.lock_holder() is None
 
 
 def test_no_wait_refuses_naming_the_holder(lock):
     with holder() as proc:
-        launcher.set_lock_wait(False)
+        server_lock.set_lock_wait(False)
         t0 = time.monotonic()
-        with pytest.raises(HarnessError) as err, launcher.server_slot():
+        with pytest.raises(HarnessError) as err, server_lock.server_slot():
             pass
         assert time.monotonic() - t0 < 2
         assert err.value.exit_code == ExitCode.RUNTIME
@@ -94,14 +94,14 @@ def test_no_wait_refuses_naming_the_holder(lock):
 def test_env_var_refuses_too(lock, monkeypatch):
     monkeypatch.setenv("OFFLOAD_CHECK_LOCK_WAIT", "0")
     with holder() as proc, pytest.raises(HarnessError, match=f"pid {proc.pid}"):
-        launcher.refuse_if_lock_busy()
-    launcher.refuse_if_lock_busy()  # free: nothing to refuse
+        server_lock.refuse_if_lock_busy()
+    server_lock.refuse_if_lock_busy()  # free: nothing to refuse
 
 
 def test_a_waiting_run_says_so_once(lock, capsys):
     with holder(seconds=1.5) as proc:
         for _ in range(2):  # the second launch finds the lock free
-            with launcher.server_slot():
+            with server_lock.server_slot():
                 assert json.loads(lock.read_text())["pid"] != proc.pid
         err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -133,7 +133,7 @@ def test_cli_no_wait_exits_3_in_one_line_before_any_run(lock, tmp_path):
     assert len(lines) == 1, err.getvalue()
     assert f"held by pid {proc.pid}" in lines[0]
     assert not results.exists()
-    assert launcher.lock_wait()  # --no-wait held for that command only
+    assert server_lock.lock_wait()  # --no-wait held for that command only
 
 
 def test_a_holder_that_wrote_nothing_is_found_in_proc_locks(lock):
@@ -151,7 +151,7 @@ def test_a_holder_that_wrote_nothing_is_found_in_proc_locks(lock):
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "held"
-        found = launcher.lock_holder()
+        found = server_lock.lock_holder()
         assert found is not None
         if Path("/proc/locks").exists():
             assert found.pid == proc.pid

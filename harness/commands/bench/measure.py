@@ -39,7 +39,8 @@ from harness.errors import HarnessError
 from harness.scenario.crash_repro import CrashReproScenario
 from harness.server.interpreters import probe
 from harness.server.launch_timeline import phase_medians, shares
-from harness.server.launcher import ServerSpec, _signal_group, free_port, server_slot
+from harness.server.launcher import ServerSpec, _signal_group, free_port
+from harness.server.server_lock import server_slot
 
 
 @dataclass
