@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.commands import doctor
+from harness.commands.doctor import variants
 from harness.server import bytecode
 
 
@@ -45,7 +45,7 @@ def test_an_environment_without_bytecode_is_missing_it(bare_env):
 
 def test_doctor_warns_with_the_fix_then_ensure_compiles_it(bare_env):
     python, pkg = bare_env
-    warn = doctor.check_bytecode("current", python)
+    warn = variants.check_bytecode("current", python)
     assert warn.status == "warn"
     assert "no bytecode for vllm" in warn.detail and "twice the launch time" in warn.detail
     assert f"{python} -m harness.server.bytecode ensure" in warn.fix
@@ -53,7 +53,7 @@ def test_doctor_warns_with_the_fix_then_ensure_compiles_it(bare_env):
     state = bytecode.ensure(python)
     assert state.packages == {"vllm": (3, 3)} and not state.missing
     assert len(list(pkg.rglob("*.pyc"))) == 3
-    assert doctor.check_bytecode("current", python).status == "ok"
+    assert variants.check_bytecode("current", python).status == "ok"
 
 
 def test_the_command_line_exits_1_while_missing_and_0_once_compiled(bare_env):

@@ -220,8 +220,9 @@ def breaches(case: Input, outcome: Outcome) -> list[str]:
 @pytest.fixture
 def sandbox(tmp_path, monkeypatch) -> Iterator[dict[str, Path]]:
     """A cache, lock and results of its own; what would launch or install stops."""
-    from harness.commands import doctor
     from harness.commands.bench import measure as bench
+    from harness.commands.doctor import preflight
+    from harness.commands.doctor.host import Check
     from harness.server import build_envs, launcher, release_envs
 
     def stop(*_args: Any, **_kwargs: Any) -> Any:
@@ -243,8 +244,8 @@ def sandbox(tmp_path, monkeypatch) -> Iterator[dict[str, Path]]:
     ):
         monkeypatch.setattr(target, name, stop)
     # doctor's per-variant imports of vLLM take seconds and say nothing about the CLI.
-    monkeypatch.setattr(doctor, "check_plugin", lambda name, exe: doctor.Check(name, "ok", exe))
-    monkeypatch.setattr(doctor, "check_bytecode", lambda name, exe: doctor.Check(name, "ok", exe))
+    monkeypatch.setattr(preflight, "check_plugin", lambda name, exe: Check(name, "ok", exe))
+    monkeypatch.setattr(preflight, "check_bytecode", lambda name, exe: Check(name, "ok", exe))
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     a_file = tmp_path / "a-file.txt"
     a_file.write_text("not a scenario, not a directory\n")

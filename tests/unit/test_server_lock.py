@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import app as cli
-from harness.commands import doctor
+from harness.commands.doctor import host, preflight
 from harness.errors import ExitCode, HarnessError
 from harness.server import server_lock
 from tests.conftest import ROOT
@@ -111,14 +111,14 @@ def test_a_waiting_run_says_so_once(lock, capsys):
 
 
 def test_doctor_warns_while_a_run_holds_it(lock):
-    assert doctor.check_lock(str(lock), None).status == "ok"
-    assert doctor.check_lock(None, None).status == "ok"
+    assert host.check_lock(str(lock), None).status == "ok"
+    assert host.check_lock(None, None).status == "ok"
     with holder() as proc:
-        check = doctor._lock_check()
+        check = preflight._lock_check()
         assert check.status == "warn"
         assert f"pid {proc.pid}" in check.detail
         assert "--no-wait" in check.fix
-    assert doctor._lock_check().status == "ok"
+    assert preflight._lock_check().status == "ok"
 
 
 def test_cli_no_wait_exits_3_in_one_line_before_any_run(lock, tmp_path):
