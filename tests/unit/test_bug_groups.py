@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.commands.bugs import scheduler as bsch
+from harness.commands.bugs import script as bug_script
 from harness.commands.bugs import steps as bs
 from harness.commands.bugs.corpus import load_corpus, plan_targets_for
 from harness.commands.bugs.groups import EntryGroup, group_by_launch, launch_key
@@ -73,9 +74,9 @@ def test_a_group_names_its_entries_and_a_lone_entry_keeps_its_old_name():
 
 def test_two_entries_prompts_of_one_name_differ_and_each_is_stable():
     """Two scripts on one server each say "P": the entry's id seeds its tokens."""
-    a = bs.prompt_tokens("P", 64, 1000, 0, "57727")
-    assert a == bs.prompt_tokens("P", 64, 1000, 0, "57727")
-    assert a[:8] != bs.prompt_tokens("P", 64, 1000, 0, "57596")[:8]
+    a = bug_script.prompt_tokens("P", 64, 1000, 0, "57727")
+    assert a == bug_script.prompt_tokens("P", 64, 1000, 0, "57727")
+    assert a[:8] != bug_script.prompt_tokens("P", 64, 1000, 0, "57596")[:8]
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from harness.commands.bugs import corpus as bugs
+from harness.commands.bugs import script as bug_script
 from harness.commands.bugs import steps as bs
 from harness.commands.sweep import Build, SweepCell
 from harness.errors import BadInput
+from harness.results.records import StepRecord
 from harness.scenario.bugs import Step, load_bug
 from harness.server.metrics import Snapshot
 
@@ -196,8 +198,8 @@ def test_prompts_are_the_same_everywhere_and_prefixes_are_shared():
         Step(do="send", prompt="Q", tokens=400, prefix="P", prefix_tokens=300),
         Step(do="send", prompt="P"),
     ]
-    a = bs.build_prompts(steps, 1000, 0)
-    b = bs.build_prompts(steps, 1000, 0)
+    a = bug_script.build_prompts(steps, 1000, 0)
+    b = bug_script.build_prompts(steps, 1000, 0)
     assert a["P"].token_ids == b["P"].token_ids and len(a) == 2
     assert a["Q"].token_ids[:300] == a["P"].token_ids[:300]
     assert a["Q"].token_ids[300:] != a["P"].token_ids[300:400] and len(a["Q"].token_ids) == 400
@@ -219,20 +221,20 @@ def test_a_next_turn_sends_the_earlier_prompt_its_answer_and_its_own_tokens(monk
         sent.append(prompt.token_ids)
         return Completion(phase, prompt.name, len(prompt.token_ids), {}, token_ids=[7, 8])
 
-    monkeypatch.setattr(bs, "complete", complete)
+    monkeypatch.setattr(bug_script, "complete", complete)
     plan = type("P", (), {"served_name": "m"})()
     plan.scenario = type("S", (), {"workload": type("W", (), {"logprobs": 0, "seed": 0})()})()
-    script = bs.Script(
+    script = bug_script.Script(
         plan=plan, prompts={"A": Prompt("A", "target", [1, 2]), "B": Prompt("B", "target", [9])}
     )  # type: ignore[arg-type]
     ep = type("E", (), {"base": "http://127.0.0.1:1"})()
     with ThreadPoolExecutor(1) as pool:
-        bs._send(
+        bug_script._send(
             script, ep, Step(do="send", prompt="A"), "first", pool, StepRecord(1, "send", "first")
         )
         rec = StepRecord(2, "send", "next")
-        bs._send(script, ep, Step(do="send", prompt="B", after="first"), "next", pool, rec)
-        bs._send(script, ep, Step(do="send", prompt="B", after="next"), "third", pool, rec)
+        bug_script._send(script, ep, Step(do="send", prompt="B", after="first"), "next", pool, rec)
+        bug_script._send(script, ep, Step(do="send", prompt="B", after="next"), "third", pool, rec)
     assert sent == [[1, 2], [1, 2, 7, 8, 9], [1, 2, 7, 8, 9, 7, 8, 9]]
     assert "after first's prompt and answer" in rec.detail or "after next's" in rec.detail
     entry = load_bug(ROOT / "scenarios" / "bugs" / "54193.toml")
@@ -241,8 +243,8 @@ def test_a_next_turn_sends_the_earlier_prompt_its_answer_and_its_own_tokens(monk
     assert scn.offload.extra_config["offload_prompt_only"] is False
 
 
-def script_with(**before: Snapshot) -> bs.Script:
-    s = bs.Script(plan=None, prompts={})  # type: ignore[arg-type]
+def script_with(**before: Snapshot) -> bug_script.Script:
+    s = bug_script.Script(plan=None, prompts={})  # type: ignore[arg-type]
     s.before.update(before)
     return s
 
@@ -251,11 +253,11 @@ def test_expect_reads_a_counter_since_a_step():
     s = script_with(start=Snapshot(), replay=Snapshot(ext_hits=512, ext_queries=600))
     now = Snapshot(ext_hits=1280, ext_queries=1300)
     step = Step(do="expect", name="x", what="external_hits", since="replay", value=0)
-    got = bs._expect(s, step, now)
+    got = bug_script._expect(s, step, now)
     assert not got.passed and got.observed == "external_hits since replay = 768"
     assert got.expected == "external_hits since replay == 0"
-    assert bs._expect(s, step.model_copy(update={"op": ">"}), now).passed
-    since_start = bs._expect(s, step.model_copy(update={"since": None, "value": 1280}), now)
+    assert bug_script._expect(s, step.model_copy(update={"op": ">"}), now).passed
+    since_start = bug_script._expect(s, step.model_copy(update={"since": None, "value": 1280}), now)
     assert since_start.passed
 
 
@@ -270,9 +272,15 @@ def test_expect_reads_a_counter_since_a_step():
 )
 def test_a_reset_answer_is_read_as_it_came(status, body, success):
     s = script_with()
-    s.last_reset = bs.StepRecord(1, "reset-prefix-cache", "r", http_status=status, body=body)
-    assert bs.observe(s, Step(do="expect", what="reset_success", value=1), Snapshot()) == success
-    assert bs.observe(s, Step(do="expect", what="http_status", value=200), Snapshot()) == status
+    s.last_reset = StepRecord(1, "reset-prefix-cache", "r", http_status=status, body=body)
+    assert (
+        bug_script.observe(s, Step(do="expect", what="reset_success", value=1), Snapshot())
+        == success
+    )
+    assert (
+        bug_script.observe(s, Step(do="expect", what="http_status", value=200), Snapshot())
+        == status
+    )
 
 
 def test_same_output_compares_token_ids():
@@ -284,9 +292,9 @@ def test_same_output_compares_token_ids():
         "b": [Completion("b", "P", 3, {}, token_ids=[1, 3])],
     }
     step = Step(do="expect", name="same", what="same_output", of=["a", "b"])
-    assert not bs._expect(s, step, Snapshot()).passed
+    assert not bug_script._expect(s, step, Snapshot()).passed
     s.sent["b"][0].token_ids = [1, 2]
-    assert bs._expect(s, step, Snapshot()).passed
+    assert bug_script._expect(s, step, Snapshot()).passed
 
 
 # --- judging ----------------------------------------------------------------------------------
