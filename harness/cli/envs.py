@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from harness.cli.common import console, fail, show
-from harness.cli.options import Dist, opt
+from harness.cli.help_texts import opt
+from harness.cli.options import Dist
 from harness.errors import ExitCode, HarnessError
 
 envs_app = typer.Typer(

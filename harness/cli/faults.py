@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from harness.cli import common
+from harness.cli.help_texts import opt
 from harness.cli.options import (
     EngineArgs,
     Geometry,
@@ -12,7 +13,6 @@ from harness.cli.options import (
     RunOptions,
     TensorParallel,
     VariantName,
-    opt,
     run_options,
 )
 from harness.cli.runs import end_run, guard, open_roundtrip_run

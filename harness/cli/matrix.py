@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from harness.cli import common
-from harness.cli.options import RunOptions, opt, run_options, scenario_opt
+from harness.cli.help_texts import opt, scenario_opt
+from harness.cli.options import RunOptions, run_options
 from harness.cli.runs import end_run, guard, open_run
 
 

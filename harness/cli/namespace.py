@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from harness.cli import common
-from harness.cli.options import EngineArgs, RunOptions, opt, run_options
+from harness.cli import common, launch_checks
+from harness.cli.help_texts import opt
+from harness.cli.options import EngineArgs, RunOptions, run_options
 from harness.cli.runs import guard, open_run
 from harness.errors import ExitCode, HarnessError
 
@@ -45,7 +46,7 @@ def namespace_cmd(
         return plan_namespace(
             scen,
             choose(change or []),
-            common.adhoc_variants(pythons) or None,
+            launch_checks.adhoc_variants(pythons) or None,
             list(engine_arg or []),
         )
 

@@ -333,8 +333,8 @@ def test_the_sweep_fails_without_the_guard(sandbox, monkeypatch):
     def reraise(command: str, err: BaseException, mark: int) -> int:
         raise err
 
-    monkeypatch.setattr(cli, "_usage_error", typer_box)
-    monkeypatch.setattr(cli, "_internal_error", reraise)
+    monkeypatch.setattr(cli, "usage_error", typer_box)
+    monkeypatch.setattr(cli, "internal_error", reraise)
     issue = {
         ("roundtrip", "--dry-run", "--port", "99999"),
         ("crash-repro", "--dry-run", "--port", "-1"),

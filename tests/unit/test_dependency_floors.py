@@ -20,6 +20,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from harness.cli import app as cli
+from harness.cli import help_format
 from tests.conftest import ROOT
 from tests.unit.cli_in_process import invoke, keep_signal_handlers, one_line  # noqa: F401
 
@@ -29,7 +30,7 @@ REQUIREMENTS = [Requirement(r) for r in PYPROJECT["project"]["dependencies"]]
 # What the command line reads of typer beyond click's own API, with the release it first
 # appeared in (read in typer's source: 0.28.0's core.py has neither; 0.29.0's
 # TyperArgument.__init__ and TyperOption.__init__ take and store it, typer/_coercion.py's
-# TypeDescriptor with annotation, is_choice and choices). harness/cli/app.py's
+# TypeDescriptor with annotation, is_choice and choices). harness/cli/help_format.py's
 # readable_help reads it for every option's metavar; so does tests/unit/test_cli_contract.py.
 TYPER_APIS = {
     "TyperOption.type_descriptor": "0.29.0",
@@ -60,7 +61,7 @@ def test_every_dependency_has_a_floor_and_the_installed_release_meets_it(req: Re
 
 
 def test_the_cli_refuses_below_the_typer_floor_pyproject_declares():
-    assert floor("typer") == Version(cli.TYPER_FLOOR)
+    assert floor("typer") == Version(help_format.TYPER_FLOOR)
 
 
 @pytest.mark.parametrize("api", TYPER_APIS)
@@ -106,7 +107,7 @@ def test_a_typer_below_the_floor_is_one_line_and_exit_2(monkeypatch, args, old):
 @pytest.mark.parametrize("version", ["0.29.0", "0.29.2", "1.0.0", "0.30.0.dev1", "local-build"])
 def test_a_typer_at_or_above_the_floor_runs(monkeypatch, version):
     monkeypatch.setattr(typer, "__version__", version)
-    assert cli.typer_problem() is None
+    assert help_format.typer_problem() is None
     code, out, err = invoke("--help")
     assert (code, err) == (0, "")
     assert "Usage:" in out
