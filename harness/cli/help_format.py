@@ -17,7 +17,7 @@ from harness.cli.help_texts import METAVARS
 # The oldest typer this command line works with: readable_help reads each parameter's
 # type_descriptor (TyperOption, TyperArgument), new in typer 0.29.0; under 0.28 and older
 # every command ended in an AttributeError. pyproject.toml's floor is the same
-# (tests/unit/test_dependency_floors.py keeps the two equal).
+# (tests/unit/repo/test_dependency_floors.py keeps the two equal).
 TYPER_FLOOR = "0.29.0"
 
 

@@ -31,7 +31,7 @@ from harness.tools.gpu_rehearsal.seeded import judge_seeded, seeded_launches
 from harness.tools.gpu_rehearsal.worker import is_this_interpreter, rehearse_on, retarget
 
 RECORD = REPO_ROOT / "tests" / "fixtures" / "gpu-rehearsal-record.json"
-# The nightly's commands that launch servers (tests/unit/test_gpu_rehearsal.py keeps this
+# The nightly's commands that launch servers (tests/unit/tools/test_gpu_rehearsal.py keeps this
 # equal to what .github/workflows/nightly-gpu.yml and .buildkite/nightly.yml run).
 NIGHTLY_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("crash-repro", "--results-dir", "results"),
