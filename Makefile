@@ -228,7 +228,7 @@ matrix: setup
 .PHONY: _engine-side-on-stock
 _engine-side-on-stock: setup
 	$(VENV_STOCK)/bin/python -m pytest -q -p no:cacheprovider \
-		tests/unit/test_host_offload.py tests/unit/test_patches.py
+		tests/unit/engine/test_host_offload.py tests/unit/engine/test_patches.py
 
 # The PR tier (what .ci/run calls): lint, then every unit test and the real-engine tests
 # not marked nightly (docs/development.md, "Test tiers").

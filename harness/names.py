@@ -130,7 +130,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # releases a scenario's rules say (PEP 440), so a
 # release with a known bug is still judged request by request: a second fault on top of
 # it still shows. Found in each release's own manager and replayed there
-# (docs/pressure-design.md §1.6; tests/unit/test_pressure_replay.py).
+# (docs/pressure-design.md §1.6; tests/unit/commands/pressure/test_pressure_replay.py).
 DEVIATIONS: dict[str, str] = {
     # 0.31+ (LRU until 0.33, ARC still): a reuse reaches the policy only at finish, so
     # the chunks a request just loaded rank as old while the same request stores its

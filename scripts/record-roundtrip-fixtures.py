@@ -7,7 +7,7 @@
 Why: the engine tests prove two things at once, that a seeded fault makes the engine
 misbehave and that the checks turn that misbehaviour into the right verdict. The second
 is pure logic over what the run measured, so it is proven here once per recorded run and
-then re-proven in milliseconds by ``tests/unit/test_replay.py`` on every change to the
+then re-proven in milliseconds by ``tests/unit/tools/test_replay.py`` on every change to the
 checks, the metrics parser or the expected-figure rules.
 
 Each case runs the real CLI (``offload-check roundtrip --results-dir <tmp> <args>``,

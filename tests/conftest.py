@@ -149,7 +149,7 @@ def _is_engine(proc: psutil.Process) -> bool:
 # declares its own with @pytest.mark.launches(n), and module fixtures that several tests
 # share declare theirs here (counted once however many tests use them). The totals are
 # printed after collection and kept equal to docs/development.md's table by
-# tests/unit/test_tiers.py.
+# tests/unit/repo/test_tiers.py.
 FIXTURE_LAUNCHES: dict[str, int] = {
     "small_chunk_matrix": 3,  # crash-repro on llama4-small-chunk, connector on (+1 on AMX)
     # the whole `make crash-repro` (+2 on AMX hosts): 20 rows, the two small models'
@@ -242,7 +242,7 @@ def pytest_report_collectionfinish(
     config: pytest.Config, start_path: Path, items: list[pytest.Item]
 ) -> list[str]:
     """The selection's launches, and each tier's out of what was collected (one collection
-    gives tests/unit/test_tiers.py both numbers)."""
+    gives tests/unit/repo/test_tiers.py both numbers)."""
     collected = [*items, *_DESELECTED]
     pr = [i for i in collected if i.get_closest_marker("nightly") is None]
     return [

@@ -44,7 +44,7 @@ def bench_cmd(
     from harness.commands.bench.measure import run_bench
     from harness.results.run_directory import RunDirectory, new_run_dir
     from harness.results.writers import write_bench
-    from harness.scenario.schema import load_crash_repro
+    from harness.scenario.crash_repro import load_crash_repro
     from harness.server.interpreters import host_platform
     from harness.server.launcher import install_signal_handlers
     from harness.ui.terminal import bench_table

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from harness.cli import common
-from harness.cli.options import BuildOptions, RunOptions, build_options, opt, run_options
+from harness.cli import common, launch_checks
+from harness.cli.help_texts import opt
+from harness.cli.options import BuildOptions, RunOptions, build_options, run_options
 from harness.cli.runs import guard, open_run, verdict_line
 from harness.errors import ExitCode
 
@@ -37,8 +38,8 @@ def bugs_cmd(
         entries = bugs.load_corpus(corpus or common.scenarios_dir("bugs"), bug or [])
         variants_file = common.default_scenario("variants.toml")
         extra = [*(builds.build or []), *plan.variant_builds(variant or [], variants_file)]
-        common.check_builds(extra)
-        common.check_jobs(builds.jobs, opts.port)
+        launch_checks.check_builds(extra)
+        launch_checks.check_jobs(builds.jobs, opts.port)
         run = plan.plan_bugs(entries, builds.releases, extra, builds.dist)
         return run
 

@@ -5,16 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from harness.cli import common
-from harness.cli.options import (
-    ConnectorChoice,
-    Python,
-    RunOptions,
-    check_positive,
-    opt,
-    run_options,
-    scenario_opt,
-)
+from harness.cli import common, launch_checks
+from harness.cli.help_texts import opt, scenario_opt
+from harness.cli.option_checks import check_positive
+from harness.cli.options import ConnectorChoice, Python, RunOptions, run_options
 from harness.cli.runs import guard, open_run, verdict_line
 from harness.errors import ExitCode
 
@@ -38,14 +32,14 @@ def crash_repro_cmd(
     signature (exception, innermost vLLM frame, known upstream issue).
     """
     from harness.commands import crash_repro
-    from harness.scenario.schema import load_crash_repro
+    from harness.scenario.crash_repro import load_crash_repro
 
     def make_plan() -> Any:
         scen = load_crash_repro(scenario or common.default_scenario("crash-repro.toml"))
         if timeout is not None:
             scen.server.startup_timeout_s = timeout
         modes = None if connector is ConnectorChoice.both else [connector.value]
-        adhoc = common.adhoc_variants(python or [])
+        adhoc = launch_checks.adhoc_variants(python or [])
         plan = crash_repro.plan_run(
             scen,
             variant_names=[*(variant or []), *adhoc] or None,

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from harness.cli.common import console, default_scenario, fail
-from harness.cli.options import opt
+from harness.cli.help_texts import opt
 from harness.errors import HarnessError
 
 
@@ -24,15 +24,14 @@ def doctor_cmd(
     vLLM and engine plugin, GPU. Run it first; exit 0 when nothing fails."""
     from rich.text import Text
 
-    from harness.commands import doctor
+    from harness.commands.doctor.host import exit_code
+    from harness.commands.doctor.preflight import run_checks
 
     try:
-        checks = doctor.run_checks(
-            variants_file or default_scenario("variants.toml"), variant or None
-        )
+        checks = run_checks(variants_file or default_scenario("variants.toml"), variant or None)
     except HarnessError as err:
         raise fail(err) from None
-    code = doctor.exit_code(checks)
+    code = exit_code(checks)
     if as_json:
         typer.echo(
             json.dumps({"checks": [c.record() for c in checks], "exit_code": code}, indent=2)

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from harness.cli.common import console, fail, show
-from harness.cli.options import Dist, opt
+from harness.cli.help_texts import opt
+from harness.cli.options import Dist
 from harness.errors import ExitCode, HarnessError
 
 envs_app = typer.Typer(
@@ -44,12 +45,13 @@ def envs_create_cmd(
     once vllm and the plugin import. Exit 0 when every release has its environment.
     """
     from harness.server import release_envs as renv
+    from harness.server.build_envs import ensure_envs
     from harness.ui.terminal import EnvsProgress, env_status_table
 
     try:
         versions = renv.parse_releases(releases, renv.known_releases(dist))
         with EnvsProgress(console) as reporter:
-            statuses = renv.ensure_envs(dist, versions, reporter, torch_index=torch_index)
+            statuses = ensure_envs(dist, versions, reporter, torch_index=torch_index)
     except HarnessError as err:
         raise fail(err) from None
     show(env_status_table(statuses))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from harness.cli import common
+from harness.cli.help_texts import opt
 from harness.cli.options import (
     EngineArgs,
     Geometry,
@@ -12,7 +13,6 @@ from harness.cli.options import (
     RunOptions,
     TensorParallel,
     VariantName,
-    opt,
     run_options,
 )
 from harness.cli.runs import end_run, guard, open_roundtrip_run
@@ -36,7 +36,7 @@ def faults_cmd(
     none). Exit 0 when every fault is caught by exactly its checks.
     """
     from harness.commands import faults as fs
-    from harness.scenario.schema import load_roundtrip
+    from harness.scenario.roundtrip import load_roundtrip
 
     def make_plan() -> Any:
         scen = load_roundtrip(scenario or common.default_scenario("roundtrip-cpu.toml"))

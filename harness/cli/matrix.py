@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from harness.cli import common
-from harness.cli.options import RunOptions, opt, run_options, scenario_opt
+from harness.cli.help_texts import opt, scenario_opt
+from harness.cli.options import RunOptions, run_options
 from harness.cli.runs import end_run, guard, open_run
 
 
@@ -28,7 +29,7 @@ def matrix_cmd(
     every cell matches its expectation.
     """
     from harness.commands import matrix as mx
-    from harness.scenario.schema import load_matrix
+    from harness.scenario.matrix import load_matrix
 
     def make_plan() -> Any:
         scen = load_matrix(scenario or common.default_scenario("matrix.toml"))

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from harness.cli import common
-from harness.cli.options import OnePython, RunOptions, VariantName, opt, run_options
+from harness.cli import common, launch_checks
+from harness.cli.help_texts import opt
+from harness.cli.options import OnePython, RunOptions, VariantName, run_options
 from harness.cli.runs import guard, open_run
 from harness.errors import BadInput, ExitCode
 
@@ -55,7 +56,7 @@ def mutate_cmd(
                 mutant=mutant, variant=variant, python=python, shard=shard, resume=resume,
             )  # fmt: skip
             return mp.MergePlan.of(list(merge))
-        common.check_jobs(jobs, None)
+        launch_checks.check_jobs(jobs, None)
         if resume is not None:
             refuse_with(
                 "--resume", target=target, command=command, sample=sample, every=every,
@@ -88,7 +89,7 @@ def mutate_cmd(
 
 def refuse_with(option: str, **given: object) -> None:
     """What a resumed or merged session already fixed cannot be given again."""
-    named = common.given_flags(**given)
+    named = launch_checks.given_flags(**given)
     if named:
         raise BadInput(
             f"{option} takes the session's own plan: {', '.join(named)} cannot change it"
@@ -98,7 +99,7 @@ def refuse_with(option: str, **given: object) -> None:
 def build_python(variant: str | None, python: str | None) -> str:
     """The build's interpreter: ``--python``, else the variant's (default ``current``)."""
     if python:
-        return str(common.interpreter(python, "--python").absolute())
+        return str(launch_checks.interpreter(python, "--python").absolute())
     from harness.scenario.schema import load_variants
 
     variants = load_variants(common.default_scenario("variants.toml"))

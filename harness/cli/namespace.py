@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from harness.cli import common
-from harness.cli.options import EngineArgs, RunOptions, opt, run_options
+from harness.cli import common, launch_checks
+from harness.cli.help_texts import opt
+from harness.cli.options import EngineArgs, RunOptions, run_options
 from harness.cli.runs import guard, open_run
 from harness.errors import ExitCode, HarnessError
 
@@ -37,7 +38,7 @@ def namespace_cmd(
     """
     from harness.commands.namespace.changes import choose
     from harness.commands.namespace.plan import plan_namespace
-    from harness.scenario.schema import load_roundtrip
+    from harness.scenario.roundtrip import load_roundtrip
 
     def make_plan() -> Any:
         scen = load_roundtrip(scenario or common.default_scenario(DEFAULT_SCENARIO))
@@ -45,7 +46,7 @@ def namespace_cmd(
         return plan_namespace(
             scen,
             choose(change or []),
-            common.adhoc_variants(pythons) or None,
+            launch_checks.adhoc_variants(pythons) or None,
             list(engine_arg or []),
         )
 

@@ -1,114 +1,33 @@
-"""The options several commands share, declared once, and their parse-time checks.
+"""The options several commands share, declared once: each as an ``Annotated`` type, the
+groups every run command (``RunOptions``) and every command over many builds
+(``BuildOptions``) takes, given to a command by a decorator as one argument.
 
-Every option's help text is in ``help.toml`` by ``"<command>.<option>"``, so each
-declaration stays one line; a bad value is a usage error (one line, exit 2).
+Every option's help text is in ``help.toml`` by ``"<command>.<option>"``
+(``help_texts``), so each declaration stays one line; a bad value is a usage error (one
+line, exit 2: ``option_checks``).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
-import tomllib
 import typer
 
+from harness.cli.help_texts import opt
+from harness.cli.option_checks import check_label, check_results_dir, no_wait
 from harness.names import DISK_FAULTS, REPO_ROOT
 
 DEFAULT_SCENARIOS = REPO_ROOT / "scenarios"
 RESULTS = Path("results")
 
 
-def generated_lists() -> dict[str, str]:
-    """The lists help texts name, from where the code keeps them (``{faults}`` in
-    help.toml): the seeded faults and patches (``harness.names``), the stress profiles,
-    and the shipped bug corpus's ids (its files' stems, as ``load_corpus`` names them)."""
-    from harness.names import FAULTS, PATCHES, POLICY_MUTANTS
-    from harness.scenario.stress_profiles import PROFILES
-
-    def words(items: Any, last: str = "or") -> str:
-        items = list(items)
-        return ", ".join(items[:-1]) + f" {last} {items[-1]}" if len(items) > 1 else "".join(items)
-
-    bugs = sorted(p.stem for p in (DEFAULT_SCENARIOS / "bugs").glob("*.toml"))
-    return {
-        "faults": ", ".join(FAULTS[1:]),
-        "all-faults": ", ".join(FAULTS),
-        "patches": words([*PATCHES, "none"]),
-        "profiles": words(PROFILES),
-        "bugs": ", ".join(bugs),
-        "mutants": words(POLICY_MUTANTS),
-    }
-
-
-def _help(raw: dict[str, Any]) -> dict[str, str]:
-    lists = generated_lists()
-    out: dict[str, str] = {}
-    for key, text in raw.items():
-        if isinstance(text, str):
-            for name, value in lists.items():
-                text = text.replace("{" + name + "}", value)
-            out[key] = text
-    return out
-
-
-_HELP_FILE = tomllib.loads(Path(__file__).with_name("help.toml").read_text())
-# Every option's help text, by "<command>.<option>": declarations stay one line each.
-HELP: dict[str, str] = _help(_HELP_FILE)
-# What ``--help`` shows as an option's value, by parameter name (``app.readable_help``).
-METAVARS: dict[str, str] = dict(_HELP_FILE.get("metavar", {}))
-
-
-def opt(key: str, *decls: str, **settings: Any) -> Any:
-    """``typer.Option`` with its help from help.toml."""
-    return typer.Option(*decls, help=HELP[key], **settings)
-
-
-def scenario_opt(command: str) -> Any:
-    """``--scenario`` of a command whose default is ``scenarios/<command>.toml``."""
-    return opt(f"{command}.scenario", show_default=f"scenarios/{command}.toml")
-
-
 # Parse-time checks of option values: a bad one is a usage error (one line, exit 2).
-def check_url(value: str | None) -> str | None:
-    """An http(s) URL with a host (and, if given, a port in range)."""
-    if value is None:
-        return None
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(value)
-    try:
-        port_ok = parts.port is None or 1 <= parts.port <= 65535
-    except ValueError:
-        port_ok = False
-    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
-        raise typer.BadParameter(
-            f"{value!r} is not an http(s) URL with a host, e.g. http://127.0.0.1:8000"
-        )
-    return value
-
-
-def check_positive(value: float | None) -> float | None:
-    """A finite number above zero (click's ranges let nan through)."""
-    if value is None:
-        return None
-    if not math.isfinite(value) or value <= 0:
-        raise typer.BadParameter(f"{value} is not a positive number")
-    return value
-
-
-def check_duration(value: float | None) -> float | None:
-    """Seconds from 1 to a day (the range said here, not in the help's value column)."""
-    if value is None:
-        return None
-    if not math.isfinite(value) or not 1 <= value <= 86400:
-        raise typer.BadParameter(f"{value} is not between 1 and 86400 seconds")
-    return value
 
 
 class EvictionPolicy(str, Enum):
@@ -122,51 +41,6 @@ class EvictionPolicy(str, Enum):
 DiskFaultName = Enum(  # type: ignore[misc]
     "DiskFaultName", {name: name for name in DISK_FAULTS if name != "none"}, type=str
 )
-
-
-def check_fraction(value: float | None) -> float | None:
-    """A fraction strictly between 0 and 1 (the range said in the help text)."""
-    if value is None:
-        return None
-    if not math.isfinite(value) or not 0 < value < 1:
-        raise typer.BadParameter(f"{value} is not between 0 and 1")
-    return value
-
-
-def check_results_dir(value: Path) -> Path:
-    """A directory, or a path one can be created at (not a file, nor under one)."""
-    if value.exists():
-        if not value.is_dir():
-            raise typer.BadParameter(f"{value} exists and is not a directory")
-        return value
-    parent = value.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise typer.BadParameter(f"{value} cannot be created: {parent} is not a directory")
-    return value
-
-
-def check_label(value: str | None) -> str | None:
-    """``--label``: letters, digits, ``.``, ``_`` and ``-`` (others become ``-``), at
-    most 40; a label with no letter or digit is refused."""
-    if value is None:
-        return None
-    import re
-
-    label = re.sub(r"-{2,}", "-", re.sub(r"[^A-Za-z0-9._-]+", "-", value)).strip("-._")[:40]
-    if not re.search(r"[A-Za-z0-9]", label):
-        raise typer.BadParameter(f"{value!r} has no letter or digit to name a run by")
-    return label.rstrip("-._")
-
-
-def no_wait(value: bool) -> bool:
-    """``--no-wait``: the server lock is not waited for (this command only)."""
-    if value:
-        from harness.server.launcher import set_lock_wait
-
-        set_lock_wait(False)
-    return value
 
 
 # Options several commands share, declared once (typer reads the Annotated metadata).

@@ -6,15 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from harness.cli import common
-from harness.cli.options import (
-    EngineArgs,
-    RunOptions,
-    VariantName,
-    opt,
-    run_options,
-    scenario_opt,
-)
+from harness.cli import common, launch_checks
+from harness.cli.help_texts import opt, scenario_opt
+from harness.cli.options import EngineArgs, RunOptions, VariantName, run_options
 from harness.cli.runs import guard, open_run
 from harness.errors import ExitCode, HarnessError
 
@@ -53,7 +47,7 @@ def oracle_cmd(
 
     def make_plan() -> Any:
         scen = load_oracle(scenario or common.default_scenario("oracle.toml"))
-        adhoc = common.adhoc_variants([python] if python else [])
+        adhoc = launch_checks.adhoc_variants([python] if python else [])
         if adhoc and variant:
             raise HarnessError("give --variant or --python, not both")
         return plan_oracle(

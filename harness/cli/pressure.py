@@ -6,16 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from harness.cli import common
-from harness.cli.options import (
-    EngineArgs,
-    OnePython,
-    RunOptions,
-    VariantName,
-    opt,
-    run_options,
-    scenario_opt,
-)
+from harness.cli import common, launch_checks
+from harness.cli.help_texts import opt, scenario_opt
+from harness.cli.options import EngineArgs, OnePython, RunOptions, VariantName, run_options
 from harness.cli.runs import guard, open_run
 from harness.errors import ExitCode, HarnessError
 
@@ -47,11 +40,11 @@ def pressure_cmd(
     expected; 1 when one is not.
     """
     from harness.commands.pressure.plan import plan_pressure
-    from harness.scenario.schema import load_pressure
+    from harness.scenario.pressure import load_pressure
 
     def make_plan() -> Any:
         scen = load_pressure(scenario or common.default_scenario("pressure.toml"))
-        adhoc = common.adhoc_variants([python] if python else [])
+        adhoc = launch_checks.adhoc_variants([python] if python else [])
         if adhoc and variant:
             raise HarnessError("give --variant or --python, not both")
         planned = plan_pressure(

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from harness.cli import common
+from harness.cli import common, launch_checks
+from harness.cli.help_texts import opt
+from harness.cli.option_checks import check_url
 from harness.cli.options import (
     DiskFaultName,
     EngineArgs,
@@ -16,8 +18,6 @@ from harness.cli.options import (
     RunOptions,
     TensorParallel,
     VariantName,
-    check_url,
-    opt,
     run_options,
 )
 from harness.cli.runs import guard, open_roundtrip_run
@@ -66,16 +66,16 @@ def roundtrip_cmd(
     metrics snapshot, then checks against figures planned from the model geometry.
     """
     from harness.commands import roundtrip as rt
-    from harness.scenario.schema import load_roundtrip
+    from harness.scenario.roundtrip import load_roundtrip
 
     def make_plan() -> Any:
-        common.refuse_on_attach(
+        launch_checks.refuse_on_attach(
             url, variant=variant, python=python, patch=patch, fault=fault, tp=tp,
             engine_arg=engine_arg, baseline=baseline, policy=policy, tier_dir=tier_dir,
             disk_fault=disk_fault, stall_after=stall_after,
         )  # fmt: skip
         scen = load_roundtrip(scenario or common.default_scenario("roundtrip-cpu.toml"))
-        common.known_fault(fault)
+        launch_checks.known_fault(fault)
         if filler_count is not None:
             scen.workload.filler_count = filler_count
         if seed is not None:
@@ -83,7 +83,9 @@ def roundtrip_cmd(
         if url:
             plan = rt.attach_plan(scen, url, str(config) if config else None)
         else:
-            launch = common.launch_options(variant, python, patch, config, tp, fault, engine_arg)
+            launch = launch_checks.launch_options(
+                variant, python, patch, config, tp, fault, engine_arg
+            )
             launch["policy"] = policy.value if policy else None
             launch["tier_dir"] = str(tier_dir) if tier_dir else None
             launch["disk_fault"] = disk_fault.value if disk_fault else None

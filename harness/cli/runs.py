@@ -81,7 +81,7 @@ def end_run(
 
 def lock_free() -> None:
     """``--no-wait``: a run another holds the server lock against does not start."""
-    from harness.server.launcher import refuse_if_lock_busy
+    from harness.server.server_lock import refuse_if_lock_busy
 
     try:
         refuse_if_lock_busy()
@@ -93,7 +93,7 @@ def open_run(opts: RunOptions, command: str, scenario: Any) -> Any:
     """The run's directory under ``--results-dir``, with what every run records about
     itself written at once (``--label``: in the directory's name and ``run.json``)."""
     results_dir, label = opts.results_dir, opts.label
-    from harness.commands.doctor import host_record
+    from harness.commands.doctor.host import host_record
     from harness.results.run_directory import RunDirectory, new_run_dir
     from harness.server.interpreters import git_revision, host_platform
     from harness.server.launcher import install_signal_handlers

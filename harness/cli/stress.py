@@ -7,7 +7,9 @@ from typing import Annotated, Any
 
 import typer
 
-from harness.cli import common
+from harness.cli import common, launch_checks
+from harness.cli.help_texts import opt, scenario_opt
+from harness.cli.option_checks import check_duration, check_fraction, check_url
 from harness.cli.options import (
     EngineArgs,
     EvictionPolicy,
@@ -16,12 +18,7 @@ from harness.cli.options import (
     RunOptions,
     TensorParallel,
     VariantName,
-    check_duration,
-    check_fraction,
-    check_url,
-    opt,
     run_options,
-    scenario_opt,
 )
 from harness.cli.runs import guard, open_roundtrip_run
 from harness.errors import ExitCode
@@ -82,19 +79,19 @@ def stress_cmd(
     (same engine, connector off) measures the noise floor and scores each answer alone.
     """
     from harness.commands.stress import plan as st
-    from harness.scenario.schema import load_stress
+    from harness.scenario.stress import load_stress
 
     def make_plan() -> Any:
-        common.refuse_on_attach(
+        launch_checks.refuse_on_attach(
             url, variant=variant, python=python, patch=patch, fault=fault, tp=tp,
             engine_arg=engine_arg, tier_fraction=tier_fraction, eviction_policy=eviction_policy,
             disk=disk, restarts=restarts, reference_cache=reference_cache,
         )  # fmt: skip
         scen = load_stress(scenario or common.default_scenario("stress.toml"))
-        common.known_fault(fault)
-        launch = common.launch_options(variant, python, patch, config, tp, fault, engine_arg)
+        launch_checks.known_fault(fault)
+        launch = launch_checks.launch_options(variant, python, patch, config, tp, fault, engine_arg)
         if url:
-            common.reachable(url)
+            launch_checks.reachable(url)
         plan = st.plan_stress(
             scen,
             profile=profile,

@@ -7,8 +7,9 @@ from typing import Annotated, Any
 
 import typer
 
-from harness.cli import common
-from harness.cli.options import BuildOptions, RunOptions, build_options, opt, run_options
+from harness.cli import common, launch_checks
+from harness.cli.help_texts import opt
+from harness.cli.options import BuildOptions, RunOptions, build_options, run_options
 from harness.cli.runs import guard, open_run, verdict_line
 from harness.errors import ExitCode, HarnessError
 
@@ -44,10 +45,10 @@ def sweep_cmd(
         targets = sw.load_targets(
             scenario or [common.default_scenario("crash-repro.toml")], check or []
         )
-        common.check_builds(builds.build or [])
+        launch_checks.check_builds(builds.build or [])
         if bisect is not None and builds.jobs > 1:
             raise HarnessError("--bisect builds one release at a time: --jobs does not apply")
-        common.check_jobs(builds.jobs, opts.port)
+        launch_checks.check_jobs(builds.jobs, opts.port)
         run = sw.SweepRun(
             sw.choose_builds(builds.releases, builds.build or [], builds.dist), targets, builds.dist
         )

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from harness.cli.common import console, fail, print_json
-from harness.cli.options import opt
+from harness.cli.help_texts import opt
 from harness.errors import HarnessError
 
 

@@ -18,14 +18,8 @@ from typing import Any, Protocol, TypedDict
 from harness.engine.amx import cpu_flags
 from harness.errors import BadInput, HarnessError
 from harness.names import LOG_PATCH as PATCH_LOG_PREFIX
-from harness.scenario.schema import (
-    CrashReproScenario,
-    Expectation,
-    Variant,
-    effective_patch,
-    load_model_config,
-    load_variants,
-)
+from harness.scenario.crash_repro import CrashReproScenario, Expectation
+from harness.scenario.schema import Variant, effective_patch, load_model_config, load_variants
 from harness.server import engine_log, model_builder
 from harness.server.arguments import offload_backend, server_spec
 from harness.server.crash_signatures import (

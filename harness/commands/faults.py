@@ -24,7 +24,7 @@ from typing import Any, Unpack
 from harness import names
 from harness.commands import roundtrip as rt
 from harness.errors import BadInput, ExitCode
-from harness.scenario.schema import RoundtripScenario
+from harness.scenario.roundtrip import RoundtripScenario
 from harness.server import control_files
 from harness.server.workload import make_prompts
 

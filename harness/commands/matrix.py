@@ -33,31 +33,24 @@ from harness.commands.roundtrip import (
 from harness.engine.amx import cpu_flags
 from harness.errors import BadInput, ExitCode, HarnessError
 from harness.results.records import CheckResult
+from harness.scenario.matrix import CellExpectation, MatrixEntry, MatrixScenario, MatrixTier
+from harness.scenario.roundtrip import RoundtripScenario, load_roundtrip
 from harness.scenario.rules import Match, first_match, platform_gap
-from harness.scenario.schema import (
-    CellExpectation,
-    MatrixEntry,
-    MatrixScenario,
-    MatrixTier,
-    RoundtripScenario,
-    Variant,
-    load_model_config,
-    load_roundtrip,
-    load_variants,
-)
+from harness.scenario.schema import Variant, load_model_config, load_variants
 from harness.server import engine_log, kv_layout
 from harness.server.crash_signatures import crash_signature, known_label
 from harness.server.interpreters import probe
 
 # A root-cause traceback through any of these is a crash in offloading code.
-# Frames of offloading code: vLLM's, and the harness's offload backend and patches (its
-# report wrappers in harness/engine/specs.py only observe, so a crash through them is
-# still the engine's).
+# Frames of offloading code: vLLM's, and the harness's offload backend (its copies and
+# its seeded faults) and patches (its report wrappers in harness/engine/specs.py only
+# observe, so a crash through them is still the engine's).
 OFFLOAD_PATHS = (
     "kv_connector",
     "kv_offload",
     "kv_transfer",
     "harness/engine/host_offload",
+    "harness/engine/host_faults",
     "harness/engine/patches",
 )
 

@@ -23,12 +23,15 @@ def validate(path: Path) -> tuple[str, str]:
 
 
 def _check(kind: str, path: Path) -> str:
-    from harness.scenario.schema import load_crash_repro, load_matrix, load_roundtrip, load_variants
+    from harness.scenario.crash_repro import load_crash_repro
+    from harness.scenario.matrix import load_matrix
+    from harness.scenario.roundtrip import load_roundtrip
+    from harness.scenario.schema import load_variants
 
     if kind == "bug":
         from harness.commands.bugs import corpus as bugs
         from harness.commands.bugs import steps as bug_steps
-        from harness.scenario.schema import load_bug
+        from harness.scenario.bugs import load_bug
 
         entry = load_bug(path)
         bugs.plan_targets_for([entry])
@@ -42,7 +45,7 @@ def _check(kind: str, path: Path) -> str:
         return f"{entry.trigger.kind} trigger, affected {entry.affected}, fixed {fixed}"
     if kind == "stress":
         from harness.commands.stress.plan import plan_stress
-        from harness.scenario.schema import load_stress
+        from harness.scenario.stress import load_stress
 
         splan = plan_stress(load_stress(path))
         return (
@@ -51,7 +54,7 @@ def _check(kind: str, path: Path) -> str:
         )
     if kind == "pressure":
         from harness.commands.pressure.plan import plan_pressure
-        from harness.scenario.schema import load_pressure
+        from harness.scenario.pressure import load_pressure
 
         pplan = plan_pressure(load_pressure(path))
         n = sum(len(s.requests) for s in pplan.servers)

@@ -6,7 +6,8 @@ vLLM's own ``CPUOffloadingManager`` exactly where the stock policy would. Each o
 small, plausible bug of the kind the pressure checks exist to catch; each subclasses
 the build's own LRU or ARC and changes one decision, so everything else is vLLM's.
 They follow the 0.31-0.33 policy internals (0.32's ``current`` and 0.33's CUDA build,
-both replayed by tests/unit/test_pressure_replay.py), like the other seeded faults.
+both replayed by tests/unit/commands/pressure/test_pressure_replay.py), like the other
+seeded faults.
 
 - ``LruEvictsNewest``: the heap is read from the wrong end: the most recent chunk goes.
 - ``LruNeverRefreshes``: a reuse does not count as a use (FIFO by store time).

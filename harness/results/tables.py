@@ -6,7 +6,7 @@ A results directory is read back by several consumers (``offload-check report``,
 command that wrote it has exited, so they must agree with the writer on every file
 and column. Each column list is spelled here once; the writers take it from here
 (``TableFile.write``) and the readers select from it, and ``results/README.md``
-documents the same lists (``tests/unit/test_result_kinds.py`` keeps them equal).
+documents the same lists (``tests/unit/results/test_result_kinds.py`` keeps them equal).
 Adding a command means adding a ``ResultsKind`` here; adding a column means adding it
 here and to the README.
 """

@@ -7,17 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from harness.scenario.bugs import load_bug
+from harness.scenario.crash_repro import load_crash_repro
+from harness.scenario.matrix import load_matrix
 from harness.scenario.oracle import load_oracle
-from harness.scenario.schema import (
-    load_bug,
-    load_crash_repro,
-    load_matrix,
-    load_pressure,
-    load_roundtrip,
-    load_stress,
-    load_variants,
-    read_toml,
-)
+from harness.scenario.pressure import load_pressure
+from harness.scenario.roundtrip import load_roundtrip
+from harness.scenario.schema import load_variants, read_toml
+from harness.scenario.stress import load_stress
 
 
 def scenario_kind(data: dict[str, Any]) -> str:

@@ -1,7 +1,7 @@
 """One build made ready for its servers: its environment and vLLM's model-class cache.
 
 A sweep (and the bug corpus) prepares each build before its first launch: the release
-environment (``harness.server.release_envs``: a uv install with bytecode, an import
+environment (``harness.server.build_envs``: a uv install with bytecode, an import
 check) and vLLM's model-class cache for the harness's geometries
 (``harness.server.modelinfo``). :func:`prepare` does both in the caller's process;
 ``python -m harness.server.build_prep`` does it in a process of its own and prints the
@@ -38,7 +38,7 @@ Step = Callable[[str], None]
 class Prepared:
     """A build made ready: its environment's status and what was done for it."""
 
-    status: Any  # harness.server.release_envs.EnvStatus
+    status: Any  # harness.server.build_envs.EnvStatus
     warm: str = ""  # the model-class cache, as a progress line ("" when not asked)
     steps: list[str] = field(default_factory=list)
     ahead: bool = False  # prepared while the build before it ran
@@ -52,7 +52,7 @@ class Prepared:
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> Prepared:
-        from harness.server.release_envs import EnvStatus
+        from harness.server.build_envs import EnvStatus
 
         return cls(EnvStatus(**data["status"]), str(data["warm"]), list(data["steps"]))
 
@@ -67,10 +67,10 @@ def prepare(
     torch_index: str | None = None,
     on_step: Step | None = None,
 ) -> Prepared:
-    """Make (or reuse) the environment of build ``spec`` (``release_envs.ensure_build``)
+    """Make (or reuse) the environment of build ``spec`` (``build_envs.ensure_build``)
     and, when ``warm``, fill vLLM's model-class cache for it. Never raises for the
     build's own faults: an unusable build is an ``unavailable`` status with the reason."""
-    from harness.server.release_envs import EnvStatus, ensure_build
+    from harness.server.build_envs import EnvStatus, ensure_build
 
     steps: list[str] = []
 

@@ -23,9 +23,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from harness.scenario.crash_repro import Expectation
 from harness.scenario.rules import Match, first_match, platform_gap
 from harness.scenario.rules import version_matches as version_matches  # re-exported for callers
-from harness.scenario.schema import Expectation, KnownCrash
+from harness.scenario.schema import KnownCrash
 from harness.server import engine_log
 from harness.server.fault_dumps import FatalSignal, parse_fatal_signals
 from harness.server.log_lines import Frame, split_prefix

@@ -4,7 +4,7 @@ one line saying why (uv's own error turned into the missing pin or its innermost
 What goes in is what ``make setup`` puts in ``.venv-stock``: the vLLM build, then the
 harness with ``--no-deps`` (only its engine plugin must load there), and on CPU builds
 torchvision/torchaudio/torchcodec removed (they break every import beside the ``+cpu``
-torch). ``harness.server.release_envs`` decides when an environment is made, and stamps it.
+torch). ``harness.server.build_envs`` decides when an environment is made, and stamps it.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ through the connector on any CPU, in a few hundred MB of weights (seeded random 
 scale, so that a wrong load changes the answers). ``derive`` keeps every KV field of the
 checkpoint's config and the layer pattern (MoE every ``interleave_moe_layer_step``-th
 layer, its expert count) and narrows the rest; the derived files in ``scenarios/models/``
-are checked against it (``tests/unit/test_geometries.py``), so they cannot drift from the
+are checked against it (``tests/unit/server/test_geometries.py``), so they cannot drift from the
 checkpoint they stand for.
 
 ``python -m harness.server.geometries CHECKPOINT.json OUT.json`` writes one.

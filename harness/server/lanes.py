@@ -13,7 +13,7 @@ and vLLM's OpenMP threads are bound to them too (``VLLM_CPU_OMP_THREADS_BIND``: 
 So two engines never share a core; a lane's engine has fewer threads than a lone one.
 
 The run that splits the machine holds the machine-wide server lock for its whole life
-(``launcher.hold_machine``): no other run launches meanwhile, and the lanes' own launches
+(``server_lock.hold_machine``): no other run launches meanwhile, and the lanes' own launches
 do not queue on the lock they already hold. A lane is a thread of this process
 (``pinned``) or a child process (``OFFLOAD_CHECK_CORES`` in its environment,
 ``lane_env``).

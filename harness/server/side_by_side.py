@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from harness.server import lanes, launcher
+from harness.server import lanes, launcher, server_lock
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -64,7 +64,7 @@ def run_in_lanes(
         finally:
             results.put(None)  # this lane has ended
 
-    with launcher.hold_machine():
+    with server_lock.hold_machine():
         threads = [
             threading.Thread(target=lane, args=(k,), name=f"lane-{k}", daemon=True)
             for k in range(len(cores))

@@ -1,6 +1,6 @@
 """pip's effective package sources as uv flags: uv does not read pip's config, so what
 ``pip config list`` says (find-links, index-url, extra-index-url, constraint, no-index)
-is passed to uv as flags, by release environments (``harness.server.release_envs``) and
+is passed to uv as flags, by release environments (``harness.server.build_envs``) and
 by the Makefile (``python -m harness.server.uv_flags uv-flags``): one translation, not two.
 
 Standard library only (the Makefile runs this module with a bare bootstrap interpreter).

@@ -22,7 +22,7 @@ from typing import Any
 from harness.commands import roundtrip as rt
 from harness.errors import BadInput
 from harness.names import FAULTS, REPO_ROOT
-from harness.scenario.schema import load_roundtrip
+from harness.scenario.roundtrip import load_roundtrip
 from harness.server import metrics
 from harness.server.workload import Completion, Prompt, make_fillers
 

@@ -207,7 +207,7 @@ def test_a_bug_no_installable_release_has_is_caught_with_its_fix_undone(tmp_path
     (``seeded_by``): on the current build with it, the trigger must show exactly the
     entry's symptom (#49118: the queued request's abort kills the engine in
     _build_store_jobs)."""
-    from harness.scenario.schema import load_bug
+    from harness.scenario.bugs import load_bug
 
     entry = load_bug(path)
     assert entry.seeded_by and entry.fixed

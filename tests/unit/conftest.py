@@ -1,6 +1,6 @@
 """Unit tests never take the machine-wide server lock.
 
-Stand-in servers (tests/unit/test_launcher.py) go through the real launcher, which holds
+Stand-in servers (tests/unit/server/test_launcher.py) go through the real launcher, which holds
 the lock for a server's life. Under `make test` the unit tests run next to the engine
 tests (pytest-xdist), so a stand-in would wait for a real server, or a real server for a
 stand-in. Each unit test gets a lock file of its own; tests of the lock set theirs.

@@ -36,10 +36,11 @@ from typing import Any
 
 from harness.commands import crash_repro
 from harness.errors import HarnessError
-from harness.scenario.schema import CrashReproScenario
+from harness.scenario.crash_repro import CrashReproScenario
 from harness.server.interpreters import probe
 from harness.server.launch_timeline import phase_medians, shares
-from harness.server.launcher import ServerSpec, _signal_group, free_port, server_slot
+from harness.server.launcher import ServerSpec, _signal_group, free_port
+from harness.server.server_lock import server_slot
 
 
 @dataclass
@@ -187,7 +188,7 @@ def run_roundtrip_bench(scenario_path: Path, out_dir: Path) -> dict[str, Any]:
     rest (planning, metric settling, teardown) is the harness's overhead.
     """
     from harness.commands import roundtrip as rt
-    from harness.scenario.schema import load_roundtrip
+    from harness.scenario.roundtrip import load_roundtrip
 
     t0 = time.perf_counter()
     plan = rt.plan_roundtrip(load_roundtrip(scenario_path))

@@ -1,6 +1,6 @@
 """``offload-check bugs``: a corpus of real upstream bugs, each a regression row.
 
-An entry (``scenarios/bugs/<id>.toml``, a :class:`harness.scenario.schema.BugEntry`) names an
+An entry (``scenarios/bugs/<id>.toml``, a :class:`harness.scenario.bugs.BugEntry`) names an
 upstream bug, the releases it lived in and the ones with its fix (PEP 440 specifiers),
 a trigger and the symptom the trigger shows on an affected build. The trigger is either
 a check another scenario already defines (a crash-repro row, a matrix cell, a round
@@ -38,8 +38,8 @@ from harness.commands.sweep import (
 )
 from harness.errors import BadInput
 from harness.results.records import BugCell, SweepCell
+from harness.scenario.bugs import BugEntry, CheckTrigger, load_bug
 from harness.scenario.rules import version_matches
-from harness.scenario.schema import BugEntry, CheckTrigger, load_bug
 
 # A cell's outcome in the corpus (bugs.csv; results/README.md).
 REPRODUCED = "reproduced"  # the entry's symptom, exactly

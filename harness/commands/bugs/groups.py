@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.scenario.schema import BugEntry, StepsTrigger
+from harness.scenario.bugs import BugEntry, StepsTrigger
 
 
 @dataclass(frozen=True)

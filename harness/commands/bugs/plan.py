@@ -9,7 +9,7 @@ from pathlib import Path
 from harness.commands import sweep as sw
 from harness.commands.bugs.corpus import CorpusRun, plan_corpus
 from harness.errors import HarnessError
-from harness.scenario.schema import BugEntry
+from harness.scenario.bugs import BugEntry
 
 
 def variant_builds(names: Sequence[str], variants_file: Path) -> list[str]:

@@ -20,11 +20,12 @@ import time
 from typing import Any
 
 from harness.commands import sweep
+from harness.commands.bugs.entry_runs import entry_dir, open_entry_run
 from harness.commands.bugs.groups import EntryGroup
 from harness.commands.sweep import ERROR, Job
 from harness.errors import BadInput
 from harness.results.records import SweepCell
-from harness.scenario.schema import BugEntry, SchedulerTrigger
+from harness.scenario.bugs import BugEntry, SchedulerTrigger
 
 DRIVE_MODULE = "harness.engine.scheduler_drive"
 
@@ -88,8 +89,6 @@ def run_scheduler(job: Job) -> list[SweepCell]:
     """A sweep runner (``harness.commands.sweep.run_target``) for scheduler-level
     entries: one drive process in the build's interpreter for all of them (importing
     vLLM is most of a drive's time), its stdout and stderr kept, one cell per entry."""
-    from harness.commands.bugs.steps import entry_dir, open_entry_run
-
     group: EntryGroup = job.target.scenario
     entries = group.chosen(job.target.checks)
     for e in entries:

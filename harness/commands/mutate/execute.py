@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from harness.errors import BadInput, ExitCode, RuntimeFailure
 from harness.names import ENV_COVER, ENV_COVER_OUT
-from harness.server import lanes, launcher
+from harness.server import lanes, launcher, server_lock
 from harness.server.side_by_side import run_in_lanes
 
 # Seconds a command may take per mutant; a mutant that makes the engine spin past this
@@ -476,7 +476,7 @@ def execute_session(
     so the stall window and the stress reference it leaves come from a server with the
     mutants' share of the machine. The machine's server lock is held from the baseline
     to the last mutant, so no other run launches between the two."""
-    with launcher.hold_machine() if jobs > 1 else contextlib.nullcontext():
+    with server_lock.hold_machine() if jobs > 1 else contextlib.nullcontext():
         _execute(plan, session, out, reporter, on_verdict, jobs)
 
 

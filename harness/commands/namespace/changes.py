@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.errors import BadInput
-from harness.scenario.schema import RoundtripScenario, load_model_config
+from harness.scenario.roundtrip import RoundtripScenario
+from harness.scenario.schema import load_model_config
 from harness.server.model_builder import text_config
 
 # What the restarted server reads: Llama 3-style RoPE scaling (#56311's change), whose

@@ -16,7 +16,8 @@ from typing import Any
 from harness.commands.namespace.changes import Change, Inputs
 from harness.commands.roundtrip.plan import RoundtripPlan, plan_roundtrip, with_disk_dir
 from harness.errors import BadInput
-from harness.scenario.schema import RoundtripScenario, Variant
+from harness.scenario.roundtrip import RoundtripScenario
+from harness.scenario.schema import Variant
 from harness.server import model_builder
 
 MODEL_LINK = "model"  # under the build's directory: the one model path every server has

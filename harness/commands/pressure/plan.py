@@ -34,15 +34,9 @@ from harness.names import (
     POLICY_MUTANTS,
     SWITCHABLE_POLICY,
 )
+from harness.scenario.pressure import PressureRule, PressureScenario, PressureServer
 from harness.scenario.rules import all_matches
-from harness.scenario.schema import (
-    OffloadSettings,
-    PressureRule,
-    PressureScenario,
-    PressureServer,
-    load_model_config,
-    load_variants,
-)
+from harness.scenario.schema import OffloadSettings, load_model_config, load_variants
 from harness.server import control_files, kv_layout, model_builder
 from harness.server.arguments import server_spec
 from harness.server.interpreters import Environment, probe, require_plugin

@@ -6,10 +6,8 @@ from pathlib import Path
 
 from harness.commands.roundtrip.plan import RoundtripPlan, _validate_lengths, targets_and_expected
 from harness.errors import BadInput, HarnessError
-from harness.scenario.schema import (
-    RoundtripScenario,
-    load_model_config,
-)
+from harness.scenario.roundtrip import RoundtripScenario
+from harness.scenario.schema import load_model_config
 from harness.server import kv_layout, metrics, model_builder
 from harness.server.launcher import http_json
 

@@ -18,9 +18,9 @@ from harness.names import (
     HOST_SPEC_MODULE,
     HOST_TIERING_SPEC_MODULE,
 )
+from harness.scenario.roundtrip import RoundtripScenario
 from harness.scenario.schema import (
     OffloadSettings,
-    RoundtripScenario,
     Variant,
     effective_patch,
     load_model_config,

@@ -8,12 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands.stress.driver import Outcome
-from harness.commands.stress.judge import (
-    SHOWN_TOKENS,
-    StressResult,
-    kernels_text,
-    served_differences,
-)
+from harness.commands.stress.evaluate import kernels_text
+from harness.commands.stress.judge import SHOWN_TOKENS
+from harness.commands.stress.result import StressResult, served_differences
 from harness.commands.stress.workload import PlannedRequest
 from harness.results.run_directory import RunDirectory
 from harness.results.tables import STRESS_CHECKS

@@ -35,7 +35,7 @@ class StressPlan:
     requests: list[PlannedRequest]
     concurrency: int
     seed: int
-    scenario: Any = None  # harness.scenario.schema.StressScenario
+    scenario: Any = None  # harness.scenario.stress.StressScenario
     duration_s: float | None = None  # repeat the plan with new seeds until this elapses
     request_limit: int | None = None
     storable_tokens: int = 0  # what one round can store at most (sizes the CPU tier)
@@ -219,7 +219,7 @@ def plan_stress(
     directory of the reference's cache (``harness.commands.stress.reference_cache``)."""
     from harness.commands.roundtrip import attach_plan, plan_roundtrip
     from harness.names import ENV_TRACE
-    from harness.scenario.schema import load_roundtrip
+    from harness.scenario.roundtrip import load_roundtrip
 
     name = profile or scenario.profile
     if name not in PROFILES:

@@ -32,20 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands.stress.driver import Outcome, Send, drive
-from harness.commands.stress.judge import (
-    SCORE_TOP,
-    SERVED_TOP,
-    ReferenceSource,
-    Scorer,
-    StressResult,
-    compared,
-    explain_divergences,
-    floor_of,
-    judge_run,
-    set_floor,
-)
+from harness.commands.stress.floor import SCORE_TOP, SERVED_TOP, Scorer, compared, floor_of
+from harness.commands.stress.judge import explain_divergences, judge_run, set_floor
 from harness.commands.stress.plan import StressPlan
 from harness.commands.stress.reference import Scores
+from harness.commands.stress.result import ReferenceSource, StressResult
 
 # Bumped whenever what is stored, or what the key is of, changes meaning: an older file
 # is then another key, never read as this one.
@@ -56,7 +47,7 @@ CACHE_FORMAT = 1
 COPY_MARKER = ".offload-check-copy"
 # What the harness asks of the reference, beside the plan: the scorer's top choices, the
 # replay's served top choices and sampling seed (``harness.commands.stress.run``), and
-# the scoring request's shape (``judge.score_request``). Any change is another key.
+# the scoring request's shape (``floor.score_request``). Any change is another key.
 SCORER_SETTINGS: dict[str, Any] = {
     "score_top": SCORE_TOP,
     "served_top": SERVED_TOP,

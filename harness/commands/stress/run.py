@@ -7,7 +7,7 @@ the store counters settle, the server stops. The reference server (same engine, 
 arguments, no connector) then replays round 0 at the same concurrency to measure the
 noise floor, and scores each answered request of the run under test alone
 (``harness.commands.stress.judge.run_reference_side``). The checks come last
-(``harness.commands.stress.judge.evaluate``); results written so far survive any failure.
+(``harness.commands.stress.evaluate.evaluate``); results written so far survive any failure.
 """
 
 from __future__ import annotations
@@ -19,14 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Unpack
 
 from harness.commands.stress.driver import Outcome, drive, http_sender
-from harness.commands.stress.judge import (
-    SERVED_TOP,
-    ServerRun,
-    StressResult,
-    http_scorer,
-    run_reference_side,
-)
+from harness.commands.stress.floor import SERVED_TOP
+from harness.commands.stress.judge import http_scorer, run_reference_side
 from harness.commands.stress.plan import StressPlan
+from harness.commands.stress.result import ServerRun, StressResult
 from harness.errors import HarnessError, RuntimeFailure
 from harness.server import disk_tier, engine_log, kv_layout, metrics
 from harness.server.stall_watch import Sampler
@@ -60,7 +56,7 @@ def execute_stress(
     url, port = at.get("url"), at.get("port")
     from harness.commands.roundtrip import resolve_disk
     from harness.commands.roundtrip.run import Endpoint, server_under_test, start_server
-    from harness.commands.stress.judge import evaluate
+    from harness.commands.stress.evaluate import evaluate
 
     plan.base = resolve_disk(plan.base, out_dir)  # a disk tier in the run directory
     result = StressResult(plan)

@@ -15,7 +15,7 @@ class Build:
     """One build the sweep runs on: a release of the distribution, or a user's own."""
 
     label: str  # the column name: "0.28.0", or a wheel's / interpreter's name
-    spec: str  # what ``release_envs.ensure_build`` takes
+    spec: str  # what ``build_envs.ensure_build`` takes
     release: bool  # a release (ordered by version, in transitions) or a user build
 
     @property

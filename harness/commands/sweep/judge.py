@@ -13,7 +13,7 @@ from harness.commands.sweep.targets import (
     Target,
 )
 from harness.results.records import SweepCell
-from harness.scenario.schema import RoundtripExpectation
+from harness.scenario.roundtrip import RoundtripExpectation
 
 
 def judge_roundtrip(

@@ -246,13 +246,13 @@ def execute_sweep(
     nothing to run (``SweepRun.narrow``) is not even installed.
 
     Two things keep set-up out of the servers' way: the releases are first screened
-    for installability side by side (``release_envs.screen_releases``: dozens of old
+    for installability side by side (``build_envs.screen_releases``: dozens of old
     releases pin a torch no source offers), and each build's successor is prepared in
     the background while its servers run (:mod:`harness.commands.sweep.ahead`).
 
     ``jobs`` > 1 runs that many targets side by side, each in a lane of the machine's
     cores (``_targets_side_by_side``)."""
-    from harness.server.release_envs import screen_releases
+    from harness.server.build_envs import screen_releases
 
     work: list[tuple[int, Build, list[Target]]] = []
     for i, build in enumerate(run.builds, 1):

@@ -20,12 +20,10 @@ from harness.commands.sweep.targets import (
 )
 from harness.errors import BadInput, HarnessError
 from harness.results.records import SweepCell
-from harness.scenario.schema import (
-    CrashReproScenario,
-    MatrixScenario,
-    RoundtripScenario,
-    Variant,
-)
+from harness.scenario.crash_repro import CrashReproScenario
+from harness.scenario.matrix import MatrixScenario
+from harness.scenario.roundtrip import RoundtripScenario
+from harness.scenario.schema import Variant
 
 
 class SweepReporter(Protocol):

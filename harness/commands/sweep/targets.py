@@ -10,12 +10,10 @@ from typing import Any
 from harness.commands.sweep.builds import Build
 from harness.errors import BadInput
 from harness.results.records import SweepCell
-from harness.scenario.schema import (
-    CrashReproScenario,
-    MatrixScenario,
-    PressureScenario,
-    RoundtripScenario,
-)
+from harness.scenario.crash_repro import CrashReproScenario
+from harness.scenario.matrix import MatrixScenario
+from harness.scenario.pressure import PressureScenario
+from harness.scenario.roundtrip import RoundtripScenario
 
 KIND_CRASH_REPRO = "crash-repro"
 KIND_ROUNDTRIP = "roundtrip"

@@ -31,7 +31,7 @@ from harness.tools.gpu_rehearsal.seeded import judge_seeded, seeded_launches
 from harness.tools.gpu_rehearsal.worker import is_this_interpreter, rehearse_on, retarget
 
 RECORD = REPO_ROOT / "tests" / "fixtures" / "gpu-rehearsal-record.json"
-# The nightly's commands that launch servers (tests/unit/test_gpu_rehearsal.py keeps this
+# The nightly's commands that launch servers (tests/unit/tools/test_gpu_rehearsal.py keeps this
 # equal to what .github/workflows/nightly-gpu.yml and .buildkite/nightly.yml run).
 NIGHTLY_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("crash-repro", "--results-dir", "results"),
@@ -74,11 +74,11 @@ def nightly_env_python(
     on_step: Callable[[str], None] | None = None,
     release: str | None = None,
 ) -> str:
-    """The interpreter of the nightly release's environment (``release_envs``:
+    """The interpreter of the nightly release's environment (``build_envs``:
     ``vllm-<pin>`` under ``envs_dir()``), or of ``release`` of the same distribution
     (the release watch's newer one); made when ``create``, else it must exist.
     Raises HarnessError saying how to make it."""
-    from harness.server import release_envs
+    from harness.server import build_envs, release_envs
 
     dist, version = nightly_pin()
     version = release or version
@@ -92,7 +92,7 @@ def nightly_env_python(
                 "(about 10 GB, CUDA torch from PyPI)"
             )
         return str(path / "bin" / "python")
-    status = release_envs.ensure_env(dist, version, on_step=on_step)
+    status = build_envs.ensure_env(dist, version, on_step=on_step)
     if status.python is None:
         raise HarnessError(f"{dist}=={version} cannot be installed here: {status.reason}")
     return status.python

@@ -72,7 +72,7 @@ def plan_roundtrip_launch(scenario: Path, **options: Any) -> PlannedLaunch:
     """The round trip's server on a GPU runner, planned by ``plan_roundtrip`` itself
     (``options`` are its keyword arguments: tp, variant, patch, config, fault, ...)."""
     from harness.commands import roundtrip as rt
-    from harness.scenario.schema import load_roundtrip
+    from harness.scenario.roundtrip import load_roundtrip
 
     scn = load_roundtrip(scenario)
     with gpu_planning():
@@ -104,7 +104,7 @@ def plan_crash_repro_launches(scenario: Path, **options: Unpack[RunOptions]) -> 
     launch would serve (dummy weights: config and tokenizer only, cheap).
     """
     from harness.commands import crash_repro
-    from harness.scenario.schema import load_crash_repro
+    from harness.scenario.crash_repro import load_crash_repro
 
     scn = load_crash_repro(scenario)
     with gpu_planning():
