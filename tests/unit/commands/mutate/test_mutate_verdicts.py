@@ -58,7 +58,8 @@ def test_commands_are_a_run_command_the_suite_or_a_scenario_of_one(tmp_path):
     oracle = ex.MutateCommand.parse(str(ROOT / "scenarios" / "oracle.toml"))
     assert oracle.argv[:3] == ("oracle", "--no-shrink", "--fail-fast")
     assert oracle.argv[3] == "--scenario" and oracle.slug == "oracle"
-    with pytest.raises(BadInput, match="neither suite, roundtrip, stress, pressure, oracle"):
+    listing = "neither suite, roundtrip, stress, pressure, pressure-replay, oracle"
+    with pytest.raises(BadInput, match=listing):
         ex.MutateCommand.parse("matrix")
     with pytest.raises(BadInput, match="a matrix scenario; mutate runs roundtrip, stress"):
         ex.MutateCommand.parse(str(ROOT / "scenarios" / "matrix.toml"))

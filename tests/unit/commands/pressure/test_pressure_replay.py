@@ -310,7 +310,7 @@ def test_the_replay_judge_names_a_policy_that_evicts_the_wrong_chunks():
 
 
 def test_pressure_replay_runs_no_server_and_writes_its_rows(tmp_path):
-    from tests.unit.cli_in_process import invoke
+    from tests.unit.cli.cli_in_process import invoke
 
     code, out, _ = invoke("pressure", "--replay", "--server", "arc", "--results-dir", str(tmp_path))
     assert code == 0, out
@@ -328,7 +328,7 @@ def test_pressure_replay_runs_no_server_and_writes_its_rows(tmp_path):
     ],
 )
 def test_replay_refuses_rounds_with_one_line(args, says):
-    from tests.unit.cli_in_process import invoke, one_line
+    from tests.unit.cli.cli_in_process import invoke, one_line
 
     code, _, err = invoke("pressure", "--replay", *args, "--dry-run")
     assert code == 2 and says in one_line(err)
