@@ -41,9 +41,9 @@ def bench_cmd(
     Harness overhead on crash-repro, host-backend copy throughput, round-trip filler and
     wall-time efficiency.
     """
+    from harness.commands.bench.files import write_bench
     from harness.commands.bench.measure import run_bench
     from harness.results.run_directory import RunDirectory, new_run_dir
-    from harness.results.writers import write_bench
     from harness.scenario.schema import load_crash_repro
     from harness.server.interpreters import host_platform
     from harness.server.launcher import install_signal_handlers

@@ -55,7 +55,7 @@ def run_bugs(run: Any, opts: RunOptions, torch_index: str | None, jobs: int = 1)
 
     from harness.commands import sweep as sw
     from harness.commands.bugs import corpus as bugs
-    from harness.commands.bugs.files import write_bugs
+    from harness.commands.bugs.report import write_bugs
     from harness.ui.terminal import BugsProgress, bugs_table
 
     assert isinstance(run, bugs.CorpusRun)

@@ -63,7 +63,7 @@ def crash_repro_cmd(
 
 def run_crash_repro(plan: object, opts: RunOptions) -> int:
     from harness.commands import crash_repro
-    from harness.results.writers import write_crash_repro
+    from harness.commands.crash_repro.files import write_crash_repro
     from harness.ui.terminal import CrashReproProgress, crash_repro_table
 
     assert isinstance(plan, crash_repro.RunPlan)

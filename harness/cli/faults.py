@@ -58,8 +58,7 @@ def faults_cmd(
 def run_faults(sweep: object, opts: RunOptions) -> int:
     from harness.commands import faults as fs
     from harness.commands import roundtrip as rt
-    from harness.results.tables import FAULT_ROUNDS
-    from harness.results.writers import write_faults
+    from harness.commands.faults import FAULT_ROUNDS, write_faults
     from harness.ui.terminal import RoundtripProgress, frame_table
 
     assert isinstance(sweep, fs.SweepPlan)

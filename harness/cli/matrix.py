@@ -46,7 +46,7 @@ def matrix_cmd(
 
 def run_matrix(plan: object, opts: RunOptions) -> int:
     from harness.commands import matrix as mx
-    from harness.results.writers import write_matrix
+    from harness.commands.matrix.files import write_matrix
     from harness.ui.terminal import MatrixProgress, matrix_table
 
     assert isinstance(plan, mx.MatrixPlan)

@@ -67,10 +67,9 @@ def pressure_cmd(
 
 
 def run_pressure(plan: object, opts: RunOptions) -> int:
-    from harness.commands.pressure.files import server_verdict, write_pressure
+    from harness.commands.pressure.files import PRESSURE_CHECKS, server_verdict, write_pressure
     from harness.commands.pressure.plan import PressurePlan, build_local_model
     from harness.commands.pressure.run import ServerResult, execute_pressure
-    from harness.results.tables import PRESSURE_CHECKS
     from harness.ui.terminal import PressureProgress, frame_table
 
     assert isinstance(plan, PressurePlan)

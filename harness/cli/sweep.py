@@ -67,7 +67,7 @@ def run_sweep(
     run: Any, bisect: str | None, opts: RunOptions, torch_index: str | None, jobs: int = 1
 ) -> int:
     from harness.commands import sweep as sw
-    from harness.results.writers import write_sweep
+    from harness.commands.sweep.files import write_sweep
     from harness.ui.terminal import SweepProgress
 
     assert isinstance(run, sw.SweepRun)
@@ -145,7 +145,7 @@ def finish_sweep(run: Any, run_dir: Any, status: str, code: ExitCode) -> int:
 def merge_sweeps(dirs: list[Path], opts: RunOptions) -> int:
     """``--merge``: CI shards' sweeps as one run of their own."""
     from harness.commands import sweep as sw
-    from harness.results.writers import write_sweep
+    from harness.commands.sweep.files import write_sweep
 
     try:
         run = sw.merge(dirs)

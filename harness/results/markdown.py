@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from harness.results.tables import FAULT_ROUNDS, MATRIX_CELLS, PRESSURE_REQUESTS
-
 Rows = Sequence[Any]  # a table's records (cells, rounds, entries, transitions)
 Envs = Sequence[dict[str, Any]]  # envs.csv's records: one per build
 Meta = dict[str, Any]  # what the run says of itself (results dir, builds, order)
@@ -124,82 +122,6 @@ def roundtrip_report(result: Any, meta: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def matrix_report(cells: Sequence[Any], meta: dict[str, Any]) -> str:
-    """``report.md`` of a matrix run: the table first (mismatches on top), then details."""
-    bad = [c for c in cells if c.matched is False]
-    verdict = "every cell as expected" if not bad else f"{len(bad)} cell(s) NOT as expected"
-    lines = [
-        f"# offload-check matrix: {verdict}",
-        "",
-        f"- results: `{meta.get('results_dir', '')}`",
-        "",
-    ]
-    rows = []
-    for c in cells:
-        start = c.startup + (f": {c.signature}" if c.signature else "")
-        rt = {
-            "pass": "pass",
-            "fail": "**FAIL** " + ", ".join(c.failed_checks),
-            "error": f"error: {c.why}",
-        }.get(c.roundtrip, "-")
-        rows.append(
-            [
-                *c.identity(),
-                start,
-                rt,
-                c.expected_text(),
-                "yes" if c.matched else f"**NO**: {c.why}",
-            ]
-        )
-    lines.append(table(MATRIX_CELLS.display, rows))
-    details = [c for c in cells if c.message or any(not k.passed for k in c.checks)]
-    if details:
-        lines += ["", "## Details", ""]
-    for c in details:
-        lines.append(f"### {c.key}")
-        if c.message:
-            lines += ["", f"Crash: `{c.signature}`", "", f"> {c.message}"]
-        for k in c.checks:
-            if not k.passed:
-                lines += [
-                    "",
-                    f"- `{k.name}`: expected {k.expected}, observed {k.observed}. {k.detail}",
-                ]
-        lines += ["", f"Cell results: `{c.cell_dir}`", ""]
-    return "\n".join(lines) + "\n"
-
-
-def faults_report(rounds: Sequence[Any], meta: dict[str, Any]) -> str:
-    """``report.md`` of a fault sweep: one row per fault, the failing checks beside the
-    ones the fault is for."""
-    bad = [r for r in rounds if not r.matched]
-    verdict = (
-        "every fault caught by exactly its checks" if not bad else f"{len(bad)} NOT as expected"
-    )
-    lines = [
-        f"# offload-check faults: {verdict}",
-        "",
-        f"- one server: `{meta.get('model', '')}` (variant `{meta.get('variant', '')}`)",
-        f"- results: `{meta.get('results_dir', '')}`",
-        "",
-    ]
-    rows = []
-    for r in rounds:
-        rec = r.record()
-        rows.append(
-            [
-                rec["round"],
-                rec["fault"],
-                rec["expected_failing"] or "(none)",
-                rec["failing"] or ("(none)" if r.failing is not None else "-"),
-                rec["status"] if r.matched else f"**{rec['status']}**",
-                rec["reason"],
-            ]
-        )
-    lines.append(table(FAULT_ROUNDS.display, rows))
-    return "\n".join(lines) + "\n"
 
 
 def mark(matched: Any) -> str:
@@ -335,58 +257,3 @@ def builds_table(envs: Sequence[dict[str, Any]]) -> str:
             for e in envs
         ],
     )
-
-
-def pressure_report(
-    servers: Sequence[Any], checks: Sequence[Any], requests: Sequence[Any], meta: dict[str, Any]
-) -> str:
-    """``report.md`` of a pressure run: each server's settings and verdict, the checks
-    not as expected first, then every request beside the oracle's figures."""
-    bad = [c for c in checks if not c.matched]
-    verdict = "every round as expected" if not bad else f"{len(bad)} checks NOT as expected"
-    lines = [
-        f"# offload-check pressure: {verdict}",
-        "",
-        f"- model `{meta.get('model', '')}`, variant `{meta.get('variant', '')}` "
-        f"(vLLM {meta.get('vllm_version', '')})",
-        f"- tier: {meta.get('slots', '')} slots of {meta.get('slot_bytes', '')} B, "
-        f"chunk {meta.get('chunk_tokens', '')} tokens",
-        f"- results: `{meta.get('results_dir', '')}`",
-        "",
-        table(
-            ("server", "round", "policy", "store_threshold", "deviations", "must fail", "verdict"),
-            [
-                [
-                    s["name"],
-                    s["round"],
-                    s["policy"],
-                    s["store_threshold"],
-                    ", ".join(s["deviations"]) or "-",
-                    ", ".join(s["must_fail"]) or "-",
-                    s["verdict"],
-                ]
-                for s in servers
-            ],
-        ),
-        "",
-    ]
-    if bad:
-        lines += ["## Not as expected", ""]
-        lines.append(
-            table(
-                ("server", "round", "check", "passed", "expected", "observed", "where"),
-                [
-                    [c.server, c.round, c.check, c.passed, c.expected, c.observed, c.detail]
-                    for c in bad
-                ],
-            )
-        )
-        lines.append("")
-    lines += ["## Requests", ""]
-    lines.append(
-        table(
-            PRESSURE_REQUESTS.display,
-            [[getattr(r, k) for k in PRESSURE_REQUESTS.shown] for r in requests],
-        )
-    )
-    return "\n".join(lines) + "\n"

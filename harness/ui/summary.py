@@ -26,7 +26,10 @@ from typing import Any
 
 import pandas as pd
 
-from harness.results.tables import CHECKS, MATRIX_CELLS, OUTCOMES, PHASE_TABLE, TableFile
+from harness.commands.crash_repro.files import OUTCOMES
+from harness.commands.matrix.files import MATRIX_CELLS
+from harness.commands.roundtrip.files import CHECKS, PHASE_TABLE
+from harness.results.tables import TableFile
 
 MAX_CELL = 300  # characters; a CI page is for reading, the files hold everything
 
@@ -368,7 +371,7 @@ def _sweep(run_dir: Path, run: dict[str, Any]) -> list[str]:
 
 def _bugs(run_dir: Path, run: dict[str, Any]) -> list[str]:
     """Bug x release, unmatched cells listed first."""
-    from harness.commands.bugs.corpus import read_cells
+    from harness.commands.bugs.files import read_cells
 
     cells = read_cells(run_dir)
     bad = [
@@ -381,7 +384,7 @@ def _bugs(run_dir: Path, run: dict[str, Any]) -> list[str]:
 
 def _stress(run_dir: Path, run: dict[str, Any]) -> list[str]:
     """The profile and what it did in numbers, then every check."""
-    from harness.results.tables import STRESS_CHECKS
+    from harness.commands.stress.files import STRESS_CHECKS
 
     checks, problem = _read_csv(run_dir / STRESS_CHECKS.name)
     passed = run.get("passed") if isinstance(run.get("passed"), bool) else None
@@ -422,7 +425,7 @@ MAX_SURVIVORS = 50  # rows; report.md and mutants.csv list every one
 def _mutate(run_dir: Path, run: dict[str, Any]) -> list[str]:
     """The score, then the survivors: reached ones first (a change no check noticed),
     then the unreached (a line no workload runs)."""
-    from harness.results.tables import MUTANTS
+    from harness.commands.mutate.files import MUTANTS
 
     frame, problem = _read_csv(run_dir / MUTANTS.name)
     raw_plan, raw_score = run.get("plan"), run.get("mutate")

@@ -307,7 +307,7 @@ class MatrixProgress:
 def matrix_table(cells: Sequence[Any]) -> Table:
     """The matrix, cells that differ from their expectation first."""
     table = Table(title="KV-cache spec family matrix", header_style="bold", show_lines=True)
-    from harness.results.tables import MATRIX_CELLS
+    from harness.commands.matrix.files import MATRIX_CELLS
 
     for col in MATRIX_CELLS.display:
         table.add_column(col, overflow="fold")
@@ -341,7 +341,7 @@ def matrix_table(cells: Sequence[Any]) -> Table:
 
 def bench_table(figures: Sequence[dict[str, Any]]) -> Table:
     """The benchmark figures, each with its target and verdict."""
-    from harness.results.tables import BENCH_FIGURES
+    from harness.commands.bench.files import BENCH_FIGURES
 
     table = Table(title="benchmarks (ratios measured side by side in this run)")
     for col in BENCH_FIGURES.shown:
@@ -378,7 +378,9 @@ def launches_table(launches: Sequence[dict[str, Any]]) -> Table:
 def run_tables(command: str, run_dir: Path) -> list[Table]:
     """A results directory's tables, as its command's results kind defines them, then
     its launches (every command records them in run.json)."""
-    from harness.results.tables import CHECKS, OUTCOMES, PHASE_TABLE, STRESS_CHECKS
+    from harness.commands.crash_repro.files import OUTCOMES
+    from harness.commands.roundtrip.files import CHECKS, PHASE_TABLE
+    from harness.commands.stress.files import STRESS_CHECKS
     from harness.ui.owned_kinds import kind_of
 
     kind = kind_of(command)

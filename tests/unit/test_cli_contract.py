@@ -490,7 +490,7 @@ def test_report_at_80_columns_is_the_live_table_readable(sandbox, monkeypatch, t
     from rich.console import Console
 
     from harness.commands.crash_repro import Row
-    from harness.results.tables import OUTCOMES
+    from harness.commands.crash_repro.files import OUTCOMES
     from harness.server.launcher import ServerSpec
     from harness.ui.terminal import crash_repro_table
 

@@ -10,7 +10,42 @@ from typing import Any
 
 from harness.results.records import MutantRecord
 from harness.results.run_directory import RunDirectory
-from harness.results.tables import MUTANTS
+from harness.results.tables import JUnitMap, ResultsKind, TableFile, record_fields, register
+
+MUTANTS = TableFile(
+    "mutants.csv",
+    record_fields(MutantRecord),
+    key=("id",),
+    compared=("verdict", "reached"),
+    outcomes=("verdict",),
+    shown=("id", "line", "function", "operator", "verdict", "command", "reached"),
+    display=("id", "line", "function", "change", "verdict", "command", "reached"),
+    junit=JUnitMap(
+        "mutate.{target}",
+        "{id} line {line} {operator}",
+        lambda m: (
+            f"survived ({'reached by ' + m.reached if m.reached else 'never reached'}): {m.change}"
+            if m.verdict == "survived"
+            else None
+        ),
+        stdout="{change}\nverdict={verdict} command={command} failed={failed}\n{detail}",
+        properties=("verdict", "command", "reached"),
+        seconds="seconds",
+    ),
+)
+MUTATE = register(
+    ResultsKind(
+        "mutate",
+        (MUTANTS,),
+        (
+            "session.sqlite",
+            "junit.xml",
+            "report.md",
+            "baseline/<command>/",
+            "mutants/<id>/<command>/",
+        ),
+    )
+)
 
 DETECTED = ("killed", "timeout")  # a mutant that hangs the engine was noticed
 NOT_SCORED = ("incompetent", "equivalent", "")  # never a real change of behaviour, or not run

@@ -1,7 +1,9 @@
 """A round trip's files in a run directory, rewritten after every phase.
 
 Shared by ``roundtrip`` (one run) and ``matrix`` (one sub-directory per cell), so a
-cell's evidence has the same shape, and the same documented schema, as a run's.
+cell's evidence has the same shape, and the same documented schema, as a run's. Its
+tables (``phases.csv``, ``checks.csv``) are spelled here and registered with the results
+registry (``harness.results.tables.register``).
 """
 
 from __future__ import annotations
@@ -10,8 +12,58 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands.roundtrip import RoundtripPlan, RoundtripResult, save_requests
+from harness.results.records import CheckResult
 from harness.results.run_directory import RunDirectory
-from harness.results.tables import CHECKS, PHASE_TABLE
+from harness.results.tables import JUnitMap, ResultsKind, TableFile, record_fields, register
+from harness.server.metrics import Snapshot
+
+
+def _phase_columns() -> tuple[str, ...]:
+    counters = record_fields(Snapshot)
+    deltas = tuple(f"d_{c}" for c in counters)
+    totals = tuple(f"cum_{c}" for c in counters)
+    return ("phase", "requests", "seconds", *deltas, *totals)
+
+
+PHASE_TABLE = TableFile(
+    "phases.csv",
+    _phase_columns(),
+    key=("phase",),
+    compared=("d_stored_bytes", "d_loaded_bytes", "d_gpu_hits", "d_ext_hits", "d_ext_queries"),
+    display=("phase", "d_stored_bytes", "d_loaded_bytes", "d_gpu_hits", "d_ext_hits/d_ext_queries"),
+)
+# A check is a JUnit case by its name, failing with what it expected and saw.
+CHECKS = TableFile(
+    "checks.csv",
+    record_fields(CheckResult),
+    junit=JUnitMap(
+        "roundtrip.{scenario}",
+        "{name}",
+        lambda c: None if c.passed else f"expected {c.expected}, observed {c.observed}. {c.detail}",
+        stdout="{why}",
+    ),
+    key=("name",),
+    compared=("passed", "observed"),
+    passes=("passed",),
+    display=("name", "passed", "expected", "observed", "detail"),
+)
+ROUNDTRIP = register(
+    ResultsKind(
+        "roundtrip",
+        (PHASE_TABLE, CHECKS),
+        (
+            "requests.jsonl",
+            "junit.xml",
+            "report.md",
+            "phases.png",
+            "metrics/<phase>.prom",
+            "logs/server.log",
+            "logs/baseline-server.log",
+            "logs/server-restarted.log",
+            "disk-tier/",
+        ),
+    )
+)
 
 
 class RoundtripWriter:

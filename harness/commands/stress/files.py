@@ -4,9 +4,11 @@ and answered, the checks, ``divergence.md``, ``junit.xml`` and the timeline char
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from harness.commands.roundtrip.files import CHECKS
 from harness.commands.stress.driver import Outcome
 from harness.commands.stress.judge import (
     SHOWN_TOKENS,
@@ -16,7 +18,28 @@ from harness.commands.stress.judge import (
 )
 from harness.commands.stress.workload import PlannedRequest
 from harness.results.run_directory import RunDirectory
-from harness.results.tables import STRESS_CHECKS
+from harness.results.tables import ResultsKind, register
+
+# The round trip's checks table, its JUnit cases classed by the stress profile.
+assert CHECKS.junit is not None
+STRESS_CHECKS = replace(CHECKS, junit=replace(CHECKS.junit, classname="stress.{profile}"))
+STRESS = register(
+    ResultsKind(
+        "stress",
+        (STRESS_CHECKS,),
+        (
+            "requests.jsonl",
+            "reference.jsonl",
+            "divergence.md",
+            "junit.xml",
+            "timeline.png",
+            "metrics/start.prom",
+            "metrics/end.prom",
+            "logs/server.log",
+            "logs/reference-server.log",
+        ),
+    )
+)
 
 
 def write_stress(run_dir: RunDirectory, result: Any) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands.sweep.builds import Build
+from harness.commands.sweep.files import SWEEP_CELLS, SWEEP_ENVS
 from harness.commands.sweep.run import SweepRun
 from harness.errors import BadInput
 from harness.results.records import SweepCell
@@ -14,8 +15,6 @@ from harness.results.records import SweepCell
 
 def read_cells(run_dir: Path) -> tuple[list[SweepCell], list[dict[str, Any]]]:
     """A sweep run's cells and builds back from its CSV files (``--merge``)."""
-    from harness.results.tables import SWEEP_CELLS, SWEEP_ENVS
-
     frame = SWEEP_CELLS.read(run_dir)
     if frame is None:
         raise BadInput(f"{run_dir}: no sweep.csv (not a sweep run directory)")
