@@ -122,6 +122,9 @@ class ResultsKind:
     command: str
     tables: tuple[TableFile, ...]
     files: tuple[str, ...]  # every other file it may write (results/README.md)
+    # Its section of the CI summary (``python -m harness.ui.summary``): markdown lines from
+    # the run directory and its run.json; None = the headline and the files it wrote.
+    summary: Callable[[Path, dict[str, Any]], list[str]] | None = None
 
 
 def record_fields(cls: Any, *, drop: Sequence[str] = ()) -> tuple[str, ...]:

@@ -7,10 +7,12 @@ scheduler-level trigger's drive files (``bug-scheduler``); ``report.md`` is
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from harness.commands.roundtrip.files import CHECKS
 from harness.commands.sweep.files import SWEEP_ENVS
 from harness.errors import BadInput
+from harness.results import ci_summary as ci
 from harness.results.records import BugCell, StepRecord
 from harness.results.tables import JUnitMap, ResultsKind, TableFile, record_fields, register
 
@@ -43,13 +45,6 @@ BUG_STEPS = TableFile(
     outcomes=("http_status",),
     shown=("index", "do", "name", "detail", "counters"),
 )
-BUGS = register(
-    ResultsKind(
-        "bugs",
-        (BUG_CELLS, SWEEP_ENVS),
-        ("junit.xml", "report.md", "releases/<build>/<scenario or bug>/"),
-    )
-)
 BUG_SCRIPT = register(
     ResultsKind("bug-steps", (BUG_STEPS, CHECKS), ("requests.jsonl", "metrics/", "logs/server.log"))
 )
@@ -70,3 +65,24 @@ def read_cells(run_dir: Path) -> list[BugCell]:
         rec["seconds"] = float(rec["seconds"] or 0.0)
         cells.append(BugCell(**rec))
     return cells
+
+
+def summary_section(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    """Bug x release, unmatched cells listed first."""
+    cells = read_cells(run_dir)
+    bad = [
+        f"- **unmatched**: {c.bug} on {c.release}: {c.outcome} ({c.why})"
+        for c in cells
+        if c.matched is False
+    ]
+    return [*ci.grid(run_dir, run, cells, bad, "bug", "outcome"), ""]
+
+
+BUGS = register(
+    ResultsKind(
+        "bugs",
+        (BUG_CELLS, SWEEP_ENVS),
+        ("junit.xml", "report.md", "releases/<build>/<scenario or bug>/"),
+        summary=summary_section,
+    )
+)

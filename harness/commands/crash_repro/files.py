@@ -5,8 +5,11 @@ and ``junit.xml``; the table is spelled here and registered with the results reg
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from harness.results import ci_summary as ci
+from harness.results.ci_summary import Row
 from harness.results.run_directory import RunDirectory
 from harness.results.tables import JUnitMap, ResultsKind, TableFile, register
 
@@ -75,9 +78,81 @@ OUTCOMES = TableFile(
         "matched",
     ),
 )
+
+
+def _signature(row: Row) -> str:
+    """The crash signature, or for a server that started whether it answered."""
+    if ci.col(row, "signature"):
+        return ci.col(row, "signature")
+    answered = ci.truthy(ci.col(row, "answered"))
+    if answered:
+        return "answered"
+    if answered is False:
+        return "no answer: " + ci.col(row, "answer").strip()
+    return ""
+
+
+def summary_section(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    """The CI summary's section: the rows, those not as expected with why and their log."""
+    frame, problem = ci.read_csv(run_dir / OUTCOMES.name)
+    summary = run.get("summary") if isinstance(run.get("summary"), dict) else {}
+    extra = ""
+    if summary:
+        extra = (
+            f"{summary.get('done', '?')}/{summary.get('rows', '?')} rows done, "
+            f"{summary.get('matched', '?')} as expected, "
+            f"{summary.get('mismatched', '?')} not"
+        )
+    passed = None
+    if frame is not None and len(frame) and "matched" in frame.columns:
+        passed = all(ci.truthy(v) for v in frame["matched"])
+    lines = ci.headline(run_dir, run, ci.verdict(run, passed), extra)
+    if problem:
+        return [*lines, problem, ""]
+    assert frame is not None
+    if not len(frame):
+        return [*lines, "_`outcomes.csv` has no rows yet._", ""]
+    rows = []
+    for _, row in frame.iterrows():
+        expected = ci.col(row, "expected")
+        known = ci.num(ci.col(row, "expected_known"), "")
+        if expected and known:
+            # known_label's spelling, inline: the summary imports no verdict logic.
+            expected += f" (#{known})" if known.isdigit() else f" ({known})"
+        matched = ci.truthy(ci.col(row, "matched"))
+        rows.append(
+            [
+                ci.col(row, "model"),
+                ci.col(row, "variant"),
+                ci.col(row, "vllm_version"),
+                ci.col(row, "connector"),
+                ci.col(row, "outcome"),
+                _signature(row),
+                expected,
+                "yes" if matched else ("**NO**" if matched is False else ""),
+            ]
+        )
+    lines += ci.table(OUTCOMES.display, rows)
+    why = [
+        (ci.col(r, "variant"), ci.col(r, "connector"), ci.col(r, "why"), ci.col(r, "log"))
+        for _, r in frame.iterrows()
+        if ci.truthy(ci.col(r, "matched")) is False
+    ]
+    if why:
+        lines += ["", "Not as expected:", ""]
+        lines += [
+            f"- {v} connector={c}: {ci.cell(w) or 'see the log'} (log: `{log}`)"
+            for v, c, w, log in why
+        ]
+    return [*lines, ""]
+
+
 CRASH_REPRO = register(
     ResultsKind(
-        "crash-repro", (OUTCOMES,), ("junit.xml", "logs/<model>__<variant>__connector-<on|off>.log")
+        "crash-repro",
+        (OUTCOMES,),
+        ("junit.xml", "logs/<model>__<variant>__connector-<on|off>.log"),
+        summary=summary_section,
     )
 )
 

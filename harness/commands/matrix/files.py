@@ -5,8 +5,10 @@ registered with the results registry (``harness.results.tables.register``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from harness.results import ci_summary as ci
 from harness.results.markdown import table
 from harness.results.run_directory import RunDirectory
 from harness.results.tables import JUnitMap, ResultsKind, TableFile, register
@@ -81,11 +83,51 @@ MATRIX_CELLS = TableFile(
         "match",
     ),
 )
+
+
+def summary_section(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    """The CI summary's section: every cell, mismatches first."""
+    frame, problem = ci.read_csv(run_dir / MATRIX_CELLS.name)
+    passed = None
+    if frame is not None and len(frame) and "matched" in frame.columns:
+        passed = all(ci.truthy(v) for v in frame["matched"])
+    extra = f"{run.get('cells_matched', '?')}/{len(run.get('cells') or [])} cells as expected"
+    lines = ci.headline(run_dir, run, ci.verdict(run, passed), extra)
+    if problem:
+        return [*lines, problem, ""]
+    assert frame is not None
+    rows = []
+    for _, row in frame.iterrows():  # matrix.csv lists mismatches first
+        start = ci.col(row, "startup") + (
+            f": {ci.col(row, 'signature')}" if ci.col(row, "signature") else ""
+        )
+        rt = ci.col(row, "roundtrip")
+        if rt == "fail":
+            rt = "FAIL " + ci.col(row, "failed_checks")
+        matched = ci.truthy(ci.col(row, "matched"))
+        rows.append(
+            [
+                ci.col(row, "family"),
+                ci.col(row, "geometry"),
+                ci.col(row, "variant"),
+                ci.col(row, "tier") or "roomy",
+                ci.col(row, "vllm_version"),
+                ci.col(row, "spec_classes"),
+                start,
+                rt,
+                ci.col(row, "expected"),
+                "yes" if matched else f"**NO**: {ci.col(row, 'why')}",
+            ]
+        )
+    return [*lines, *ci.table(MATRIX_CELLS.display, rows), ""]
+
+
 MATRIX = register(
     ResultsKind(
         "matrix",
         (MATRIX_CELLS,),
         ("junit.xml", "report.md", "cells/<family>__<geometry>__<variant>__<tier>/"),
+        summary=summary_section,
     )
 )
 

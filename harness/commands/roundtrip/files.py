@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands.roundtrip import RoundtripPlan, RoundtripResult, save_requests
+from harness.results import ci_summary as ci
+from harness.results.ci_summary import Row
 from harness.results.records import CheckResult
 from harness.results.run_directory import RunDirectory
 from harness.results.tables import JUnitMap, ResultsKind, TableFile, record_fields, register
@@ -47,6 +49,84 @@ CHECKS = TableFile(
     passes=("passed",),
     display=("name", "passed", "expected", "observed", "detail"),
 )
+
+
+def is_informational(row: Row) -> bool:
+    """A ``checks.csv`` row that is reported but never fails the run."""
+    flag = ci.truthy(ci.col(row, "informational"))
+    if flag is not None:
+        return flag
+    return ci.col(row, "why").strip().lower().startswith("informational")
+
+
+def summary_section(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    """The CI summary's section: the checks counted, the phases, every check."""
+    phases, phases_problem = ci.read_csv(run_dir / PHASE_TABLE.name)
+    checks, checks_problem = ci.read_csv(run_dir / CHECKS.name)
+    passed = run.get("passed") if isinstance(run.get("passed"), bool) else None
+    counted = ""
+    if checks is not None and "passed" in checks.columns:
+        gating = [r for _, r in checks.iterrows() if not is_informational(r)]
+        ok = sum(1 for r in gating if ci.truthy(ci.col(r, "passed")))
+        counted = f"{ok}/{len(gating)} checks passed"
+        if passed is None and gating:
+            passed = ok == len(gating)
+    raw_plan, raw_variant = run.get("plan"), run.get("variant")
+    plan = raw_plan if isinstance(raw_plan, dict) else {}
+    variant = raw_variant if isinstance(raw_variant, dict) else {}
+    facts = [counted]
+    if variant.get("vllm_version"):
+        facts.append(
+            f"vLLM {variant['vllm_version']} ({variant.get('vllm_dist', '?')}) on "
+            f"{variant.get('device', '?')}"
+        )
+    if plan.get("tensor_parallel"):
+        facts.append(f"TP {plan['tensor_parallel']}")
+    if plan.get("fault") not in (None, "", "none"):
+        facts.append(f"fault `{plan['fault']}`")
+    lines = ci.headline(run_dir, run, ci.verdict(run, passed), "; ".join(f for f in facts if f))
+
+    lines += ["### Phases", ""]
+    lines += ci.rows_or_note(phases, phases_problem, PHASE_TABLE, _phase_row)
+    lines += ["", "### Checks", ""]
+    lines += ci.rows_or_note(checks, checks_problem, CHECKS, check_row)
+    files = [
+        f"{what} `{run_dir / name}`"
+        for name, what in (("report.md", "full report"), ("logs/server.log", "server log"))
+        if (run_dir / name).is_file()
+    ]
+    if files:
+        lines += ["", "Files: " + ", ".join(files) + "."]
+    return [*lines, ""]
+
+
+def _phase_row(r: Row) -> list[str]:
+    hits = ci.num(ci.col(r, "d_ext_hits"), "")
+    queries = ci.num(ci.col(r, "d_ext_queries"), "")
+    return [
+        ci.col(r, "phase"),
+        ci.num(ci.col(r, "d_stored_bytes")),
+        ci.num(ci.col(r, "d_loaded_bytes")),
+        ci.num(ci.col(r, "d_gpu_hits"), ""),
+        f"{hits}/{queries}",
+    ]
+
+
+def check_row(r: Row) -> list[str]:
+    row_ok = ci.truthy(ci.col(r, "passed"))
+    if is_informational(r):
+        result = "info: same" if row_ok else "info: differs"
+    else:
+        result = "pass" if row_ok else "**FAIL**"
+    return [
+        ci.col(r, "name"),
+        result,
+        ci.col(r, "expected"),
+        ci.col(r, "observed"),
+        ci.col(r, "detail"),
+    ]
+
+
 ROUNDTRIP = register(
     ResultsKind(
         "roundtrip",
@@ -62,6 +142,7 @@ ROUNDTRIP = register(
             "logs/server-restarted.log",
             "disk-tier/",
         ),
+        summary=summary_section,
     )
 )
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness.commands.roundtrip.files import CHECKS
+from harness.commands.roundtrip.files import CHECKS, check_row
 from harness.commands.stress.driver import Outcome
 from harness.commands.stress.judge import (
     SHOWN_TOKENS,
@@ -17,12 +17,50 @@ from harness.commands.stress.judge import (
     served_differences,
 )
 from harness.commands.stress.workload import PlannedRequest
+from harness.results import ci_summary as ci
 from harness.results.run_directory import RunDirectory
 from harness.results.tables import ResultsKind, register
 
 # The round trip's checks table, its JUnit cases classed by the stress profile.
 assert CHECKS.junit is not None
 STRESS_CHECKS = replace(CHECKS, junit=replace(CHECKS.junit, classname="stress.{profile}"))
+
+
+def summary_section(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    """The profile and what it did in numbers, then every check."""
+    checks, problem = ci.read_csv(run_dir / STRESS_CHECKS.name)
+    passed = run.get("passed") if isinstance(run.get("passed"), bool) else None
+    raw_plan, raw_figures = run.get("plan"), run.get("stress")
+    plan = raw_plan if isinstance(raw_plan, dict) else {}
+    f = raw_figures if isinstance(raw_figures, dict) else {}
+    facts = [
+        f"profile `{plan.get('profile', '?')}`, seed {plan.get('seed', '?')}, "
+        f"concurrency {plan.get('concurrency', '?')}",
+        f"{f.get('requests_sent', '?')} requests ({f.get('requests_compared', '?')} compared) "
+        f"in {f.get('traffic_seconds', '?')} s",
+        f"tolerance {f.get('tolerance')} (noise floor {f.get('noise_floor')})",
+    ]
+    if plan.get("fault") not in (None, "", "none"):
+        facts.append(f"fault `{plan['fault']}`")
+    if plan.get("patch") not in (None, "", "none"):
+        facts.append(f"patch `{plan['patch']}`")
+    lines = ci.headline(run_dir, run, ci.verdict(run, passed), "; ".join(facts))
+    lines += ["### Checks", ""]
+    lines += ci.rows_or_note(checks, problem, STRESS_CHECKS, check_row)
+    files = [
+        f"{what} `{run_dir / name}`"
+        for name, what in (
+            ("divergence.md", "divergences"),
+            ("timeline.png", "timeline"),
+            ("requests.jsonl", "requests"),
+        )
+        if (run_dir / name).is_file()
+    ]
+    if files:
+        lines += ["", "Files: " + ", ".join(files) + "."]
+    return [*lines, ""]
+
+
 STRESS = register(
     ResultsKind(
         "stress",
@@ -38,6 +76,7 @@ STRESS = register(
             "logs/server.log",
             "logs/reference-server.log",
         ),
+        summary=summary_section,
     )
 )
 

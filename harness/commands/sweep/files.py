@@ -5,6 +5,11 @@ heatmap; the tables are spelled here and registered with the results registry
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+from harness.errors import BadInput
+from harness.results import ci_summary as ci
 from harness.results.chart import sweep_heatmap
 from harness.results.markdown import Envs, Meta, Rows, sweep_report
 from harness.results.records import SweepCell
@@ -38,6 +43,53 @@ SWEEP_ENVS = TableFile(
     outcomes=("state",),
     shown=("release", "state", "vllm_version", "seconds", "reason"),
 )
+
+
+def read_cells(run_dir: Path) -> tuple[list[SweepCell], list[dict[str, Any]]]:
+    """A sweep run's cells and builds back from its CSV files (``--merge``)."""
+    frame = SWEEP_CELLS.read(run_dir)
+    if frame is None:
+        raise BadInput(f"{run_dir}: no sweep.csv (not a sweep run directory)")
+    cells = []
+    for rec in frame.to_dict("records"):
+        matched = str(rec["matched"]).strip().lower()
+        cells.append(
+            SweepCell(
+                release=str(rec["release"]),
+                check=str(rec["check"]),
+                kind=str(rec["kind"]),
+                scenario=str(rec["scenario"]),
+                outcome=str(rec["outcome"]),
+                known=str(rec["known"]),
+                signature=str(rec["signature"]),
+                expected=str(rec["expected"]),
+                matched=None if matched == "" else matched in ("true", "1"),
+                seconds=float(rec["seconds"] or 0.0),
+                vllm_version=str(rec["vllm_version"]),
+                detail=str(rec["detail"]),
+                failing=str(rec.get("failing", "")),
+                why=str(rec["why"]),
+                rule=None if str(rec["rule"]) == "" else int(rec["rule"]),
+                run_dir=str(rec["run_dir"]),
+            )
+        )
+    envs_frame = SWEEP_ENVS.read(run_dir)
+    envs = [] if envs_frame is None else envs_frame.to_dict("records")
+    return cells, envs
+
+
+def summary_section(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    """Release x check, cells not as expected listed first, and the transitions."""
+    cells, _ = read_cells(run_dir)
+    bad = [
+        f"- **not as expected**: {c.release} {c.check}: {c.state} ({c.why})"
+        for c in cells
+        if c.matched is False
+    ]
+    lines = ci.grid(run_dir, run, cells, bad, "check", "state")
+    return [*lines, "", *[f"- {t}" for t in run.get("transitions") or []], ""]
+
+
 SWEEP = register(
     ResultsKind(
         "sweep",
@@ -49,6 +101,7 @@ SWEEP = register(
             "transitions.json",
             "releases/<build>/<scenario>/",
         ),
+        summary=summary_section,
     )
 )
 
