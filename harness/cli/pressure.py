@@ -61,16 +61,17 @@ def pressure_cmd(
             extra_args=engine_arg,
         )
 
-    common.plan_and_run(
-        make_plan, "pressure_plan", lambda planned: run_pressure(planned, opts), opts
-    )
+    from harness.cli import pressure_show as show
+
+    common.plan_and_run(make_plan, show.PLAN, lambda planned: run_pressure(planned, opts), opts)
 
 
 def run_pressure(plan: object, opts: RunOptions) -> int:
+    from harness.cli.pressure_show import PressureProgress
     from harness.commands.pressure.files import PRESSURE_CHECKS, server_verdict, write_pressure
     from harness.commands.pressure.plan import PressurePlan, build_local_model
     from harness.commands.pressure.run import ServerResult, execute_pressure
-    from harness.ui.terminal import PressureProgress, frame_table
+    from harness.ui.terminal import frame_table
 
     assert isinstance(plan, PressurePlan)
     run_dir = open_run(opts, "pressure", plan.scenario)

@@ -55,9 +55,11 @@ def sweep_cmd(
             sw.bisect_target(run.targets, bisect)
         return run
 
+    from harness.cli import sweep_show as show
+
     common.plan_and_run(
         make_plan,
-        "sweep_plan",
+        show.PLAN,
         lambda planned: run_sweep(planned, bisect, opts, builds.torch_index, builds.jobs),
         opts,
     )
@@ -66,9 +68,9 @@ def sweep_cmd(
 def run_sweep(
     run: Any, bisect: str | None, opts: RunOptions, torch_index: str | None, jobs: int = 1
 ) -> int:
+    from harness.cli.sweep_show import SweepProgress
     from harness.commands import sweep as sw
     from harness.commands.sweep.files import write_sweep
-    from harness.ui.terminal import SweepProgress
 
     assert isinstance(run, sw.SweepRun)
     run_dir = open_run(opts, "sweep", None)
@@ -117,8 +119,8 @@ def finish_sweep(run: Any, run_dir: Any, status: str, code: ExitCode) -> int:
     """``run.json`` finished, the cells not as expected, the table, the transitions."""
     from rich.markup import escape
 
+    from harness.cli.sweep_show import sweep_table
     from harness.commands import sweep as sw
-    from harness.ui.terminal import sweep_table
 
     ok, bad, unjudged = sw.judged(run.cells)
     transitions = run.transitions()
