@@ -148,7 +148,7 @@ def run_roundtrip(
 
 def show_reference(result: Any) -> None:
     """The scenario's reference figures (PR #51161's) beside this run's, one line each."""
-    from harness.results.markdown import reference_figures
+    from harness.commands.roundtrip.files import reference_figures
 
     figures = reference_figures(result)
     if not figures:

@@ -1,4 +1,6 @@
-"""Markdown renderings of results: ``report.md`` and CI step summaries."""
+"""Markdown every ``report.md`` is made of: tables, a multi-build report's heading and
+sections, the release x row grid and the builds table. Each command renders its own
+``report.md`` from these (``commands/<command>/files.py``)."""
 
 from __future__ import annotations
 
@@ -17,111 +19,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     out += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(out)
-
-
-def reference_figures(result: Any) -> list[tuple[str, int, int | None]]:
-    """(figure, the reference's, this run's) for a scenario with ``reference`` figures:
-    the cold pass's stored bytes, the replay's loaded bytes and external hit tokens
-    (None where the run did not get that far); [] without a reference."""
-    ref = result.plan.scenario.reference
-    if ref is None:
-        return []
-    by = {p.phase: p.delta for p in result.phases}
-    cold, replay = by.get("cold"), by.get("replay")
-    return [
-        ("bytes stored", ref.stored_bytes, int(cold.stored_bytes) if cold else None),
-        ("bytes loaded", ref.loaded_bytes, int(replay.loaded_bytes) if replay else None),
-        ("external hit tokens", ref.hit_tokens, int(replay.ext_hits) if replay else None),
-    ]
-
-
-def reference_section(result: Any) -> list[str]:
-    figures = reference_figures(result)
-    if not figures:
-        return []
-    source = result.plan.scenario.reference.source
-    rows = [
-        [what, f"{ref:,}", "-" if got is None else f"{got:,}", "same" if got == ref else "differs"]
-        for what, ref, got in figures
-    ]
-    return [f"## Against {source}", "", table(["figure", "reference", "this run", ""], rows), ""]
-
-
-def roundtrip_report(result: Any, meta: dict[str, Any]) -> str:
-    plan, filler = result.plan, result.filler
-    verdict = "PASS" if result.passed else "FAIL"
-    lines = [f"# offload-check roundtrip: {verdict}", ""]
-    env = plan.env
-    lines += [
-        f"- model: `{plan.model_ref}` (served as `{plan.served_name}`)",
-        f"- variant: `{plan.variant}`"
-        + (
-            f", vLLM {env.vllm_version} ({env.vllm_dist}) on {env.device}"
-            if env
-            else " (attached server)"
-        ),
-        f"- patch: `{plan.patch or 'none'}`, fault: `{plan.fault}`, TP: {plan.tensor_parallel}",
-        f"- KV block {plan.kv_block_size} tokens, offload chunk {plan.tokens_per_chunk} tokens",
-        f"- pool {filler.pool_tokens if filler else '?'} tokens; filler "
-        f"{filler.tokens if filler else 0} tokens ({filler.count if filler else 0} prompts)",
-        f"- results: `{meta.get('results_dir', '')}`",
-        "",
-        *reference_section(result),
-        "## Phases",
-        "",
-    ]
-    rows = []
-    for p in result.phases:
-        d, t = p.delta, p.total
-        rows.append(
-            [
-                p.phase,
-                p.requests,
-                f"{int(d.stored_bytes):,}",
-                f"{int(d.loaded_bytes):,}",
-                int(d.gpu_hits),
-                f"{int(d.ext_hits)}/{int(d.ext_queries)}",
-                f"{int(t.stored_bytes):,}",
-                f"{int(t.loaded_bytes):,}",
-                f"{int(t.ext_hits)}/{int(t.ext_queries)}",
-            ]
-        )
-    lines.append(
-        table(
-            [
-                "phase",
-                "requests",
-                "stored B",
-                "loaded B",
-                "gpu hits",
-                "ext hits/queries",
-                "cum stored B",
-                "cum loaded B",
-                "cum ext hits/queries",
-            ],
-            rows,
-        )
-    )
-    lines += ["", "## Checks", ""]
-    rows = [
-        [c.name, "pass" if c.passed else "**FAIL**", c.expected, c.observed, c.detail or c.why]
-        for c in result.checks
-    ]
-    rows += [
-        [c.name, "same" if c.passed else "differs", c.expected, c.observed, c.detail or c.why]
-        for c in result.info_checks
-    ]
-    lines.append(table(["check", "result", "expected", "observed", "why / detail"], rows))
-    notes = [*plan.notes, *result.notes]
-    if notes:
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
-    lines += [
-        "",
-        "Cold vs warm output is informational: on GPUs a full prefill and a "
-        "prefix-cached pass may differ numerically; replay vs warm must not.",
-        "",
-    ]
-    return "\n".join(lines)
 
 
 def mark(matched: Any) -> str:
@@ -215,38 +112,6 @@ def grid_report_head(
     """The head of a report over builds (sweep, bugs): its verdict, then what is not as
     expected first (``bad``: the section's title, headers and rows)."""
     return heading(title, meta, summary) + first_section(*bad)
-
-
-def sweep_report(cells: Rows, envs: Envs, transitions: Rows, meta: Meta) -> str:
-    bad = [c for c in cells if c.matched is False]
-    unjudged = [c for c in cells if c.matched is None]
-    verdict = "as expected" if not bad else f"{len(bad)} not as expected"
-    counts = f"{len(cells) - len(bad) - len(unjudged)} as expected, {len(bad)} not"
-    summary = f"checks: {len({c.check for c in cells})}; cells: {len(cells)} ({counts}, "
-    rows = [[c.release, c.check, c.state, c.expected, c.why] for c in bad]
-    headers = ["release", "check", "outcome", "expected", "why"]
-    lines = grid_report_head(
-        f"sweep: {verdict}",
-        f"{summary}{len(unjudged)} not run)",
-        meta,
-        ("Not as expected", headers, rows),
-    )
-    lines += grid_section("Release x check", "* = not as expected", cells, meta)
-    lines += ["## Transitions", ""]
-    lines += [f"- {t.text()}" for t in transitions] or ["_no release ran twice_"]
-    for text in meta.get("bisect", []):
-        lines.append(f"- bisect: {text}")
-    lines += ["", "## Builds", "", builds_table(envs), "", "## Cells", ""]
-    lines.append(
-        table(
-            ["release", "check", "outcome", "signature", "expected", "match", "detail"],
-            [
-                [c.release, c.check, c.state, c.signature, c.expected, mark(c.matched), c.detail]
-                for c in cells
-            ],
-        )
-    )
-    return "\n".join(lines) + "\n"
 
 
 def builds_table(envs: Sequence[dict[str, Any]]) -> str:

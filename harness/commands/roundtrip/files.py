@@ -14,6 +14,7 @@ from typing import Any
 from harness.commands.roundtrip import RoundtripPlan, RoundtripResult, save_requests
 from harness.results import ci_summary as ci
 from harness.results.ci_summary import Row
+from harness.results.markdown import table
 from harness.results.records import CheckResult
 from harness.results.run_directory import RunDirectory
 from harness.results.tables import JUnitMap, ResultsKind, TableFile, record_fields, register
@@ -154,8 +155,6 @@ class RoundtripWriter:
         self.run_dir, self.plan, self.chart = run_dir, plan, chart
 
     def __call__(self, result: RoundtripResult) -> None:
-        from harness.results.markdown import roundtrip_report
-
         plan, run_dir = self.plan, self.run_dir
         run_dir.update_meta(
             plan=result.describe_plan(),
@@ -192,3 +191,108 @@ def part_writer(path: Path, plan: RoundtripPlan, **meta: Any) -> RoundtripWriter
     sub = RunDirectory(path, "roundtrip")
     sub.update_meta(plan=plan.describe(), **meta)
     return RoundtripWriter(sub, plan, chart=False)
+
+
+def reference_figures(result: Any) -> list[tuple[str, int, int | None]]:
+    """(figure, the reference's, this run's) for a scenario with ``reference`` figures:
+    the cold pass's stored bytes, the replay's loaded bytes and external hit tokens
+    (None where the run did not get that far); [] without a reference."""
+    ref = result.plan.scenario.reference
+    if ref is None:
+        return []
+    by = {p.phase: p.delta for p in result.phases}
+    cold, replay = by.get("cold"), by.get("replay")
+    return [
+        ("bytes stored", ref.stored_bytes, int(cold.stored_bytes) if cold else None),
+        ("bytes loaded", ref.loaded_bytes, int(replay.loaded_bytes) if replay else None),
+        ("external hit tokens", ref.hit_tokens, int(replay.ext_hits) if replay else None),
+    ]
+
+
+def reference_section(result: Any) -> list[str]:
+    figures = reference_figures(result)
+    if not figures:
+        return []
+    source = result.plan.scenario.reference.source
+    rows = [
+        [what, f"{ref:,}", "-" if got is None else f"{got:,}", "same" if got == ref else "differs"]
+        for what, ref, got in figures
+    ]
+    return [f"## Against {source}", "", table(["figure", "reference", "this run", ""], rows), ""]
+
+
+def roundtrip_report(result: Any, meta: dict[str, Any]) -> str:
+    plan, filler = result.plan, result.filler
+    verdict = "PASS" if result.passed else "FAIL"
+    lines = [f"# offload-check roundtrip: {verdict}", ""]
+    env = plan.env
+    lines += [
+        f"- model: `{plan.model_ref}` (served as `{plan.served_name}`)",
+        f"- variant: `{plan.variant}`"
+        + (
+            f", vLLM {env.vllm_version} ({env.vllm_dist}) on {env.device}"
+            if env
+            else " (attached server)"
+        ),
+        f"- patch: `{plan.patch or 'none'}`, fault: `{plan.fault}`, TP: {plan.tensor_parallel}",
+        f"- KV block {plan.kv_block_size} tokens, offload chunk {plan.tokens_per_chunk} tokens",
+        f"- pool {filler.pool_tokens if filler else '?'} tokens; filler "
+        f"{filler.tokens if filler else 0} tokens ({filler.count if filler else 0} prompts)",
+        f"- results: `{meta.get('results_dir', '')}`",
+        "",
+        *reference_section(result),
+        "## Phases",
+        "",
+    ]
+    rows = []
+    for p in result.phases:
+        d, t = p.delta, p.total
+        rows.append(
+            [
+                p.phase,
+                p.requests,
+                f"{int(d.stored_bytes):,}",
+                f"{int(d.loaded_bytes):,}",
+                int(d.gpu_hits),
+                f"{int(d.ext_hits)}/{int(d.ext_queries)}",
+                f"{int(t.stored_bytes):,}",
+                f"{int(t.loaded_bytes):,}",
+                f"{int(t.ext_hits)}/{int(t.ext_queries)}",
+            ]
+        )
+    lines.append(
+        table(
+            [
+                "phase",
+                "requests",
+                "stored B",
+                "loaded B",
+                "gpu hits",
+                "ext hits/queries",
+                "cum stored B",
+                "cum loaded B",
+                "cum ext hits/queries",
+            ],
+            rows,
+        )
+    )
+    lines += ["", "## Checks", ""]
+    rows = [
+        [c.name, "pass" if c.passed else "**FAIL**", c.expected, c.observed, c.detail or c.why]
+        for c in result.checks
+    ]
+    rows += [
+        [c.name, "same" if c.passed else "differs", c.expected, c.observed, c.detail or c.why]
+        for c in result.info_checks
+    ]
+    lines.append(table(["check", "result", "expected", "observed", "why / detail"], rows))
+    notes = [*plan.notes, *result.notes]
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    lines += [
+        "",
+        "Cold vs warm output is informational: on GPUs a full prefill and a "
+        "prefix-cached pass may differ numerically; replay vs warm must not.",
+        "",
+    ]
+    return "\n".join(lines)

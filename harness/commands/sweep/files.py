@@ -11,7 +11,16 @@ from typing import Any
 from harness.errors import BadInput
 from harness.results import ci_summary as ci
 from harness.results.chart import sweep_heatmap
-from harness.results.markdown import Envs, Meta, Rows, sweep_report
+from harness.results.markdown import (
+    Envs,
+    Meta,
+    Rows,
+    builds_table,
+    grid_report_head,
+    grid_section,
+    mark,
+    table,
+)
 from harness.results.records import SweepCell
 from harness.results.run_directory import RunDirectory
 from harness.results.tables import JUnitMap, ResultsKind, TableFile, record_fields, register
@@ -126,3 +135,35 @@ def write_sweep(
     )
     if chart and cells:
         sweep_heatmap(cells, meta.get("release_order", []), run_dir.path / "heatmap.png")
+
+
+def sweep_report(cells: Rows, envs: Envs, transitions: Rows, meta: Meta) -> str:
+    bad = [c for c in cells if c.matched is False]
+    unjudged = [c for c in cells if c.matched is None]
+    verdict = "as expected" if not bad else f"{len(bad)} not as expected"
+    counts = f"{len(cells) - len(bad) - len(unjudged)} as expected, {len(bad)} not"
+    summary = f"checks: {len({c.check for c in cells})}; cells: {len(cells)} ({counts}, "
+    rows = [[c.release, c.check, c.state, c.expected, c.why] for c in bad]
+    headers = ["release", "check", "outcome", "expected", "why"]
+    lines = grid_report_head(
+        f"sweep: {verdict}",
+        f"{summary}{len(unjudged)} not run)",
+        meta,
+        ("Not as expected", headers, rows),
+    )
+    lines += grid_section("Release x check", "* = not as expected", cells, meta)
+    lines += ["## Transitions", ""]
+    lines += [f"- {t.text()}" for t in transitions] or ["_no release ran twice_"]
+    for text in meta.get("bisect", []):
+        lines.append(f"- bisect: {text}")
+    lines += ["", "## Builds", "", builds_table(envs), "", "## Cells", ""]
+    lines.append(
+        table(
+            ["release", "check", "outcome", "signature", "expected", "match", "detail"],
+            [
+                [c.release, c.check, c.state, c.signature, c.expected, mark(c.matched), c.detail]
+                for c in cells
+            ],
+        )
+    )
+    return "\n".join(lines) + "\n"
