@@ -1,5 +1,6 @@
 """What a mutation session writes, rewritten after every verdict: ``mutants.csv``,
-``junit.xml`` and ``report.md`` (the score, survivors first)."""
+``junit.xml`` and ``report.md`` (the score, survivors first). The table and the session's
+section of the CI summary are registered here (``harness.results.tables.register``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """A pressure run's files, rewritten after every request: ``pressure.csv`` (each request
 against the oracle), ``pressure-checks.csv`` and ``junit.xml`` (each server's checks),
-``requests.jsonl`` (every completion whole) and ``report.md``."""
+``requests.jsonl`` (every completion whole) and ``report.md``. The tables are spelled
+here and registered with the results registry (``harness.results.tables.register``)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,10 @@
 
 Shared by ``roundtrip`` (one run) and ``matrix`` (one sub-directory per cell), so a
 cell's evidence has the same shape, and the same documented schema, as a run's. Its
-tables (``phases.csv``, ``checks.csv``) are spelled here and registered with the results
-registry (``harness.results.tables.register``).
+tables (``phases.csv``, ``checks.csv``; stress and the scripted bug triggers write the
+checks table too) are spelled here and registered with the results registry
+(``harness.results.tables.register``) with its section of the CI summary; its
+``report.md`` is rendered here.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ def _phase_row(r: Row) -> list[str]:
 
 
 def check_row(r: Row) -> list[str]:
+    """A ``checks.csv`` row as the CI summary shows it (stress's section too)."""
     row_ok = ci.truthy(ci.col(r, "passed"))
     if is_informational(r):
         result = "info: same" if row_ok else "info: differs"

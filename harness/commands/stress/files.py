@@ -1,5 +1,7 @@
 """What a stress run writes, rewritten as the run goes: the requests each server was sent
-and answered, the checks, ``divergence.md``, ``junit.xml`` and the timeline chart."""
+and answered, the checks, ``divergence.md``, ``junit.xml`` and the timeline chart. Its
+checks table (the round trip's, its JUnit cases classed by profile) and its section of
+the CI summary are registered here (``harness.results.tables.register``)."""
 
 from __future__ import annotations
 
