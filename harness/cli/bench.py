@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.table import Table
+from rich.text import Text
 
 from harness.cli import common
 from harness.cli.options import RunOptions, run_options
@@ -41,13 +44,12 @@ def bench_cmd(
     Harness overhead on crash-repro, host-backend copy throughput, round-trip filler and
     wall-time efficiency.
     """
+    from harness.commands.bench.files import write_bench
     from harness.commands.bench.measure import run_bench
     from harness.results.run_directory import RunDirectory, new_run_dir
-    from harness.results.writers import write_bench
     from harness.scenario.crash_repro import load_crash_repro
     from harness.server.interpreters import host_platform
     from harness.server.launcher import install_signal_handlers
-    from harness.ui.terminal import bench_table
 
     install_signal_handlers()
     lock_free()
@@ -80,3 +82,16 @@ def bench_cmd(
     run_dir.finish("finished", 0)
     common.show(bench_table(figures))
     common.console.print(f"results: {run_dir.path}", highlight=False)
+
+
+def bench_table(figures: Sequence[dict[str, Any]]) -> Table:
+    """The benchmark figures, each with its target and verdict."""
+    from harness.commands.bench.files import BENCH_FIGURES
+
+    table = Table(title="benchmarks (ratios measured side by side in this run)")
+    for col in BENCH_FIGURES.shown:
+        table.add_column(col)
+    for f in figures:
+        ok = Text("yes", style="green") if f["ok"] else Text("no", style="red")
+        table.add_row(str(f["figure"]), str(f["value"]), str(f["target"]), ok)
+    return table

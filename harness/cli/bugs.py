@@ -43,9 +43,11 @@ def bugs_cmd(
         run = plan.plan_bugs(entries, builds.releases, extra, builds.dist)
         return run
 
+    from harness.cli import bugs_show as show
+
     common.plan_and_run(
         make_plan,
-        "bugs_plan",
+        show.PLAN,
         lambda planned: run_bugs(planned, opts, builds.torch_index, builds.jobs),
         opts,
     )
@@ -54,10 +56,10 @@ def bugs_cmd(
 def run_bugs(run: Any, opts: RunOptions, torch_index: str | None, jobs: int = 1) -> int:
     from rich.markup import escape
 
+    from harness.cli.bugs_show import BugsProgress, bugs_table
     from harness.commands import sweep as sw
     from harness.commands.bugs import corpus as bugs
-    from harness.commands.bugs.files import write_bugs
-    from harness.ui.terminal import BugsProgress, bugs_table
+    from harness.commands.bugs.report import write_bugs
 
     assert isinstance(run, bugs.CorpusRun)
     sweep = run.sweep

@@ -50,15 +50,15 @@ def crash_repro_cmd(
         )
         return plan
 
-    common.plan_and_run(
-        make_plan, "crash_repro_plan", lambda planned: run_crash_repro(planned, opts), opts
-    )
+    from harness.cli import crash_repro_show as show
+
+    common.plan_and_run(make_plan, show.PLAN, lambda planned: run_crash_repro(planned, opts), opts)
 
 
 def run_crash_repro(plan: object, opts: RunOptions) -> int:
+    from harness.cli.crash_repro_show import CrashReproProgress, crash_repro_table
     from harness.commands import crash_repro
-    from harness.results.writers import write_crash_repro
-    from harness.ui.terminal import CrashReproProgress, crash_repro_table
+    from harness.commands.crash_repro.files import write_crash_repro
 
     assert isinstance(plan, crash_repro.RunPlan)
     run_dir = open_run(opts, "crash-repro", plan.scenario)

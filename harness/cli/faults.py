@@ -52,15 +52,17 @@ def faults_cmd(
         )
         return sweep
 
-    common.plan_and_run(make_plan, "faults_plan", lambda planned: run_faults(planned, opts), opts)
+    from harness.cli import faults_show as show
+
+    common.plan_and_run(make_plan, show.PLAN, lambda planned: run_faults(planned, opts), opts)
 
 
 def run_faults(sweep: object, opts: RunOptions) -> int:
+    from harness.cli.roundtrip_show import RoundtripProgress
     from harness.commands import faults as fs
     from harness.commands import roundtrip as rt
-    from harness.results.tables import FAULT_ROUNDS
-    from harness.results.writers import write_faults
-    from harness.ui.terminal import RoundtripProgress, frame_table
+    from harness.commands.faults import FAULT_ROUNDS, write_faults
+    from harness.ui.terminal import frame_table
 
     assert isinstance(sweep, fs.SweepPlan)
     base = sweep.base

@@ -42,13 +42,15 @@ def matrix_cmd(
         )
         return plan
 
-    common.plan_and_run(make_plan, "matrix_plan", lambda planned: run_matrix(planned, opts), opts)
+    from harness.cli import matrix_show as show
+
+    common.plan_and_run(make_plan, show.PLAN, lambda planned: run_matrix(planned, opts), opts)
 
 
 def run_matrix(plan: object, opts: RunOptions) -> int:
+    from harness.cli.matrix_show import MatrixProgress, matrix_table
     from harness.commands import matrix as mx
-    from harness.results.writers import write_matrix
-    from harness.ui.terminal import MatrixProgress, matrix_table
+    from harness.commands.matrix.files import write_matrix
 
     assert isinstance(plan, mx.MatrixPlan)
     run_dir = open_run(opts, "matrix", plan.scenario)

@@ -82,9 +82,9 @@ def mutate_cmd(
             chosen=mutant or (),
         )
 
-    common.plan_and_run(
-        make_plan, "mutate_plan", lambda planned: run_mutate(planned, opts, jobs), opts
-    )
+    from harness.cli import mutate_show as show
+
+    common.plan_and_run(make_plan, show.PLAN, lambda planned: run_mutate(planned, opts, jobs), opts)
 
 
 def refuse_with(option: str, **given: object) -> None:

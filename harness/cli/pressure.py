@@ -63,18 +63,20 @@ def pressure_cmd(
             check_replayable(planned, len(mutant or ()) + len(fault or ()) + bool(patch))
         return planned
 
+    from harness.cli import pressure_show as show
+
     common.plan_and_run(
-        make_plan, "pressure_plan", lambda planned: run_pressure(planned, opts, replay), opts
+        make_plan, show.PLAN, lambda planned: run_pressure(planned, opts, replay), opts
     )
 
 
 def run_pressure(plan: object, opts: RunOptions, replay: bool = False) -> int:
-    from harness.commands.pressure.files import server_verdict, write_pressure
+    from harness.cli.pressure_show import PressureProgress
+    from harness.commands.pressure.files import PRESSURE_CHECKS, server_verdict, write_pressure
     from harness.commands.pressure.plan import PressurePlan, build_local_model
     from harness.commands.pressure.replay import replay_plan
     from harness.commands.pressure.run import ServerResult, execute_pressure
-    from harness.results.tables import PRESSURE_CHECKS
-    from harness.ui.terminal import PressureProgress, frame_table
+    from harness.ui.terminal import frame_table
 
     assert isinstance(plan, PressurePlan)
     run_dir = open_run(opts, "pressure", plan.scenario)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+import harness.cli
 from harness.cli.common import console, fail, print_json, show
 from harness.cli.help_texts import opt
 from harness.errors import HarnessError
@@ -43,6 +46,7 @@ def report_cmd(
         highlight=False,
         soft_wrap=False,
     )
+    load_views()
     for table in run_tables(command, run_dir):
         show(table)
 
@@ -56,3 +60,11 @@ def read_run(run_dir: Path) -> dict[str, object]:
         return dict(json.loads(path.read_text()))
     except json.JSONDecodeError as err:
         raise HarnessError(f"{path}: not valid JSON: {err}") from None
+
+
+def load_views() -> None:
+    """Every command's show module (``cli/<command>_show.py``), found by name: each
+    registers how ``report`` shows its tables (``harness.ui.terminal.register_view``)."""
+    for info in pkgutil.iter_modules(harness.cli.__path__):
+        if info.name.endswith("_show"):
+            importlib.import_module(f"{harness.cli.__name__}.{info.name}")

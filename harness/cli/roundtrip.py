@@ -92,9 +92,11 @@ def roundtrip_cmd(
             plan = rt.plan_roundtrip(scen, **launch)
         return plan
 
+    from harness.cli import roundtrip_show as show
+
     common.plan_and_run(
         make_plan,
-        "roundtrip_plan",
+        show.PLAN,
         lambda planned: run_roundtrip(planned, opts, baseline, stall_after),
         opts,
     )
@@ -103,9 +105,9 @@ def roundtrip_cmd(
 def run_roundtrip(
     plan: object, opts: RunOptions, baseline: bool = False, stall_after: float | None = None
 ) -> int:
+    from harness.cli.roundtrip_show import RoundtripProgress, checks_table, phase_table
     from harness.commands import roundtrip as rt
     from harness.commands.roundtrip.files import RoundtripWriter
-    from harness.ui.terminal import RoundtripProgress, checks_table, phase_table
 
     assert isinstance(plan, rt.RoundtripPlan)
     url = plan.url  # an attached plan's server (``--url``); None: the plan's launch
@@ -148,7 +150,7 @@ def run_roundtrip(
 
 def show_reference(result: Any) -> None:
     """The scenario's reference figures (PR #51161's) beside this run's, one line each."""
-    from harness.results.markdown import reference_figures
+    from harness.commands.roundtrip.files import reference_figures
 
     figures = reference_figures(result)
     if not figures:

@@ -110,15 +110,18 @@ def stress_cmd(
         )
         return plan
 
-    common.plan_and_run(make_plan, "stress_plan", lambda planned: run_stress(planned, opts), opts)
+    from harness.cli import stress_show as show
+
+    common.plan_and_run(make_plan, show.PLAN, lambda planned: run_stress(planned, opts), opts)
 
 
 def run_stress(plan: object, opts: RunOptions) -> int:
+    from harness.cli.roundtrip_show import checks_table
+    from harness.cli.stress_show import StressProgress
     from harness.commands.roundtrip import build_local_model
     from harness.commands.stress.files import write_stress
     from harness.commands.stress.plan import StressPlan
     from harness.commands.stress.run import execute_stress
-    from harness.ui.terminal import StressProgress, checks_table
 
     assert isinstance(plan, StressPlan)
     base = plan.base

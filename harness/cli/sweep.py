@@ -56,9 +56,11 @@ def sweep_cmd(
             sw.bisect_target(run.targets, bisect)
         return run
 
+    from harness.cli import sweep_show as show
+
     common.plan_and_run(
         make_plan,
-        "sweep_plan",
+        show.PLAN,
         lambda planned: run_sweep(planned, bisect, opts, builds.torch_index, builds.jobs),
         opts,
     )
@@ -67,9 +69,9 @@ def sweep_cmd(
 def run_sweep(
     run: Any, bisect: str | None, opts: RunOptions, torch_index: str | None, jobs: int = 1
 ) -> int:
+    from harness.cli.sweep_show import SweepProgress
     from harness.commands import sweep as sw
-    from harness.results.writers import write_sweep
-    from harness.ui.terminal import SweepProgress
+    from harness.commands.sweep.files import write_sweep
 
     assert isinstance(run, sw.SweepRun)
     run_dir = open_run(opts, "sweep", None)
@@ -118,8 +120,8 @@ def finish_sweep(run: Any, run_dir: Any, status: str, code: ExitCode) -> int:
     """``run.json`` finished, the cells not as expected, the table, the transitions."""
     from rich.markup import escape
 
+    from harness.cli.sweep_show import sweep_table
     from harness.commands import sweep as sw
-    from harness.ui.terminal import sweep_table
 
     ok, bad, unjudged = sw.judged(run.cells)
     transitions = run.transitions()
@@ -146,7 +148,7 @@ def finish_sweep(run: Any, run_dir: Any, status: str, code: ExitCode) -> int:
 def merge_sweeps(dirs: list[Path], opts: RunOptions) -> int:
     """``--merge``: CI shards' sweeps as one run of their own."""
     from harness.commands import sweep as sw
-    from harness.results.writers import write_sweep
+    from harness.commands.sweep.files import write_sweep
 
     try:
         run = sw.merge(dirs)

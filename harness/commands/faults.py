@@ -24,6 +24,9 @@ from typing import Any, Unpack
 from harness import names
 from harness.commands import roundtrip as rt
 from harness.errors import BadInput, ExitCode
+from harness.results.markdown import table
+from harness.results.run_directory import RunDirectory
+from harness.results.tables import JUnitMap, ResultsKind, TableFile, register
 from harness.scenario.roundtrip import RoundtripScenario
 from harness.server import control_files
 from harness.server.workload import make_prompts
@@ -247,3 +250,78 @@ def _slug(rnd: Round) -> str:
 def round_dir(out_dir: Path, rnd: Round) -> Path:
     """Where a round's round-trip files go (the same files a ``roundtrip`` run writes)."""
     return out_dir / "rounds" / _slug(rnd)
+
+
+# --- its files: faults.csv (a row per round), junit.xml, report.md ---------------------
+FAULT_ROUNDS = TableFile(
+    "faults.csv",
+    (
+        "round",
+        "fault",
+        "status",
+        "expected_failing",
+        "failing",
+        "missed",
+        "unexpected",
+        "seed",
+        "reason",
+    ),
+    # A soak repeats the clean round: a round is its number and its fault.
+    key=("round", "fault"),
+    compared=("status", "failing"),
+    outcomes=("status",),
+    junit=JUnitMap(
+        "faults",
+        "{fault}",
+        lambda r: None if r.matched else f"{r.status}: {r.reason}",
+        properties=("expected_failing",),
+    ),
+    shown=("round", "fault", "status", "expected_failing", "failing", "reason"),
+    display=("round", "fault", "must fail", "failed", "verdict", "why"),
+)
+FAULTS_KIND = register(
+    ResultsKind(
+        "faults",
+        (FAULT_ROUNDS,),
+        ("junit.xml", "report.md", "logs/server.log", "rounds/<NN>-<fault>/"),
+    )
+)
+
+
+def write_faults(run_dir: RunDirectory, rounds: Sequence[Any], meta: dict[str, Any]) -> None:
+    FAULT_ROUNDS.write(run_dir, [r.record() for r in rounds])
+    FAULT_ROUNDS.write_junit(run_dir, "faults", rounds)
+    run_dir.write_text(
+        "report.md", faults_report(rounds, {"results_dir": str(run_dir.path), **meta})
+    )
+
+
+def faults_report(rounds: Sequence[Any], meta: dict[str, Any]) -> str:
+    """``report.md`` of a fault sweep: one row per fault, the failing checks beside the
+    ones the fault is for."""
+    bad = [r for r in rounds if not r.matched]
+    verdict = (
+        "every fault caught by exactly its checks" if not bad else f"{len(bad)} NOT as expected"
+    )
+    lines = [
+        f"# offload-check faults: {verdict}",
+        "",
+        f"- one server: `{meta.get('model', '')}` (variant `{meta.get('variant', '')}`)",
+        f"- results: `{meta.get('results_dir', '')}`",
+        "",
+    ]
+    rows = []
+    for r in rounds:
+        rec = r.record()
+        rows.append(
+            [
+                rec["round"],
+                rec["fault"],
+                rec["expected_failing"] or "(none)",
+                rec["failing"] or ("(none)" if r.failing is not None else "-"),
+                rec["status"] if r.matched else f"**{rec['status']}**",
+                rec["reason"],
+            ]
+        )
+    lines.append(table(FAULT_ROUNDS.display, rows))
+    return "\n".join(lines) + "\n"

@@ -324,19 +324,3 @@ def judged_checks(entries: Sequence[BugEntry]) -> Callable[[Any, Target], tuple[
         )
 
     return narrow
-
-
-def read_cells(run_dir: Path) -> list[BugCell]:
-    """A corpus run's cells back from ``bugs.csv`` (the CI summary, ``report``)."""
-    from harness.results.tables import BUG_CELLS
-
-    frame = BUG_CELLS.read(run_dir)
-    if frame is None:
-        raise BadInput(f"{run_dir}: no bugs.csv (not a bugs run directory)")
-    cells = []
-    for rec in frame.astype(str).to_dict("records"):
-        matched = rec["matched"].strip().lower()
-        rec["matched"] = None if matched == "" else matched in ("true", "1")
-        rec["seconds"] = float(rec["seconds"] or 0.0)
-        cells.append(BugCell(**rec))
-    return cells

@@ -1,77 +1,88 @@
-"""What a bug-corpus run writes: ``bugs.csv``, the builds table, ``junit.xml`` and
-``report.md`` (unmatched cells first, the bug x release grid, each entry's links, ranges
-and reproductions)."""
+"""The tables a bug-corpus run writes, spelled here and registered with the results
+registry (``harness.results.tables.register``): ``bugs.csv`` (a cell per entry and build)
+beside the sweep's builds table, a scripted trigger's ``steps.csv`` (``bug-steps``) and a
+scheduler-level trigger's drive files (``bug-scheduler``); ``report.md`` is
+``commands/bugs/report.py``'s."""
 
 from __future__ import annotations
 
-from harness.commands.bugs.corpus import REPRODUCED, reproduction
-from harness.results.markdown import (
-    Envs,
-    Meta,
-    Rows,
-    builds_table,
-    grid_report_head,
-    grid_section,
-    mark,
-    table,
-)
-from harness.results.run_directory import RunDirectory
-from harness.results.tables import BUG_CELLS, SWEEP_ENVS
+from pathlib import Path
+from typing import Any
 
+from harness.commands.roundtrip.files import CHECKS
+from harness.commands.sweep.files import SWEEP_ENVS
+from harness.errors import BadInput
+from harness.results import ci_summary as ci
+from harness.results.records import BugCell, StepRecord
+from harness.results.tables import JUnitMap, ResultsKind, TableFile, record_fields, register
 
-def write_bugs(run_dir: RunDirectory, cells: Rows, envs: Envs, entries: Rows, meta: Meta) -> None:
-    """Every corpus file from what is known so far (rewritten after each cell)."""
-    BUG_CELLS.write(run_dir, [c.record() for c in cells])
-    SWEEP_ENVS.write(run_dir, envs)
-    BUG_CELLS.write_junit(run_dir, "bugs", cells)
-    report = bugs_report(cells, envs, entries, {"results_dir": str(run_dir.path), **meta})
-    run_dir.write_text("report.md", report)
-
-
-def bugs_report(cells: Rows, envs: Envs, entries: Rows, meta: Meta) -> str:
-    """``report.md`` of a bug-corpus run: unmatched cells first, the bug x release grid,
-    then each entry with its upstream links, ranges and reproductions."""
-    bad = [c for c in cells if c.matched is False]
-    verdict = "every entry as the corpus says" if not bad else f"{len(bad)} cell(s) unmatched"
-    reproduced = sorted({c.bug for c in cells if c.outcome == REPRODUCED and c.matched})
-    lines = grid_report_head(
-        f"bugs: {verdict}",
-        f"entries: {len(entries)}; reproduced where they lived: {len(reproduced)} "
-        f"({', '.join(reproduced) or '-'})",
-        meta,
-        (
-            "Unmatched",
-            ["bug", "release", "outcome", "expected", "why"],
-            [[c.bug, c.release, c.outcome, c.expected, c.why] for c in bad],
+# One cell per corpus entry and build, and a scripted trigger's steps (``bug-steps``).
+BUG_CELLS = TableFile(
+    "bugs.csv",
+    record_fields(BugCell),
+    key=("bug", "release"),
+    compared=("vllm_version", "outcome", "matched"),
+    passes=("matched",),
+    outcomes=("outcome",),
+    shown=("bug", "release", "outcome", "expected", "matched", "signature"),
+    display=("bug", "release", "outcome", "expected", "match", "signature"),
+    junit=JUnitMap(
+        "bugs.{bug}",
+        "{release}",
+        lambda c: (
+            f"expected {c.expected}, got {c.outcome}: {c.why}" if c.matched is False else None
         ),
+        stdout="outcome={outcome} ({observed}) {signature}\n{detail}\n{why}",
+        properties=("vllm_version", "outcome", "expected", "check"),
+        seconds="seconds",
+    ),
+)
+BUG_STEPS = TableFile(
+    "steps.csv",
+    record_fields(StepRecord),
+    key=("index",),
+    compared=("http_status", "counters"),
+    outcomes=("http_status",),
+    shown=("index", "do", "name", "detail", "counters"),
+)
+BUG_SCRIPT = register(
+    ResultsKind("bug-steps", (BUG_STEPS, CHECKS), ("requests.jsonl", "metrics/", "logs/server.log"))
+)
+BUG_SCHEDULER = register(
+    ResultsKind("bug-scheduler", (), ("drive.json", "drive.stdout", "drive.stderr"))
+)
+
+
+def read_cells(run_dir: Path) -> list[BugCell]:
+    """A corpus run's cells back from ``bugs.csv`` (the CI summary, ``report``)."""
+    frame = BUG_CELLS.read(run_dir)
+    if frame is None:
+        raise BadInput(f"{run_dir}: no bugs.csv (not a bugs run directory)")
+    cells = []
+    for rec in frame.astype(str).to_dict("records"):
+        matched = rec["matched"].strip().lower()
+        rec["matched"] = None if matched == "" else matched in ("true", "1")
+        rec["seconds"] = float(rec["seconds"] or 0.0)
+        cells.append(BugCell(**rec))
+    return cells
+
+
+def summary_section(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    """Bug x release, unmatched cells listed first."""
+    cells = read_cells(run_dir)
+    bad = [
+        f"- **unmatched**: {c.bug} on {c.release}: {c.outcome} ({c.why})"
+        for c in cells
+        if c.matched is False
+    ]
+    return [*ci.grid(run_dir, run, cells, bad, "bug", "outcome"), ""]
+
+
+BUGS = register(
+    ResultsKind(
+        "bugs",
+        (BUG_CELLS, SWEEP_ENVS),
+        ("junit.xml", "report.md", "releases/<build>/<scenario or bug>/"),
+        summary=summary_section,
     )
-    lines += grid_section(
-        "Bug x release", "* = unmatched", cells, meta, row_of="bug", text_of="outcome"
-    )
-    lines += ["## Entries", ""]
-    for e in entries:
-        issue = f"issue #{e.issue}" if isinstance(e.issue, int) else (e.issue or "no issue")
-        fix = f"fix PR #{e.fix_pr} ({e.fix_title})" if e.fix_pr else "no fix merged"
-        lines += [
-            f"### {e.id}: {e.title}",
-            "",
-            f"- {issue}{f' ({e.issue_title})' if e.issue_title else ''}; {fix}",
-            f"- affected `{e.affected}`; fixed `{e.fixed or 'still open'}`; label {e.label}"
-            + (f"; needs {', '.join(e.requires)}" if e.requires else "")
-            + (f"; holds only on {e.platform.describe()}" if e.platform else ""),
-            f"- rerun: `{reproduction(e, meta.get('release_order', []))}`",
-            "",
-        ]
-        if e.reproduce.strip():
-            lines += ["```", e.reproduce.strip(), "```", ""]
-    lines += ["## Builds", "", builds_table(envs), "", "## Cells", ""]
-    lines.append(
-        table(
-            ["bug", "release", "outcome", "observed", "signature", "expected", "match"],
-            [
-                [c.bug, c.release, c.outcome, c.observed, c.signature, c.expected, mark(c.matched)]
-                for c in cells
-            ],
-        )
-    )
-    return "\n".join(lines) + "\n"
+)

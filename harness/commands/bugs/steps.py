@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from harness.commands import sweep
 from harness.commands.bugs.entry_runs import entry_dir, open_entry_run
+from harness.commands.bugs.files import BUG_STEPS
 from harness.commands.bugs.groups import EntryGroup
 from harness.commands.bugs.script import Script, build_prompts, run_script
+from harness.commands.roundtrip.files import CHECKS
 from harness.commands.sweep import ERROR, Job
 from harness.errors import BadInput, HarnessError
 from harness.results.records import SweepCell
@@ -281,8 +283,6 @@ def _run_one(
 
 
 def _write(run_dir: Any, script: Script) -> None:
-    from harness.results.tables import BUG_STEPS, CHECKS
-
     BUG_STEPS.write(run_dir, [r.record() for r in script.records])
     CHECKS.write(run_dir, [c.record() for c in script.checks])
     with (run_dir.path / "requests.jsonl").open("w") as fh:

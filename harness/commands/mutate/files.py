@@ -1,16 +1,117 @@
 """What a mutation session writes, rewritten after every verdict: ``mutants.csv``,
-``junit.xml`` and ``report.md`` (the score, survivors first)."""
+``junit.xml`` and ``report.md`` (the score, survivors first). The table and the session's
+section of the CI summary are registered here (``harness.results.tables.register``)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from harness.results import ci_summary as ci
 from harness.results.records import MutantRecord
 from harness.results.run_directory import RunDirectory
-from harness.results.tables import MUTANTS
+from harness.results.tables import JUnitMap, ResultsKind, TableFile, record_fields, register
+
+MUTANTS = TableFile(
+    "mutants.csv",
+    record_fields(MutantRecord),
+    key=("id",),
+    compared=("verdict", "reached"),
+    outcomes=("verdict",),
+    shown=("id", "line", "function", "operator", "verdict", "command", "reached"),
+    display=("id", "line", "function", "change", "verdict", "command", "reached"),
+    junit=JUnitMap(
+        "mutate.{target}",
+        "{id} line {line} {operator}",
+        lambda m: (
+            f"survived ({'reached by ' + m.reached if m.reached else 'never reached'}): {m.change}"
+            if m.verdict == "survived"
+            else None
+        ),
+        stdout="{change}\nverdict={verdict} command={command} failed={failed}\n{detail}",
+        properties=("verdict", "command", "reached"),
+        seconds="seconds",
+    ),
+)
+MAX_SURVIVORS = 50  # rows in the CI summary; report.md and mutants.csv list every one
+
+
+def summary_section(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    """The score, then the survivors: reached ones first (a change no check noticed),
+    then the unreached (a line no workload runs)."""
+    frame, problem = ci.read_csv(run_dir / MUTANTS.name)
+    raw_plan, raw_score = run.get("plan"), run.get("mutate")
+    plan = raw_plan if isinstance(raw_plan, dict) else {}
+    score = raw_score if isinstance(raw_score, dict) else {}
+    passed = run.get("passed") if isinstance(run.get("passed"), bool) else None
+    raw_commands = plan.get("commands")
+    commands = raw_commands if isinstance(raw_commands, list) else []
+    facts = [
+        f"`{plan.get('target', '?')}` of vLLM {plan.get('vllm_version', '?')}",
+        "through " + (", ".join(str(c) for c in commands) or "?"),
+    ]
+    shard = plan.get("shard")
+    if isinstance(shard, list) and len(shard) == 2:
+        facts.append(f"shard {shard[0]}/{shard[1]}")
+    if isinstance(run.get("merged"), list):
+        facts.append(f"merged from {len(run['merged'])} shard run(s)")
+    if score.get("summary"):
+        facts.append(f"score: {score['summary']}")
+    lines = ci.headline(run_dir, run, ci.verdict(run, passed), "; ".join(facts))
+    if problem:
+        return [*lines, problem, ""]
+    assert frame is not None
+    if not len(frame):
+        return [*lines, f"_`{MUTANTS.name}` has no rows yet._", ""]
+    verdicts = ci.column(frame, "verdict")
+    counts = verdicts.replace("", "not run").value_counts()
+    lines += ["Verdicts: " + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())), ""]
+    survivors = [r for _, r in frame.iterrows() if ci.col(r, "verdict") == "survived"]
+    survivors.sort(
+        key=lambda r: (
+            not ci.col(r, "reached"),
+            int(ci.col(r, "line")) if ci.col(r, "line").isdigit() else 0,
+        )
+    )
+    lines += ["### Survivors", ""]
+    if not survivors:
+        lines.append("None.")
+    else:
+        rows = [
+            [
+                ci.col(r, "id"),
+                ci.col(r, "line"),
+                ci.col(r, "function"),
+                ci.col(r, "change"),
+                ci.col(r, "reached") or "not reached",
+            ]
+            for r in survivors[:MAX_SURVIVORS]
+        ]
+        lines += ci.table(["id", "line", "function", "change", "reached by"], rows)
+        if len(survivors) > MAX_SURVIVORS:
+            lines += ["", f"_and {len(survivors) - MAX_SURVIVORS} more in `report.md`._"]
+    if (run_dir / "report.md").is_file():
+        lines += ["", f"Files: full report `{run_dir / 'report.md'}`."]
+    return [*lines, ""]
+
+
+MUTATE = register(
+    ResultsKind(
+        "mutate",
+        (MUTANTS,),
+        (
+            "session.sqlite",
+            "junit.xml",
+            "report.md",
+            "baseline/<command>/",
+            "mutants/<id>/<command>/",
+        ),
+        summary=summary_section,
+    )
+)
 
 DETECTED = ("killed", "timeout")  # a mutant that hangs the engine was noticed
 NOT_SCORED = ("incompetent", "equivalent", "")  # never a real change of behaviour, or not run

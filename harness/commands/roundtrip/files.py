@@ -1,7 +1,11 @@
 """A round trip's files in a run directory, rewritten after every phase.
 
 Shared by ``roundtrip`` (one run) and ``matrix`` (one sub-directory per cell), so a
-cell's evidence has the same shape, and the same documented schema, as a run's.
+cell's evidence has the same shape, and the same documented schema, as a run's. Its
+tables (``phases.csv``, ``checks.csv``; stress and the scripted bug triggers write the
+checks table too) are spelled here and registered with the results registry
+(``harness.results.tables.register``) with its section of the CI summary; its
+``report.md`` is rendered here.
 """
 
 from __future__ import annotations
@@ -10,8 +14,141 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands.roundtrip import RoundtripPlan, RoundtripResult, save_requests
+from harness.results import ci_summary as ci
+from harness.results.ci_summary import Row
+from harness.results.markdown import table
+from harness.results.records import CheckResult
 from harness.results.run_directory import RunDirectory
-from harness.results.tables import CHECKS, PHASE_TABLE
+from harness.results.tables import JUnitMap, ResultsKind, TableFile, record_fields, register
+from harness.server.metrics import Snapshot
+
+
+def _phase_columns() -> tuple[str, ...]:
+    counters = record_fields(Snapshot)
+    deltas = tuple(f"d_{c}" for c in counters)
+    totals = tuple(f"cum_{c}" for c in counters)
+    return ("phase", "requests", "seconds", *deltas, *totals)
+
+
+PHASE_TABLE = TableFile(
+    "phases.csv",
+    _phase_columns(),
+    key=("phase",),
+    compared=("d_stored_bytes", "d_loaded_bytes", "d_gpu_hits", "d_ext_hits", "d_ext_queries"),
+    display=("phase", "d_stored_bytes", "d_loaded_bytes", "d_gpu_hits", "d_ext_hits/d_ext_queries"),
+)
+# A check is a JUnit case by its name, failing with what it expected and saw.
+CHECKS = TableFile(
+    "checks.csv",
+    record_fields(CheckResult),
+    junit=JUnitMap(
+        "roundtrip.{scenario}",
+        "{name}",
+        lambda c: None if c.passed else f"expected {c.expected}, observed {c.observed}. {c.detail}",
+        stdout="{why}",
+    ),
+    key=("name",),
+    compared=("passed", "observed"),
+    passes=("passed",),
+    display=("name", "passed", "expected", "observed", "detail"),
+)
+
+
+def is_informational(row: Row) -> bool:
+    """A ``checks.csv`` row that is reported but never fails the run."""
+    flag = ci.truthy(ci.col(row, "informational"))
+    if flag is not None:
+        return flag
+    return ci.col(row, "why").strip().lower().startswith("informational")
+
+
+def summary_section(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    """The CI summary's section: the checks counted, the phases, every check."""
+    phases, phases_problem = ci.read_csv(run_dir / PHASE_TABLE.name)
+    checks, checks_problem = ci.read_csv(run_dir / CHECKS.name)
+    passed = run.get("passed") if isinstance(run.get("passed"), bool) else None
+    counted = ""
+    if checks is not None and "passed" in checks.columns:
+        gating = [r for _, r in checks.iterrows() if not is_informational(r)]
+        ok = sum(1 for r in gating if ci.truthy(ci.col(r, "passed")))
+        counted = f"{ok}/{len(gating)} checks passed"
+        if passed is None and gating:
+            passed = ok == len(gating)
+    raw_plan, raw_variant = run.get("plan"), run.get("variant")
+    plan = raw_plan if isinstance(raw_plan, dict) else {}
+    variant = raw_variant if isinstance(raw_variant, dict) else {}
+    facts = [counted]
+    if variant.get("vllm_version"):
+        facts.append(
+            f"vLLM {variant['vllm_version']} ({variant.get('vllm_dist', '?')}) on "
+            f"{variant.get('device', '?')}"
+        )
+    if plan.get("tensor_parallel"):
+        facts.append(f"TP {plan['tensor_parallel']}")
+    if plan.get("fault") not in (None, "", "none"):
+        facts.append(f"fault `{plan['fault']}`")
+    lines = ci.headline(run_dir, run, ci.verdict(run, passed), "; ".join(f for f in facts if f))
+
+    lines += ["### Phases", ""]
+    lines += ci.rows_or_note(phases, phases_problem, PHASE_TABLE, _phase_row)
+    lines += ["", "### Checks", ""]
+    lines += ci.rows_or_note(checks, checks_problem, CHECKS, check_row)
+    files = [
+        f"{what} `{run_dir / name}`"
+        for name, what in (("report.md", "full report"), ("logs/server.log", "server log"))
+        if (run_dir / name).is_file()
+    ]
+    if files:
+        lines += ["", "Files: " + ", ".join(files) + "."]
+    return [*lines, ""]
+
+
+def _phase_row(r: Row) -> list[str]:
+    hits = ci.num(ci.col(r, "d_ext_hits"), "")
+    queries = ci.num(ci.col(r, "d_ext_queries"), "")
+    return [
+        ci.col(r, "phase"),
+        ci.num(ci.col(r, "d_stored_bytes")),
+        ci.num(ci.col(r, "d_loaded_bytes")),
+        ci.num(ci.col(r, "d_gpu_hits"), ""),
+        f"{hits}/{queries}",
+    ]
+
+
+def check_row(r: Row) -> list[str]:
+    """A ``checks.csv`` row as the CI summary shows it (stress's section too)."""
+    row_ok = ci.truthy(ci.col(r, "passed"))
+    if is_informational(r):
+        result = "info: same" if row_ok else "info: differs"
+    else:
+        result = "pass" if row_ok else "**FAIL**"
+    return [
+        ci.col(r, "name"),
+        result,
+        ci.col(r, "expected"),
+        ci.col(r, "observed"),
+        ci.col(r, "detail"),
+    ]
+
+
+ROUNDTRIP = register(
+    ResultsKind(
+        "roundtrip",
+        (PHASE_TABLE, CHECKS),
+        (
+            "requests.jsonl",
+            "junit.xml",
+            "report.md",
+            "phases.png",
+            "metrics/<phase>.prom",
+            "logs/server.log",
+            "logs/baseline-server.log",
+            "logs/server-restarted.log",
+            "disk-tier/",
+        ),
+        summary=summary_section,
+    )
+)
 
 
 class RoundtripWriter:
@@ -21,8 +158,6 @@ class RoundtripWriter:
         self.run_dir, self.plan, self.chart = run_dir, plan, chart
 
     def __call__(self, result: RoundtripResult) -> None:
-        from harness.results.markdown import roundtrip_report
-
         plan, run_dir = self.plan, self.run_dir
         run_dir.update_meta(
             plan=result.describe_plan(),
@@ -59,3 +194,108 @@ def part_writer(path: Path, plan: RoundtripPlan, **meta: Any) -> RoundtripWriter
     sub = RunDirectory(path, "roundtrip")
     sub.update_meta(plan=plan.describe(), **meta)
     return RoundtripWriter(sub, plan, chart=False)
+
+
+def reference_figures(result: Any) -> list[tuple[str, int, int | None]]:
+    """(figure, the reference's, this run's) for a scenario with ``reference`` figures:
+    the cold pass's stored bytes, the replay's loaded bytes and external hit tokens
+    (None where the run did not get that far); [] without a reference."""
+    ref = result.plan.scenario.reference
+    if ref is None:
+        return []
+    by = {p.phase: p.delta for p in result.phases}
+    cold, replay = by.get("cold"), by.get("replay")
+    return [
+        ("bytes stored", ref.stored_bytes, int(cold.stored_bytes) if cold else None),
+        ("bytes loaded", ref.loaded_bytes, int(replay.loaded_bytes) if replay else None),
+        ("external hit tokens", ref.hit_tokens, int(replay.ext_hits) if replay else None),
+    ]
+
+
+def reference_section(result: Any) -> list[str]:
+    figures = reference_figures(result)
+    if not figures:
+        return []
+    source = result.plan.scenario.reference.source
+    rows = [
+        [what, f"{ref:,}", "-" if got is None else f"{got:,}", "same" if got == ref else "differs"]
+        for what, ref, got in figures
+    ]
+    return [f"## Against {source}", "", table(["figure", "reference", "this run", ""], rows), ""]
+
+
+def roundtrip_report(result: Any, meta: dict[str, Any]) -> str:
+    plan, filler = result.plan, result.filler
+    verdict = "PASS" if result.passed else "FAIL"
+    lines = [f"# offload-check roundtrip: {verdict}", ""]
+    env = plan.env
+    lines += [
+        f"- model: `{plan.model_ref}` (served as `{plan.served_name}`)",
+        f"- variant: `{plan.variant}`"
+        + (
+            f", vLLM {env.vllm_version} ({env.vllm_dist}) on {env.device}"
+            if env
+            else " (attached server)"
+        ),
+        f"- patch: `{plan.patch or 'none'}`, fault: `{plan.fault}`, TP: {plan.tensor_parallel}",
+        f"- KV block {plan.kv_block_size} tokens, offload chunk {plan.tokens_per_chunk} tokens",
+        f"- pool {filler.pool_tokens if filler else '?'} tokens; filler "
+        f"{filler.tokens if filler else 0} tokens ({filler.count if filler else 0} prompts)",
+        f"- results: `{meta.get('results_dir', '')}`",
+        "",
+        *reference_section(result),
+        "## Phases",
+        "",
+    ]
+    rows = []
+    for p in result.phases:
+        d, t = p.delta, p.total
+        rows.append(
+            [
+                p.phase,
+                p.requests,
+                f"{int(d.stored_bytes):,}",
+                f"{int(d.loaded_bytes):,}",
+                int(d.gpu_hits),
+                f"{int(d.ext_hits)}/{int(d.ext_queries)}",
+                f"{int(t.stored_bytes):,}",
+                f"{int(t.loaded_bytes):,}",
+                f"{int(t.ext_hits)}/{int(t.ext_queries)}",
+            ]
+        )
+    lines.append(
+        table(
+            [
+                "phase",
+                "requests",
+                "stored B",
+                "loaded B",
+                "gpu hits",
+                "ext hits/queries",
+                "cum stored B",
+                "cum loaded B",
+                "cum ext hits/queries",
+            ],
+            rows,
+        )
+    )
+    lines += ["", "## Checks", ""]
+    rows = [
+        [c.name, "pass" if c.passed else "**FAIL**", c.expected, c.observed, c.detail or c.why]
+        for c in result.checks
+    ]
+    rows += [
+        [c.name, "same" if c.passed else "differs", c.expected, c.observed, c.detail or c.why]
+        for c in result.info_checks
+    ]
+    lines.append(table(["check", "result", "expected", "observed", "why / detail"], rows))
+    notes = [*plan.notes, *result.notes]
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    lines += [
+        "",
+        "Cold vs warm output is informational: on GPUs a full prefill and a "
+        "prefix-cached pass may differ numerically; replay vs warm must not.",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,19 +1,83 @@
 """What a stress run writes, rewritten as the run goes: the requests each server was sent
-and answered, the checks, ``divergence.md``, ``junit.xml`` and the timeline chart."""
+and answered, the checks, ``divergence.md``, ``junit.xml`` and the timeline chart. Its
+checks table (the round trip's, its JUnit cases classed by profile) and its section of
+the CI summary are registered here (``harness.results.tables.register``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from harness.commands.roundtrip.files import CHECKS, check_row
 from harness.commands.stress.driver import Outcome
 from harness.commands.stress.evaluate import kernels_text
 from harness.commands.stress.judge import SHOWN_TOKENS
 from harness.commands.stress.result import StressResult, served_differences
 from harness.commands.stress.workload import PlannedRequest
+from harness.results import ci_summary as ci
 from harness.results.run_directory import RunDirectory
-from harness.results.tables import STRESS_CHECKS
+from harness.results.tables import ResultsKind, register
+
+# The round trip's checks table, its JUnit cases classed by the stress profile.
+assert CHECKS.junit is not None
+STRESS_CHECKS = replace(CHECKS, junit=replace(CHECKS.junit, classname="stress.{profile}"))
+
+
+def summary_section(run_dir: Path, run: dict[str, Any]) -> list[str]:
+    """The profile and what it did in numbers, then every check."""
+    checks, problem = ci.read_csv(run_dir / STRESS_CHECKS.name)
+    passed = run.get("passed") if isinstance(run.get("passed"), bool) else None
+    raw_plan, raw_figures = run.get("plan"), run.get("stress")
+    plan = raw_plan if isinstance(raw_plan, dict) else {}
+    f = raw_figures if isinstance(raw_figures, dict) else {}
+    facts = [
+        f"profile `{plan.get('profile', '?')}`, seed {plan.get('seed', '?')}, "
+        f"concurrency {plan.get('concurrency', '?')}",
+        f"{f.get('requests_sent', '?')} requests ({f.get('requests_compared', '?')} compared) "
+        f"in {f.get('traffic_seconds', '?')} s",
+        f"tolerance {f.get('tolerance')} (noise floor {f.get('noise_floor')})",
+    ]
+    if plan.get("fault") not in (None, "", "none"):
+        facts.append(f"fault `{plan['fault']}`")
+    if plan.get("patch") not in (None, "", "none"):
+        facts.append(f"patch `{plan['patch']}`")
+    lines = ci.headline(run_dir, run, ci.verdict(run, passed), "; ".join(facts))
+    lines += ["### Checks", ""]
+    lines += ci.rows_or_note(checks, problem, STRESS_CHECKS, check_row)
+    files = [
+        f"{what} `{run_dir / name}`"
+        for name, what in (
+            ("divergence.md", "divergences"),
+            ("timeline.png", "timeline"),
+            ("requests.jsonl", "requests"),
+        )
+        if (run_dir / name).is_file()
+    ]
+    if files:
+        lines += ["", "Files: " + ", ".join(files) + "."]
+    return [*lines, ""]
+
+
+STRESS = register(
+    ResultsKind(
+        "stress",
+        (STRESS_CHECKS,),
+        (
+            "requests.jsonl",
+            "reference.jsonl",
+            "divergence.md",
+            "junit.xml",
+            "timeline.png",
+            "metrics/start.prom",
+            "metrics/end.prom",
+            "logs/server.log",
+            "logs/reference-server.log",
+        ),
+        summary=summary_section,
+    )
+)
 
 
 def write_stress(run_dir: RunDirectory, result: Any) -> None:

@@ -25,6 +25,7 @@ bisect's search) and
 """
 
 from harness.commands.sweep.builds import Build, build_device, build_label, plan_builds
+from harness.commands.sweep.files import read_cells
 from harness.commands.sweep.judge import expected_for, judge_roundtrip, roundtrip_detail
 from harness.commands.sweep.plan import choose_builds, load_targets
 from harness.commands.sweep.run import (
@@ -44,7 +45,7 @@ from harness.commands.sweep.runners import (
     variant_for,
     with_message,
 )
-from harness.commands.sweep.shards import merge, read_cells
+from harness.commands.sweep.shards import merge
 from harness.commands.sweep.spans import (
     HEALTHY,
     BisectResult,

@@ -108,8 +108,8 @@ def run_target(
 def _run_crash_repro(job: Job) -> list[SweepCell]:
     target, build, reporter, on_cell = job.target, job.build, job.reporter, job.on_cell
     from harness.commands import crash_repro
+    from harness.commands.crash_repro.files import write_crash_repro
     from harness.results.run_directory import RunDirectory
-    from harness.results.writers import write_crash_repro
 
     scn: CrashReproScenario = target.scenario
     models = {c.split("/")[0] for c in target.checks}
@@ -190,8 +190,8 @@ def with_message(signature: str, message: str) -> str:
 def _run_matrix(job: Job) -> list[SweepCell]:
     target, build, reporter, on_cell = job.target, job.build, job.reporter, job.on_cell
     from harness.commands import matrix as mx
+    from harness.commands.matrix.files import write_matrix
     from harness.results.run_directory import RunDirectory
-    from harness.results.writers import write_matrix
 
     scn: MatrixScenario = target.scenario
     picked = [mx.parse_check_id(c) for c in target.checks]

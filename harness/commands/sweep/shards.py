@@ -7,44 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands.sweep.builds import Build
+from harness.commands.sweep.files import read_cells
 from harness.commands.sweep.run import SweepRun
-from harness.errors import BadInput
 from harness.results.records import SweepCell
-
-
-def read_cells(run_dir: Path) -> tuple[list[SweepCell], list[dict[str, Any]]]:
-    """A sweep run's cells and builds back from its CSV files (``--merge``)."""
-    from harness.results.tables import SWEEP_CELLS, SWEEP_ENVS
-
-    frame = SWEEP_CELLS.read(run_dir)
-    if frame is None:
-        raise BadInput(f"{run_dir}: no sweep.csv (not a sweep run directory)")
-    cells = []
-    for rec in frame.to_dict("records"):
-        matched = str(rec["matched"]).strip().lower()
-        cells.append(
-            SweepCell(
-                release=str(rec["release"]),
-                check=str(rec["check"]),
-                kind=str(rec["kind"]),
-                scenario=str(rec["scenario"]),
-                outcome=str(rec["outcome"]),
-                known=str(rec["known"]),
-                signature=str(rec["signature"]),
-                expected=str(rec["expected"]),
-                matched=None if matched == "" else matched in ("true", "1"),
-                seconds=float(rec["seconds"] or 0.0),
-                vllm_version=str(rec["vllm_version"]),
-                detail=str(rec["detail"]),
-                failing=str(rec.get("failing", "")),
-                why=str(rec["why"]),
-                rule=None if str(rec["rule"]) == "" else int(rec["rule"]),
-                run_dir=str(rec["run_dir"]),
-            )
-        )
-    envs_frame = SWEEP_ENVS.read(run_dir)
-    envs = [] if envs_frame is None else envs_frame.to_dict("records")
-    return cells, envs
 
 
 def merge(run_dirs: Sequence[Path]) -> SweepRun:

@@ -490,10 +490,10 @@ def test_report_at_80_columns_is_the_live_table_readable(sandbox, monkeypatch, t
     import pandas as pd
     from rich.console import Console
 
+    from harness.cli.crash_repro_show import crash_repro_table
     from harness.commands.crash_repro import Row
-    from harness.results.tables import OUTCOMES
+    from harness.commands.crash_repro.files import OUTCOMES
     from harness.server.launcher import ServerSpec
-    from harness.ui.terminal import crash_repro_table
 
     monkeypatch.setenv("COLUMNS", "80")
     out = _run(["report", str(CRASH_REPRO_RUN)])

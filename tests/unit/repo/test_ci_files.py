@@ -32,6 +32,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from harness.commands.roundtrip.files import is_informational
 from harness.ui import summary
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -814,7 +815,7 @@ def test_junit_inputs_parse_with_one_case_per_check(tmp_path: Path) -> None:
             assert failed == {n for n, ok in zip(names, rows["matched"], strict=True) if not ok}
         else:
             checks = pd.read_csv(run_dir / "checks.csv", dtype=str, keep_default_na=False)
-            gating = [r for _, r in checks.iterrows() if not summary.is_informational(r)]
+            gating = [r for _, r in checks.iterrows() if not is_informational(r)]
             assert [c.name for c in cases] == [r["name"] for r in gating]
             assert failed == {r["name"] for r in gating if r["passed"] != "True"}
 

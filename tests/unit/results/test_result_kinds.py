@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.commands.crash_repro.files import OUTCOMES
+from harness.commands.faults import FAULT_ROUNDS
+from harness.commands.matrix.files import MATRIX_CELLS
 from harness.results import tables as rk
 from harness.ui import owned_kinds
 
@@ -57,7 +60,7 @@ def test_records_have_exactly_the_registered_columns():
     from harness.scenario.matrix import CellExpectation
 
     rnd = Round(0, "none", CAUGHT_BY["none"])
-    assert tuple(rnd.record()) == rk.FAULT_ROUNDS.columns
+    assert tuple(rnd.record()) == FAULT_ROUNDS.columns
     cell = Cell(
         family="chunked-local",
         geometry="g",
@@ -65,7 +68,7 @@ def test_records_have_exactly_the_registered_columns():
         vllm_version="0.32.0",
         rule=CellExpectation(startup="started", roundtrip="pass"),
     )
-    assert tuple(cell.record()) == rk.MATRIX_CELLS.columns
+    assert tuple(cell.record()) == MATRIX_CELLS.columns
 
 
 def test_crash_repro_rows_carry_every_column():
@@ -73,7 +76,7 @@ def test_crash_repro_rows_carry_every_column():
     from harness.server.launcher import ServerSpec
 
     row = Row("m", "current", True, None, "0.32.0", True, ServerSpec("py", "m"))
-    assert set(rk.OUTCOMES.columns) <= set(row.record())
+    assert set(OUTCOMES.columns) <= set(row.record())
 
 
 def test_every_command_with_a_run_directory_is_registered():
@@ -111,9 +114,9 @@ def test_a_table_from_before_a_column_was_added_reads_as_it_meant(tmp_path):
 
     old = ROOT / "tests" / "fixtures" / "matrix" / "20261130-102144-matrix-e4a2"
     assert "tier" not in (old / "matrix.csv").read_text().splitlines()[0].split(",")
-    frame = rk.MATRIX_CELLS.read(old)
+    frame = MATRIX_CELLS.read(old)
     assert frame is not None and frame.tier.eq("roomy").all()
-    assert list(frame.columns).index("tier") == rk.MATRIX_CELLS.columns.index("tier")
+    assert list(frame.columns).index("tier") == MATRIX_CELLS.columns.index("tier")
     result = compare(old, old)
     assert result.changed == 0 and len(result.tables[0].rows) == len(frame)
     for table in TABLES:

@@ -260,7 +260,7 @@ def test_bisect_needs_one_check(tmp_path):
 
 # --- results and merging --------------------------------------------------------------------
 def test_cells_have_exactly_the_registered_columns():
-    from harness.results.tables import SWEEP_CELLS
+    from harness.commands.sweep.files import SWEEP_CELLS
 
     cell = sw.SweepCell("0.28.0", "c", "crash-repro", "s", "started")
     assert tuple(cell.record()) == SWEEP_CELLS.columns
@@ -268,8 +268,8 @@ def test_cells_have_exactly_the_registered_columns():
 
 
 def shard(path: Path, release: str, outcome: str, matched: bool) -> Path:
+    from harness.commands.sweep.files import write_sweep
     from harness.results.run_directory import RunDirectory
-    from harness.results.writers import write_sweep
 
     path.mkdir()
     run_dir = RunDirectory(path, "sweep")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast, get_args
 
+from harness.commands.matrix.files import MATRIX_CELLS
 from harness.commands.roundtrip import (
     RoundtripPlan,
     RoundtripResult,
@@ -132,10 +133,8 @@ class Cell:
         return [self.family, self.geometry, self.variant, self.tier, self.vllm_version, self.specs]
 
     def record(self) -> dict[str, Any]:
-        """One row of matrix.csv: its columns (``result_kinds.MATRIX_CELLS``) are this
+        """One row of matrix.csv: its columns (``files.MATRIX_CELLS``) are this
         cell's fields of the same name, except those rendered here."""
-        from harness.results.tables import MATRIX_CELLS
-
         issue = self.rule.known or self.rule.issue
         rendered = {
             "spec_classes": self.specs,
