@@ -276,11 +276,14 @@ def plan_corpus(
     flags: Iterable[str],
     has_gpu: bool,
     devices: Mapping[str, str] | None = None,
+    serverless: Mapping[str, str] | None = None,
 ) -> CorpusRun:
     """The sweep of the entries' triggers on ``builds`` (``harness.commands.sweep.Build``); entries
     needing what the host lacks are skipped, with the reason, and run on no build. An
     entry whose ``platform`` names devices is skipped on builds of other ``devices``
-    (build label -> device; CPU where not given), and not run when that is every build."""
+    (build label -> device; CPU where not given), and not run when that is every build.
+    On ``serverless`` builds (label -> why) only scheduler-level triggers run; the
+    other entries are named there with the reason, and their targets not run."""
     from harness.commands.sweep import SweepRun
 
     flags = set(flags)
@@ -293,6 +296,11 @@ def plan_corpus(
         for label, on in device.items()
         if (why := off_platform(e, on))
     }
+    # Builds that can run no server (label -> why): only scheduler-level triggers there.
+    for e in entries:
+        for label, why in (serverless or {}).items():
+            if e.id not in skipped and e.trigger.kind != "scheduler":
+                off.setdefault((e.id, label), why)
     for e in entries:
         if e.id not in skipped and device and all((e.id, b) in off for b in device):
             skipped[e.id] = off[(e.id, next(iter(device)))]
@@ -304,11 +312,13 @@ def plan_corpus(
             scheduler.check_case(e)
     targets = plan_targets_for(runnable) if runnable else []
     off = {k: why for k, why in off.items() if k[0] not in skipped}
-    sweep_run = SweepRun(list(builds), targets, dist, narrow=judged_checks(runnable))
+    sweep_run = SweepRun(list(builds), targets, dist, narrow=judged_checks(runnable, off))
     return CorpusRun(list(entries), sweep_run, skipped, off)
 
 
-def judged_checks(entries: Sequence[BugEntry]) -> Callable[[Any, Target], tuple[str, ...]]:
+def judged_checks(
+    entries: Sequence[BugEntry], off: Mapping[tuple[str, str], str] | None = None
+) -> Callable[[Any, Target], tuple[str, ...]]:
     """For the sweep: the checks of a target some entry judges on a build. A release
     every entry of a check names neither affected nor fixed is not run for it (its cell
     would only say "not judged"); a user's build, whose version is known only once its
@@ -320,7 +330,12 @@ def judged_checks(entries: Sequence[BugEntry]) -> Callable[[Any, Target], tuple[
         return tuple(
             c
             for c in target.checks
-            if any(check_id(e) == c and expected_on(e, build.label) for e in entries)
+            if any(
+                check_id(e) == c
+                and expected_on(e, build.label)
+                and (e.id, build.label) not in (off or {})
+                for e in entries
+            )
         )
 
     return narrow

