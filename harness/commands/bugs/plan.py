@@ -56,7 +56,5 @@ def plan_bugs(
     planned = sw.choose_builds(releases, builds, dist)
     devices = {b.label: sw.build_device(b, dist) for b in planned}
     gpu = has_gpu()
-    serverless = {
-        b.label: NO_SERVER for b in planned if not gpu and sw.cuda_build(b, dist)
-    }
+    serverless = {b.label: NO_SERVER for b in planned if not gpu and sw.cuda_build(b, dist)}
     return plan_corpus(entries, planned, dist, cpu_flags(), gpu, devices, serverless)

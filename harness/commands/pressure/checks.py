@@ -152,6 +152,30 @@ def check(
     )
 
 
+def per_request_checks(
+    server: ServerPlan, rows: Sequence[PressureRequest], names: Sequence[str], source: str = ""
+) -> list[PressureCheck]:
+    """One check per name of ``names``: every request's row as the oracle says
+    (``stores-skipped`` only with a threshold); ``source`` says where the figures came
+    from when it is not the live counters."""
+    out = []
+    for name in names:
+        if name == "stores-skipped" and server.store_threshold < 2:
+            continue
+        bad = [r for r in rows if name in r.failing.split(";")]
+        out.append(
+            check(
+                server,
+                name,
+                not bad,
+                "every request as the oracle says",
+                f"{len(rows) - len(bad)} of {len(rows)} requests agree{source}",
+                row_detail(name, bad[0]) if bad else "",
+            )
+        )
+    return out
+
+
 def judge_server(
     server: ServerPlan,
     tier: TierGeometry,
@@ -176,20 +200,7 @@ def judge_server(
             check(server, "capacity", capacity == want, f"{want[0]} x {want[1]} B",
                    f"{capacity[0]} x {capacity[1]} B")
         )  # fmt: skip
-    for name in PER_REQUEST:
-        if name == "stores-skipped" and server.store_threshold < 2:
-            continue
-        bad = [r for r in rows if name in r.failing.split(";")]
-        out.append(
-            check(
-                server,
-                name,
-                not bad,
-                "every request as the oracle says",
-                f"{len(rows) - len(bad)} of {len(rows)} requests agree",
-                row_detail(name, bad[0]) if bad else "",
-            )
-        )
+    out += per_request_checks(server, rows, PER_REQUEST)
     stored_chunks = sum(r.stored_bytes for r in rows) // max(1, tier.chunk_bytes)
     oracle_evicts = sum(len(p.expected.evicted) for p in server.requests)
     at_least = max(0, stored_chunks - tier.slots)

@@ -25,7 +25,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from harness.commands.pressure.checks import PER_REQUEST, check, row_detail
+from harness.commands.pressure.checks import PER_REQUEST, check, per_request_checks
 from harness.commands.pressure.plan import PressurePlan, ServerPlan, TierGeometry, replay_mutants
 from harness.commands.pressure.run import ServerResult
 from harness.errors import BadInput
@@ -37,6 +37,7 @@ FIRST_REPLAYED = Version("0.31")
 # counters, which follow from the chunks), and the one only a replay can.
 REPLAY_CHECKS = ("hit-tokens", "stored-bytes", "stores-skipped", "no-store-failure")
 EVICTED = "evicted-chunks"
+REPLAYED = " (vLLM's manager, replayed)"
 
 
 def check_replayable(plan: PressurePlan, rounds: int) -> None:
@@ -131,21 +132,8 @@ def judge_replay(
 def _checks(
     server: ServerPlan, rows: Sequence[PressureRequest], evicted_off: str
 ) -> list[PressureCheck]:
-    out = []
-    for name in (n for n in PER_REQUEST if n in REPLAY_CHECKS):
-        if name == "stores-skipped" and server.store_threshold < 2:
-            continue
-        bad = [r for r in rows if name in r.failing.split(";")]
-        out.append(
-            check(
-                server,
-                name,
-                not bad,
-                "every request as the oracle says",
-                f"{len(rows) - len(bad)} of {len(rows)} requests agree (vLLM's manager, replayed)",
-                row_detail(name, bad[0]) if bad else "",
-            )
-        )
+    names = [n for n in PER_REQUEST if n in REPLAY_CHECKS]
+    out = per_request_checks(server, rows, names, REPLAYED)
     bad = [r for r in rows if EVICTED in r.failing.split(";")]
     out.append(
         check(
@@ -153,7 +141,7 @@ def _checks(
             EVICTED,
             not bad,
             "every request evicts the chunks the oracle names, in its order",
-            f"{len(rows) - len(bad)} of {len(rows)} requests agree (vLLM's manager, replayed)",
+            f"{len(rows) - len(bad)} of {len(rows)} requests agree{REPLAYED}",
             evicted_off,
         )
     )
