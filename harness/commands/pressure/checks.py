@@ -53,28 +53,60 @@ class Judged:
     failing: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Figures:
+    """One request's observed figures, as pressure judges them: from a live server's
+    counter delta, or from vLLM's manager replayed (``--replay``)."""
+
+    ext_hits: int
+    gpu_hits: int
+    stored_bytes: int
+    loaded_bytes: int
+    stores_skipped: int
+    store_failures: int
+
+
 def judge_request(
     server: ServerPlan, tier: TierGeometry, req: PlannedRequest, obs: Observed
 ) -> Judged:
     """One request's row and the per-request checks it fails."""
-    exp, d, c = req.expected, obs.delta, obs.completion
+    d, c = obs.delta, obs.completion
+    got = Figures(
+        int(d.ext_hits), int(d.gpu_hits), int(d.stored_bytes), int(d.loaded_bytes),
+        int(d.stores_skipped), int(d.store_failures),
+    )  # fmt: skip
+    return judge_figures(server, tier, req, got, c.cached_tokens, c.seconds)
+
+
+def judge_figures(
+    server: ServerPlan,
+    tier: TierGeometry,
+    req: PlannedRequest,
+    got: Figures,
+    cached: int | None,
+    seconds: float,
+    also_failing: Sequence[str] = (),
+) -> Judged:
+    """A request's figures against its oracle step: its row and the checks it fails
+    (``also_failing``: what the caller judged beyond these, e.g. the chunks evicted)."""
+    exp = req.expected
     hit_tokens = exp.hit * tier.chunk_tokens
     stored_exp = len(exp.stored) * tier.chunk_bytes
     loaded_exp = exp.hit * tier.chunk_bytes
     failing = []
-    if d.gpu_hits:
+    if got.gpu_hits:
         failing.append("gpu-tier-silent")
-    cached = c.cached_tokens
-    if int(d.ext_hits) != hit_tokens or (cached is not None and cached != hit_tokens):
+    if got.ext_hits != hit_tokens or (cached is not None and cached != hit_tokens):
         failing.append("hit-tokens")
-    if int(d.loaded_bytes) != loaded_exp:
+    if got.loaded_bytes != loaded_exp:
         failing.append("loaded-bytes")
-    if int(d.stored_bytes) != stored_exp:
+    if got.stored_bytes != stored_exp:
         failing.append("stored-bytes")
-    if server.store_threshold >= 2 and int(d.stores_skipped) != len(exp.skipped):
+    if server.store_threshold >= 2 and got.stores_skipped != len(exp.skipped):
         failing.append("stores-skipped")
-    if bool(d.store_failures) != exp.failed:
+    if bool(got.store_failures) != exp.failed:
         failing.append("no-store-failure")
+    failing += also_failing
     row = PressureRequest(
         server=server.name,
         round=server.round,
@@ -85,19 +117,19 @@ def judge_request(
         prompt_tokens=len(req.prompt.token_ids),
         hit_expected=hit_tokens,
         cached_tokens=cached,
-        ext_hits=int(d.ext_hits),
-        gpu_hits=int(d.gpu_hits),
+        ext_hits=got.ext_hits,
+        gpu_hits=got.gpu_hits,
         stored_expected=stored_exp,
-        stored_bytes=int(d.stored_bytes),
+        stored_bytes=got.stored_bytes,
         loaded_expected=loaded_exp,
-        loaded_bytes=int(d.loaded_bytes),
+        loaded_bytes=got.loaded_bytes,
         skipped_expected=len(exp.skipped),
-        stores_skipped=int(d.stores_skipped),
+        stores_skipped=got.stores_skipped,
         store_fails_expected=exp.failed,
-        store_failures=int(d.store_failures),
+        store_failures=got.store_failures,
         evicted_expected=" ".join(exp.evicted),
         failing=";".join(failing),
-        seconds=c.seconds,
+        seconds=seconds,
     )
     return Judged(row, failing)
 

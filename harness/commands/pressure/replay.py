@@ -25,7 +25,13 @@ from typing import Any
 
 from packaging.version import Version
 
-from harness.commands.pressure.checks import PER_REQUEST, check, per_request_checks
+from harness.commands.pressure.checks import (
+    PER_REQUEST,
+    Figures,
+    check,
+    judge_figures,
+    per_request_checks,
+)
 from harness.commands.pressure.plan import PressurePlan, ServerPlan, TierGeometry, replay_mutants
 from harness.commands.pressure.run import ServerResult
 from harness.errors import BadInput
@@ -83,48 +89,23 @@ def judge_replay(
     result = ServerResult(server)
     evicted_off = ""
     for req, got in zip(server.requests, replayed, strict=True):
-        exp = req.expected
-        failing = []
-        if int(got["hit"]) != exp.hit:
-            failing.append("hit-tokens")
-        if len(got["stored"]) != len(exp.stored):
-            failing.append("stored-bytes")
-        if server.store_threshold >= 2 and int(got["skipped"]) != len(exp.skipped):
-            failing.append("stores-skipped")
-        if bool(got["failed"]) != exp.failed:
-            failing.append("no-store-failure")
-        if list(got["evicted"]) != list(exp.evicted):
-            failing.append(EVICTED)
-            evicted_off = evicted_off or (
+        exp, hit = req.expected, int(got["hit"])
+        figures = Figures(
+            ext_hits=hit * tier.chunk_tokens,
+            gpu_hits=0,
+            stored_bytes=len(got["stored"]) * tier.chunk_bytes,
+            loaded_bytes=hit * tier.chunk_bytes,
+            stores_skipped=int(got["skipped"]),
+            store_failures=int(bool(got["failed"])),
+        )
+        wrong_victims = list(got["evicted"]) != list(exp.evicted)
+        if wrong_victims and not evicted_off:
+            evicted_off = (
                 f"request {req.index} ({req.label}): evicted {' '.join(got['evicted']) or 'none'}"
                 f", the oracle {' '.join(exp.evicted) or 'none'}"
             )
-        result.rows.append(
-            PressureRequest(
-                server=server.name,
-                round=server.round,
-                index=req.index,
-                request=req.label,
-                policy=server.policy,
-                store_threshold=server.store_threshold,
-                prompt_tokens=len(req.prompt.token_ids),
-                hit_expected=exp.hit * tier.chunk_tokens,
-                cached_tokens=None,
-                ext_hits=int(got["hit"]) * tier.chunk_tokens,
-                gpu_hits=0,
-                stored_expected=len(exp.stored) * tier.chunk_bytes,
-                stored_bytes=len(got["stored"]) * tier.chunk_bytes,
-                loaded_expected=exp.hit * tier.chunk_bytes,
-                loaded_bytes=int(got["hit"]) * tier.chunk_bytes,
-                skipped_expected=len(exp.skipped),
-                stores_skipped=int(got["skipped"]),
-                store_fails_expected=exp.failed,
-                store_failures=int(bool(got["failed"])),
-                evicted_expected=" ".join(exp.evicted),
-                failing=";".join(failing),
-                seconds=0.0,
-            )
-        )
+        extra = [EVICTED] if wrong_victims else []
+        result.rows.append(judge_figures(server, tier, req, figures, None, 0.0, extra).row)
     result.checks = _checks(server, result.rows, evicted_off)
     return result
 
