@@ -75,3 +75,21 @@ def test_the_command_writes_the_step_outputs_and_refuses_missing_answers(tmp_pat
     assert rw.main(["--answers", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no vllm.txt" in err
+
+
+def test_the_watch_needs_only_packaging_and_the_standard_library():
+    """The workflow's first job installs packaging alone (no setup, no vLLM): the module
+    must import nothing else of the third party."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys; before = set(sys.modules); import harness.tools.release_watch; "
+        "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
+        "print(json.dumps(sorted(new - set(sys.stdlib_module_names))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert json.loads(out) == ["harness", "packaging"]
