@@ -17,7 +17,6 @@ from rich.console import Console
 from harness.cli.launch_checks import port_free
 from harness.cli.options import DEFAULT_SCENARIOS, RunOptions
 from harness.errors import HarnessError
-from harness.ui import dry_run
 from harness.ui.fit import fit
 
 if TYPE_CHECKING:
@@ -73,6 +72,8 @@ def scenarios_dir(name: str = "") -> Path:
 
 def dry_run_renderers() -> Any:
     """``harness.ui.dry_run``, where each plan is printed (loaded only for a dry run)."""
+    from harness.ui import dry_run
+
     return dry_run
 
 

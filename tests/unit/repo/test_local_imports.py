@@ -5,10 +5,10 @@ wait until their function runs are in :data:`LOCAL_IMPORTS`, each ``(path, impor
 module)`` pair with its reason; a function-local import not listed fails here, and so
 does a listed one that is gone. The reasons are start-up (``offload-check --help``
 imports no command, tests/unit/cli/test_cli_startup.py; the scenario models cost
-``--help`` ~90 ms) and heavy or optional dependencies on a path that does not need
-them (vLLM and torch in modules imported without them, pandas, matplotlib,
-transformers, psutil). No entry is there to hide an import cycle: the layering in
-tests/unit/repo/test_architecture.py counts these imports too.
+``--help`` ~90 ms, the dry-run renderers ~18 ms) and heavy or optional dependencies on
+a path that does not need them (vLLM and torch in modules imported without them,
+pandas, matplotlib, transformers, psutil). No entry is there to hide an import cycle:
+the layering in tests/unit/repo/test_architecture.py counts these imports too.
 
 The imported module is the ``import`` statement's, or for ``from a import b`` the
 module ``a.b`` where that is a harness module (``from harness.commands import sweep``:
@@ -29,6 +29,9 @@ COMMAND = "start-up: --help imports no command; the command's code loads when it
 SHOW = "start-up: the command's terminal views import its command package"
 PYDANTIC = "start-up: the scenario models (pydantic) add ~90 ms to --help; read when used"
 TERMINAL = "start-up: ui/terminal.py finds each command's report views by importing commands/"
+DRY_RUN = (
+    "start-up: the plan renderers (rich tables) add ~18 ms to --help; only a dry run needs them"
+)
 COMPARE = "start-up: ui/compare.py reads tables with pandas and walks commands/ for them"
 ENGINE_VLLM = (
     "engine: imported where vLLM is not (the CLI side, the plugin while vLLM starts, or "
@@ -54,6 +57,7 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("harness/cli/bugs.py", "harness.commands.bugs.plan"): COMMAND,
     ("harness/cli/bugs.py", "harness.commands.bugs.report"): COMMAND,
     ("harness/cli/bugs.py", "harness.commands.sweep"): COMMAND,
+    ("harness/cli/common.py", "harness.ui.dry_run"): DRY_RUN,
     ("harness/cli/compare.py", "harness.ui.compare"): COMPARE,
     ("harness/cli/compare.py", "harness.ui.terminal"): TERMINAL,
     ("harness/cli/crash_repro.py", "harness.cli.crash_repro_show"): SHOW,
