@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from harness import __version__
 from harness.cli import (
     bench,
     bugs,
@@ -47,6 +48,7 @@ from harness.cli.guard import (
 from harness.cli.help_format import readable_help, typer_problem
 from harness.cli.help_texts import opt
 from harness.errors import ExitCode
+from harness.results.run_directory import finish_unfinished, runs_created
 
 app = typer.Typer(
     name="offload-check",
@@ -60,8 +62,6 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from harness import __version__
-
         typer.echo(f"offload-check {__version__}")
         raise typer.Exit(0)
 
@@ -106,8 +106,6 @@ def run(args: list[str] | None = None) -> int:
     """The whole command line, guarded: every way a command can end becomes an exit code
     of the documented set (0, 1, 2, 3, 130), one line on stderr for errors, and no
     ``run.json`` left ``running``. Returns the exit code."""
-    from harness.results.run_directory import finish_unfinished, runs_created
-
     click_exc = click_exceptions()
 
     argv = sys.argv[1:] if args is None else list(args)

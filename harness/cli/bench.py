@@ -15,6 +15,9 @@ from harness.cli import common
 from harness.cli.options import RunOptions, run_options
 from harness.cli.runs import lock_free
 from harness.errors import HarnessError
+from harness.results.run_directory import RunDirectory, new_run_dir
+from harness.server.interpreters import host_platform
+from harness.server.launcher import install_signal_handlers
 
 
 class BenchPart(str, Enum):
@@ -46,10 +49,7 @@ def bench_cmd(
     """
     from harness.commands.bench.files import write_bench
     from harness.commands.bench.measure import run_bench
-    from harness.results.run_directory import RunDirectory, new_run_dir
     from harness.scenario.crash_repro import load_crash_repro
-    from harness.server.interpreters import host_platform
-    from harness.server.launcher import install_signal_handlers
 
     install_signal_handlers()
     lock_free()

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
+from rich.markup import escape
+
 from harness.cli import common, launch_checks
 from harness.cli.help_texts import opt
 from harness.cli.options import BuildOptions, RunOptions, build_options, run_options
@@ -54,8 +56,6 @@ def bugs_cmd(
 
 
 def run_bugs(run: Any, opts: RunOptions, torch_index: str | None, jobs: int = 1) -> int:
-    from rich.markup import escape
-
     from harness.cli.bugs_show import BugsProgress, bugs_table
     from harness.commands import sweep as sw
     from harness.commands.bugs import corpus as bugs

@@ -17,6 +17,7 @@ from rich.console import Console
 from harness.cli.launch_checks import port_free
 from harness.cli.options import DEFAULT_SCENARIOS, RunOptions
 from harness.errors import HarnessError
+from harness.ui.fit import fit
 
 if TYPE_CHECKING:
     pass
@@ -42,8 +43,6 @@ def fit_console() -> None:
 def show(table: Any) -> None:
     """A table as the terminal can take it (``harness.ui.fit.fit``: its columns when they
     fit, else one record at a time; ASCII when piped)."""
-    from harness.ui.fit import fit
-
     console.print(fit(console, table))
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from harness.cli.common import console, fail, show
 from harness.errors import HarnessError
@@ -22,7 +23,6 @@ def compare_cmd(
     Exit 1 when something regressed: a check or row that passed no longer does, an outcome
     changed, or a row is gone; 0 otherwise. Counters show their delta (later - earlier).
     """
-    from rich.markup import escape
 
     from harness.ui.compare import compare
     from harness.ui.terminal import frame_table

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from harness.cli.common import console, default_scenario, fail
 from harness.cli.help_texts import opt
@@ -22,7 +23,6 @@ def doctor_cmd(
 ) -> None:
     """Preflight: Python, CPU and AMX, memory, disk, loopback, model cache, each variant's
     vLLM and engine plugin, GPU. Run it first; exit 0 when nothing fails."""
-    from rich.text import Text
 
     from harness.commands.doctor.host import exit_code
     from harness.commands.doctor.preflight import run_checks

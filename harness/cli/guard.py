@@ -16,6 +16,7 @@ import typer
 
 from harness.cli.common import err_console
 from harness.errors import ExitCode
+from harness.results.run_directory import finish_unfinished, unfinished_runs
 
 
 def command_name(args: list[str], tree: Any) -> str:
@@ -58,8 +59,6 @@ def internal_error(command: str, err: BaseException, mark: int) -> int:
     """An exception the harness did not expect: one line naming the command, the cause and
     where the whole traceback went (the oldest unfinished run directory, else a temp
     file); every unfinished run is marked ``failed``. Exit 3."""
-    from harness.results.run_directory import finish_unfinished, unfinished_runs
-
     stop_servers()
     text = "".join(traceback.format_exception(err))
     runs = unfinished_runs(mark)

@@ -10,15 +10,14 @@ from typing import Any
 import tomllib
 import typer
 
-from harness.names import REPO_ROOT
+from harness.names import FAULTS, PATCHES, POLICY_MUTANTS, REPO_ROOT
+from harness.scenario.stress_profiles import PROFILES
 
 
 def generated_lists() -> dict[str, str]:
     """The lists help texts name, from where the code keeps them (``{faults}`` in
     help.toml): the seeded faults and patches (``harness.names``), the stress profiles,
     and the shipped bug corpus's ids (its files' stems, as ``load_corpus`` names them)."""
-    from harness.names import FAULTS, PATCHES, POLICY_MUTANTS
-    from harness.scenario.stress_profiles import PROFILES
 
     def words(items: Any, last: str = "or") -> str:
         items = list(items)

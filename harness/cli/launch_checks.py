@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import HarnessError
+from harness.names import FAULTS
+from harness.server import interpreters, lanes
+from harness.server.interpreters import has_gpu
+from harness.server.launcher import check_port_free, http_json
 
 if TYPE_CHECKING:
     from harness.commands.roundtrip.plan import RoundtripOptions
@@ -21,15 +25,11 @@ if TYPE_CHECKING:
 def port_free(port: int | None) -> None:
     """A busy ``--port`` is bad input before anything runs (not a failed launch later)."""
     if port is not None:
-        from harness.server.launcher import check_port_free
-
         check_port_free(port)
 
 
 def reachable(url: str) -> None:
     """An attach ``--url`` answers before a run directory is made (as roundtrip's plan)."""
-    from harness.server.launcher import http_json
-
     base = url.rstrip("/")
     try:
         http_json(f"{base}/v1/models", None, 30)
@@ -43,8 +43,6 @@ def check_jobs(jobs: int, port: int | None) -> None:
     (its servers would share the GPU, which the lanes do not split)."""
     if jobs <= 1:
         return
-    from harness.server import lanes
-    from harness.server.interpreters import has_gpu
 
     if port is not None:
         raise HarnessError(f"--jobs {jobs} runs {jobs} servers at once: one --port cannot do")
@@ -80,8 +78,6 @@ def refuse_on_attach(url: str | None, **given: object) -> None:
 def interpreter(given: str, option: str) -> Path:
     """An interpreter (or the venv holding it) with vLLM, checked the same way for every
     option that names one (``--python``, ``--build``): it exists, runs, and imports vLLM."""
-    from harness.server.interpreters import probe
-
     path = Path(given)
     if path.is_dir():
         path = path / "bin" / "python"
@@ -93,7 +89,7 @@ def interpreter(given: str, option: str) -> Path:
         )
         raise HarnessError(f"{option} {given}: no such {what}")
     try:
-        probe(str(path))
+        interpreters.probe(str(path))
     except HarnessError as err:
         raise HarnessError(f"{option} {given}: {err}") from None
     return path
@@ -123,8 +119,6 @@ def adhoc_variants(pythons: list[str]) -> dict[str, Any]:
 
 
 def known_fault(fault: str | None) -> None:
-    from harness.names import FAULTS
-
     if fault is not None and fault not in FAULTS:
         raise HarnessError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
 

@@ -10,6 +10,7 @@ import typer
 from harness.cli.common import console, fail, scenarios_dir
 from harness.cli.options import Dist
 from harness.errors import HarnessError
+from harness.ui import listing
 
 
 def list_cmd(
@@ -19,8 +20,6 @@ def list_cmd(
     """What there is to run: scenarios, stress profiles, faults, patches, variants, bug
     entries and the releases a sweep can install (the last cached index answer, else the
     shipped list; no network)."""
-    from harness.ui import listing
-
     try:
         data = listing.gather(scenarios_dir(), dist)
     except HarnessError as err:

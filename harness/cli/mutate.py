@@ -11,6 +11,7 @@ from harness.cli.help_texts import opt
 from harness.cli.options import OnePython, RunOptions, VariantName, run_options
 from harness.cli.runs import guard, open_run
 from harness.errors import BadInput, ExitCode
+from harness.results.run_directory import RunDirectory, read_json_object, utc_now
 
 DEFAULT_SAMPLE = 20
 DEFAULT_TIMEOUT_S = 1200.0  # seconds a command may take per mutant (execute.DEFAULT_TIMEOUT_S)
@@ -151,7 +152,6 @@ def run_mutate(plan: Any, opts: RunOptions, jobs: int = 1) -> int:
     from harness.commands.mutate import plan as mp
     from harness.commands.mutate.files import write_mutate
     from harness.commands.mutate.session import Session, merge
-    from harness.results.run_directory import RunDirectory
 
     if isinstance(plan, mp.MergePlan):
         run_dir = open_run(opts, "mutate", None)
@@ -168,8 +168,6 @@ def run_mutate(plan: Any, opts: RunOptions, jobs: int = 1) -> int:
         return int(outcome.code)
     resumed = plan.resume
     if resumed is not None:
-        from harness.results.run_directory import read_json_object, utc_now
-
         run_dir = RunDirectory(resumed, "mutate")
         before = read_json_object(resumed / "run.json", "run.json")
         run_dir.meta = {**before, **run_dir.meta, "started_at": before.get("started_at")}

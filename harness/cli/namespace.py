@@ -11,6 +11,7 @@ from harness.cli.help_texts import opt
 from harness.cli.options import EngineArgs, RunOptions, run_options
 from harness.cli.runs import guard, open_run
 from harness.errors import ExitCode, HarnessError
+from harness.server.release_envs import DEFAULT_DIST, env_name, list_envs, parse_releases
 
 DEFAULT_SCENARIO = "roundtrip-namespace.toml"
 
@@ -58,7 +59,6 @@ def release_pythons(spec: str | None) -> list[str]:
     exist here is refused with the command that makes it (a plan never installs)."""
     if not spec:
         return []
-    from harness.server.release_envs import DEFAULT_DIST, env_name, list_envs, parse_releases
 
     here = {
         e.version: e.python

@@ -4,16 +4,19 @@ usage error (one line, exit 2) before anything runs."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import typer
+
+from harness.server.server_lock import set_lock_wait
 
 
 def check_url(value: str | None) -> str | None:
     """An http(s) URL with a host (and, if given, a port in range)."""
     if value is None:
         return None
-    from urllib.parse import urlsplit
 
     parts = urlsplit(value)
     try:
@@ -73,7 +76,6 @@ def check_label(value: str | None) -> str | None:
     most 40; a label with no letter or digit is refused."""
     if value is None:
         return None
-    import re
 
     label = re.sub(r"-{2,}", "-", re.sub(r"[^A-Za-z0-9._-]+", "-", value)).strip("-._")[:40]
     if not re.search(r"[A-Za-z0-9]", label):
@@ -84,7 +86,5 @@ def check_label(value: str | None) -> str | None:
 def no_wait(value: bool) -> bool:
     """``--no-wait``: the server lock is not waited for (this command only)."""
     if value:
-        from harness.server.server_lock import set_lock_wait
-
         set_lock_wait(False)
     return value

@@ -9,10 +9,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from harness.cli.common import console, err_console, fail
 from harness.cli.options import RunOptions
 from harness.errors import ExitCode, HarnessError
 from harness.names import REPO_ROOT
+from harness.results.run_directory import RunDirectory, new_run_dir
+from harness.server import interpreters
+from harness.server.launch_timeline import summary_line
+from harness.server.launcher import install_signal_handlers, stop_all
+from harness.server.server_lock import refuse_if_lock_busy
 
 
 class Outcome:
@@ -25,8 +32,6 @@ class Outcome:
 @contextlib.contextmanager
 def guard() -> Iterator[Outcome]:
     """Ctrl-C and harness errors end a run cleanly: servers stopped, results kept."""
-    from harness.server.launcher import stop_all
-
     outcome = Outcome()
     try:
         yield outcome
@@ -54,8 +59,6 @@ def verdict_line(bad: int, status: str, noun: str, where: Path, all_ok: str) -> 
 
 def launches_of(run_dir: Path) -> str:
     """The run's launch timeline in one line (run.json -> launches)."""
-    from harness.server.launch_timeline import summary_line
-
     try:
         meta = json.loads((run_dir / "run.json").read_text())
     except (OSError, ValueError):
@@ -81,8 +84,6 @@ def end_run(
 
 def lock_free() -> None:
     """``--no-wait``: a run another holds the server lock against does not start."""
-    from harness.server.server_lock import refuse_if_lock_busy
-
     try:
         refuse_if_lock_busy()
     except HarnessError as err:
@@ -94,9 +95,6 @@ def open_run(opts: RunOptions, command: str, scenario: Any) -> Any:
     itself written at once (``--label``: in the directory's name and ``run.json``)."""
     results_dir, label = opts.results_dir, opts.label
     from harness.commands.doctor.host import host_record
-    from harness.results.run_directory import RunDirectory, new_run_dir
-    from harness.server.interpreters import git_revision, host_platform
-    from harness.server.launcher import install_signal_handlers
 
     install_signal_handlers()
     lock_free()
@@ -110,9 +108,9 @@ def open_run(opts: RunOptions, command: str, scenario: Any) -> Any:
             scenario=scenario.model_dump(mode="json"), scenario_file=str(scenario.source)
         )
     run_dir.update_meta(
-        platform=host_platform(),
+        platform=interpreters.host_platform(),
         host=host_record(),
-        git_revision=git_revision(REPO_ROOT),
+        git_revision=interpreters.git_revision(REPO_ROOT),
     )
     return run_dir
 
@@ -123,8 +121,6 @@ def open_roundtrip_run(
     """``open_run`` for the commands made of round trips (roundtrip, stress, faults) on
     ``base``, a round-trip plan: a note when its variant is off its platform, and the
     variant (or the attached server's URL) recorded with ``meta``."""
-    from rich.markup import escape
-
     if base.off_platform:
         console.print(f"[yellow]note:[/] {escape(base.off_platform)}", highlight=False)
     run_dir = open_run(opts, command, scenario)

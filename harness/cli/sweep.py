@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from harness.cli import common, launch_checks
 from harness.cli.help_texts import opt
@@ -118,7 +119,6 @@ def run_sweep(
 
 def finish_sweep(run: Any, run_dir: Any, status: str, code: ExitCode) -> int:
     """``run.json`` finished, the cells not as expected, the table, the transitions."""
-    from rich.markup import escape
 
     from harness.cli.sweep_show import sweep_table
     from harness.commands import sweep as sw

@@ -23,6 +23,7 @@ from typing import Any, Unpack
 
 from harness import names
 from harness.commands import roundtrip as rt
+from harness.commands.roundtrip.files import part_writer
 from harness.errors import BadInput, ExitCode
 from harness.results.markdown import table
 from harness.results.run_directory import RunDirectory
@@ -197,8 +198,6 @@ def execute_faults(
 ) -> list[Round]:
     """Launch once, then one round trip per fault; every round judged as it ends, its
     files in ``rounds/NN-fault/`` (a roundtrip run's files, ending with its verdict)."""
-    from harness.commands.roundtrip.files import part_writer
-
     rounds = [
         Round(i, f, CAUGHT_BY[f], seed=p.scenario.workload.seed)
         for i, (f, p) in enumerate(zip(sweep.faults, sweep.plans, strict=True))

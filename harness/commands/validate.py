@@ -10,9 +10,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.commands.bugs import corpus as bugs
+from harness.commands.bugs import scheduler as bug_scheduler
+from harness.commands.bugs import steps as bug_steps
+from harness.commands.crash_repro import load_models
+from harness.commands.matrix import plan_matrix
+from harness.commands.oracle.plan import plan_oracle
+from harness.commands.pressure.plan import plan_pressure
+from harness.commands.roundtrip import plan_roundtrip
+from harness.commands.stress.plan import plan_stress
 from harness.errors import HarnessError
+from harness.scenario.bugs import load_bug
+from harness.scenario.crash_repro import load_crash_repro
 from harness.scenario.kinds import scenario_kind
-from harness.scenario.schema import read_toml
+from harness.scenario.matrix import load_matrix
+from harness.scenario.oracle import load_oracle
+from harness.scenario.pressure import load_pressure
+from harness.scenario.roundtrip import load_roundtrip
+from harness.scenario.schema import load_variants, read_toml
+from harness.scenario.stress import load_stress
 
 
 def validate(path: Path) -> tuple[str, str]:
@@ -23,39 +39,22 @@ def validate(path: Path) -> tuple[str, str]:
 
 
 def _check(kind: str, path: Path) -> str:
-    from harness.scenario.crash_repro import load_crash_repro
-    from harness.scenario.matrix import load_matrix
-    from harness.scenario.roundtrip import load_roundtrip
-    from harness.scenario.schema import load_variants
-
     if kind == "bug":
-        from harness.commands.bugs import corpus as bugs
-        from harness.commands.bugs import steps as bug_steps
-        from harness.scenario.bugs import load_bug
-
         entry = load_bug(path)
         bugs.plan_targets_for([entry])
         if entry.trigger.kind == "steps":
             bug_steps.check_script(entry)
         elif entry.trigger.kind == "scheduler":
-            from harness.commands.bugs import scheduler as bug_scheduler
-
             bug_scheduler.check_case(entry)
         fixed = entry.fixed or "still open"
         return f"{entry.trigger.kind} trigger, affected {entry.affected}, fixed {fixed}"
     if kind == "stress":
-        from harness.commands.stress.plan import plan_stress
-        from harness.scenario.stress import load_stress
-
         splan = plan_stress(load_stress(path))
         return (
             f"profile {splan.profile}: {len(splan.requests)} requests at concurrency "
             f"{splan.concurrency}, variant {splan.base.variant}"
         )
     if kind == "pressure":
-        from harness.commands.pressure.plan import plan_pressure
-        from harness.scenario.pressure import load_pressure
-
         pplan = plan_pressure(load_pressure(path))
         n = sum(len(s.requests) for s in pplan.servers)
         return (
@@ -63,9 +62,6 @@ def _check(kind: str, path: Path) -> str:
             f"{pplan.tier.slot_bytes:,} B, every one predicted"
         )
     if kind == "oracle":
-        from harness.commands.oracle.plan import plan_oracle
-        from harness.scenario.oracle import load_oracle
-
         oplan = plan_oracle(load_oracle(path))
         n = sum(len([s for s in c.steps if not s.reset]) for c in oplan.cells if not c.skip)
         return (
@@ -75,15 +71,11 @@ def _check(kind: str, path: Path) -> str:
     if kind == "variants":
         return f"{len(load_variants(path))} variants"
     if kind == "matrix":
-        from harness.commands.matrix import plan_matrix
-
         plan = plan_matrix(load_matrix(path))
         families = len({c.family for c in plan.cells})
         tiers = len({c.tier for c in plan.cells})
         return f"{len(plan.cells)} cells over {families} families and {tiers} tiers, all planned"
     if kind == "roundtrip":
-        from harness.commands.roundtrip import plan_roundtrip
-
         rt = plan_roundtrip(load_roundtrip(path))
         stored = f"expects {rt.expected.stored_bytes:,} B stored"
         disk = (
@@ -94,7 +86,6 @@ def _check(kind: str, path: Path) -> str:
             else ", over a disk tier"
         )
         return f"variant {rt.variant}, {len(rt.targets)} targets, {stored}{disk}"
-    from harness.commands.crash_repro import load_models
 
     scen = load_crash_repro(path)
     variants = load_variants(scen.resolve(scen.variants_file))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.metadata
+import inspect
 import os
 
 CPU_STAND_IN = "VLLM_TARGET_DEVICE=cpu: the CUDA wheel on a host without the NVIDIA driver"
@@ -46,7 +47,6 @@ def waive_cpu_triton() -> str:
     CPU platform was refused there, before any stage the rehearsal or the drive checks.
     They run no kernel, so that one check is waived (``vllm.triton_utils.HAS_TRITON``, read when the
     config is checked); a note says so. Builds without the check are left alone."""
-    import inspect
 
     from vllm.platforms.cpu import CpuPlatform
 

@@ -29,6 +29,7 @@ API server, EngineCore and worker processes.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import time
@@ -448,8 +449,6 @@ class HostOffloadingWorker(OffloadingWorker):
 
     def get_finished(self) -> list[TransferResult]:
         if self.fault == FAULT_SEGV:
-            import ctypes
-
             ctypes.string_at(0)  # SIGSEGV: a real invalid read, in vLLM's worker step
         results = list(self._finished)
         self._finished.clear()

@@ -37,6 +37,7 @@ from vllm.logger import init_logger
 from vllm.v1.kv_offload.base import CanonicalKVCaches
 from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+from vllm.v1.kv_offload.tiering.fs import manager as fs_manager
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from harness.engine.host_offload import HostOffloadingWorker, HostWorkerSpec
@@ -55,8 +56,6 @@ logger = init_logger(f"vllm.offload_check.{__name__}")
 
 def _seed_disk_fault(fault: str) -> None:
     """Wrap the fs tier's I/O functions (as its manager module bound them) for ``fault``."""
-    from vllm.v1.kv_offload.tiering.fs import manager as fs_manager
-
     if fault == DISK_FAULT_DELETE:
         load = fs_manager.batch_load_block
 

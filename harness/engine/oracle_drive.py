@@ -25,6 +25,7 @@ Loaded with a vLLM interpreter: the standard library, vLLM and ``harness.engine`
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -47,6 +48,7 @@ from harness.engine.drive_report import (
     traceback_frames,
 )
 from harness.engine.oracle_worker import ContentWorker
+from harness.engine.patches import apply
 from harness.engine.scheduler_rig import Rig, kwargs_for, load_vllm
 from harness.names import (
     ENV_PATCH,
@@ -425,8 +427,6 @@ class OracleRig:
 
 def _reads_max_load_tokens(scheduler: Any) -> bool:
     """Whether the connector's scheduler module reads ``max_load_tokens`` at all."""
-    import inspect
-
     module = inspect.getmodule(type(scheduler))
     try:
         return module is None or "max_load_tokens" in inspect.getsource(module)
@@ -566,7 +566,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if patch and patch != PATCH_NONE:
             # A seeded fault in vLLM's own scheduler or manager, as the plugin applies it
             # in a server's processes; the first line says whether it took.
-            from harness.engine.patches import apply
 
             try:
                 report = apply(patch)

@@ -19,30 +19,27 @@ import logging
 import os
 import sys
 
+from harness.engine.amx import apply_in_process
+from harness.engine.crash_handler import rearm
+from harness.engine.patches import LOG_PREFIX, apply
+from harness.engine.reach import install as trace_lines
+from harness.engine.specs import install, install_kernel_report
 from harness.names import ENV_COVER, ENV_PATCH, ENV_REPORT_SPECS
 
 logger = logging.getLogger("vllm.offload_check.plugin")
 
 
 def register() -> None:
-    from harness.engine.amx import apply_in_process
-    from harness.engine.crash_handler import rearm
-
     rearm()
     apply_in_process()
     if os.environ.get(ENV_COVER):
-        from harness.engine.reach import install as trace_lines
-
         trace_lines()  # offload-check mutate: which lines of its target this process ran
     if os.environ.get(ENV_REPORT_SPECS) == "1":
-        from harness.engine.specs import install, install_kernel_report
-
         install()
         install_kernel_report()
     patch = os.environ.get(ENV_PATCH, "").strip()
     if not patch or patch == "none":
         return
-    from harness.engine.patches import LOG_PREFIX, apply
 
     try:
         report = apply(patch)

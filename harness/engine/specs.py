@@ -15,6 +15,7 @@ Loaded in vLLM processes: imports nothing of the harness beyond the standard lib
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
 import sys
@@ -90,8 +91,6 @@ def _report(kv_cache_config: Any, where: str) -> None:
 
 
 def _class(module_name: str, cls_name: str) -> Any:
-    import importlib
-
     try:
         return getattr(importlib.import_module(module_name), cls_name, None)
     except ImportError:
@@ -154,8 +153,6 @@ def _wrap_attn_isa() -> None:
     """Report the ISA vLLM's CPU attention picks (its metadata builder calls this)."""
     module: Any = sys.modules.get(CPU_ATTN_MODULE)  # a vLLM module: patched by attribute
     if module is None:
-        import importlib
-
         module = importlib.import_module(CPU_ATTN_MODULE)
     orig = getattr(module, "_get_attn_isa", None)
     if orig is None or getattr(orig, MARK, False):

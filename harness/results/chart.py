@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.results.markdown import sweep_grid
+
 
 def phases_chart(phases: Sequence[dict[str, Any]], title: str, out: Path) -> Path:
     import matplotlib
@@ -69,8 +71,6 @@ def sweep_heatmap(cells: Sequence[Any], builds: Sequence[str], out: Path) -> Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
-
-    from harness.results.markdown import sweep_grid
 
     headers, rows = sweep_grid(cells, builds)
     columns = headers[1:]

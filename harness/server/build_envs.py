@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
 from harness.errors import BadInput, HarnessError
 from harness.names import REPO_ROOT
-from harness.server import bytecode
+from harness.server import bytecode, interpreters
 from harness.server.disk_usage import disk_usage
 from harness.server.env_install import (
     Build,
@@ -167,8 +169,6 @@ def ensure_wheel(
     on_step: Step | None = None,
 ) -> EnvStatus:
     """A vLLM wheel (a path or URL) in an environment named after the wheel's file."""
-    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-
     is_url = "://" in wheel
     filename = urllib.parse.unquote(urllib.parse.urlparse(wheel).path if is_url else wheel)
     filename = filename.rsplit("/", 1)[-1]
@@ -191,8 +191,6 @@ def ensure_wheel(
 
 def check_interpreter(python: str) -> EnvStatus:
     """A user's own build: an interpreter or a venv directory, checked (not changed)."""
-    from harness.server.interpreters import probe
-
     path = Path(python)
     if path.is_dir():
         path = path / "bin" / "python"
@@ -200,7 +198,7 @@ def check_interpreter(python: str) -> EnvStatus:
             raise BadInput(f"{python}: not a virtual environment (no bin/python)")
     t0 = time.monotonic()
     try:
-        env = probe(str(path))
+        env = interpreters.probe(str(path))
     except HarnessError as err:
         return EnvStatus(python, None, "unavailable", str(err), time.monotonic() - t0)
     reason = ""

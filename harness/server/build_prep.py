@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.errors import HarnessError
+from harness.server import build_envs, interpreters
+from harness.server.modelinfo import warm_build
 
 # How much lower than the servers a background preparation runs (nice(1)'s default).
 NICENESS = 10
@@ -52,9 +54,7 @@ class Prepared:
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> Prepared:
-        from harness.server.build_envs import EnvStatus
-
-        return cls(EnvStatus(**data["status"]), str(data["warm"]), list(data["steps"]))
+        return cls(build_envs.EnvStatus(**data["status"]), str(data["warm"]), list(data["steps"]))
 
 
 def prepare(
@@ -70,8 +70,6 @@ def prepare(
     """Make (or reuse) the environment of build ``spec`` (``build_envs.ensure_build``)
     and, when ``warm``, fill vLLM's model-class cache for it. Never raises for the
     build's own faults: an unusable build is an ``unavailable`` status with the reason."""
-    from harness.server.build_envs import EnvStatus, ensure_build
-
     steps: list[str] = []
 
     def step(message: str) -> None:
@@ -80,9 +78,11 @@ def prepare(
             on_step(message)
 
     try:
-        status = ensure_build(spec, dist=dist, uv=uv, torch_index=torch_index, on_step=step)
+        status = build_envs.ensure_build(
+            spec, dist=dist, uv=uv, torch_index=torch_index, on_step=step
+        )
     except HarnessError as err:
-        status = EnvStatus(label, None, "unavailable", str(err))
+        status = build_envs.EnvStatus(label, None, "unavailable", str(err))
     line = ""
     if warm and status.ok and status.python is not None:
         line = warm_model_classes(status.python, step)
@@ -95,11 +95,8 @@ def warm_model_classes(python: str, on_step: Step) -> str:
     fresh machine each architecture would otherwise cost every release a cold
     subprocess at its first launch. A failure only loses the saving. Returns the line
     saying what happened ("" when the build cannot be asked)."""
-    from harness.server.interpreters import probe
-    from harness.server.modelinfo import warm_build
-
     try:
-        env = probe(python)
+        env = interpreters.probe(python)
     except HarnessError:
         return ""
     if not env.vllm_version or not env.vllm_dist:

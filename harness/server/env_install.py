@@ -20,6 +20,7 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.names import REPO_ROOT
+from harness.server import interpreters
 from harness.server.uv_flags import uv_flags_from_pip_config
 
 # What the CPU builds pull from the index and what breaks imports beside the +cpu torch
@@ -209,8 +210,6 @@ def resolve(build: Build, uv: str, python: str, flags: Sequence[str]) -> None:
 
 def install(build: Build, path: Path, uv: str, torch_index: str | None, on_step: Step) -> str:
     """Fill ``path``; raises Unavailable with the reason. Returns the vLLM version."""
-    from harness.server.interpreters import probe
-
     if not (REPO_ROOT / "pyproject.toml").is_file():
         raise HarnessError(f"the harness's source is not at {REPO_ROOT}: cannot install it")
     python = str(path / "bin" / "python")
@@ -239,7 +238,7 @@ def install(build: Build, path: Path, uv: str, torch_index: str | None, on_step:
     on_step("checking that vllm and the engine plugin import")
     import_check(python, path)
     try:
-        env = probe(python)
+        env = interpreters.probe(python)
     except HarnessError as err:
         raise Unavailable(str(err)) from None
     return env.vllm_version

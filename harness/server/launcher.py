@@ -29,6 +29,7 @@ from typing import Any
 from harness.errors import BadInput, HarnessError
 from harness.names import ENV_LEDGER
 from harness.server import lanes, launch_timeline
+from harness.server.reaper import _start_time
 from harness.server.server_lock import server_slot
 
 HOST = "127.0.0.1"
@@ -404,8 +405,6 @@ def http_post(url: str, timeout_s: float = 60.0) -> tuple[int, str]:
 
 def _start_reaper(server_pgid: int, scratch: str | None = None) -> subprocess.Popen[bytes] | None:
     """The sidecar that kills the server group if this process dies without cleanup."""
-    from harness.server.reaper import _start_time
-
     me = os.getpid()
     started = _start_time(me)
     if started is None:  # no /proc: nothing to watch with; teardown relies on handlers

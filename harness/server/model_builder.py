@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -219,8 +220,6 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m harness.server.model_builder GEOMETRY [dummy|random]``: build (or reuse) the
     model and print its directory, so a reproduction outside the harness can ``vllm serve``
     the very model the harness ran (docs/bugs.md)."""
-    import sys
-
     args = sys.argv[1:] if argv is None else argv
     if not args or len(args) > 2 or args[-1] in ("-h", "--help"):
         print("usage: python -m harness.server.model_builder GEOMETRY.json [dummy|random]")

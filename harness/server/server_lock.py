@@ -10,11 +10,13 @@ told not to (``--no-wait``), names whom it waits for; ``doctor`` reads the same.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from harness.errors import RuntimeFailure
@@ -110,7 +112,6 @@ def _holder_from_proc_locks(path: str) -> LockHolder:
             import psutil
 
             proc = psutil.Process(pid)
-            from datetime import datetime, timezone
 
             since = datetime.fromtimestamp(proc.create_time(), timezone.utc)
             command = " ".join(proc.cmdline())[:200] or None
@@ -125,7 +126,6 @@ def lock_holder(path: str | None = None) -> LockHolder | None:
     path = path or lock_path()
     if path is None or not os.path.exists(path):
         return None
-    import fcntl
 
     with open(path, "a+") as fh:
         try:
@@ -140,8 +140,6 @@ def lock_holder(path: str | None = None) -> LockHolder | None:
 
 
 def _write_holder(fh: Any) -> None:
-    from datetime import datetime, timezone
-
     record = {
         "pid": os.getpid(),
         "since": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -190,7 +188,6 @@ def server_slot() -> Iterator[None]:
     if path is None or _HELD[0]:
         yield
         return
-    import fcntl
 
     with open(path, "a+") as fh:
         try:

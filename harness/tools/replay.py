@@ -19,6 +19,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import typer.main
+
+from harness.cli.app import app
 from harness.commands import roundtrip as rt
 from harness.errors import BadInput
 from harness.names import FAULTS, REPO_ROOT
@@ -31,10 +34,6 @@ DEFAULT_SCENARIO = "scenarios/roundtrip-cpu.toml"
 
 def _cli_params(args: list[str]) -> dict[str, Any]:
     """The CLI's own option parser, so a replayed argv means what it meant to the run."""
-    import typer.main
-
-    from harness.cli.app import app
-
     command = typer.main.get_command(app).commands["roundtrip"]  # type: ignore[attr-defined]
     return dict(command.make_context("roundtrip", list(args)).params)
 

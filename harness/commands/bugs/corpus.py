@@ -33,13 +33,17 @@ from harness.commands.sweep import (
     NOT_JUDGED,
     NOT_RUN,
     UNAVAILABLE,
+    SweepRun,
     Target,
+    judged,
     plan_targets,
 )
 from harness.errors import BadInput
 from harness.results.records import BugCell, SweepCell
 from harness.scenario.bugs import BugEntry, CheckTrigger, load_bug
+from harness.scenario.kinds import load_any
 from harness.scenario.rules import version_matches
+from harness.server.crash_signatures import known_label
 
 # A cell's outcome in the corpus (bugs.csv; results/README.md).
 REPRODUCED = "reproduced"  # the entry's symptom, exactly
@@ -76,8 +80,6 @@ def plan_targets_for(entries: Sequence[BugEntry]) -> list[Target]:
     share its target (one matrix run covers several cells), scripted entries asking for
     the same server share one launch, and every scheduler-level entry one drive process
     (:mod:`harness.commands.bugs.groups`)."""
-    from harness.scenario.kinds import load_any
-
     targets: list[Target] = []
     scripted = [e for e in entries if e.trigger.kind == "steps"]
     for group in group_by_launch(scripted):
@@ -138,8 +140,6 @@ def expected_on(entry: BugEntry, version: str) -> str:
 
 def symptom_seen(entry: BugEntry, cell: SweepCell) -> str:
     """ "" when the cell shows the entry's symptom exactly, else what differs."""
-    from harness.server.crash_signatures import known_label
-
     s = entry.symptom
     outcome = cell.outcome.split(", ")[-1]  # a matrix cell reads "started, fail"
     if outcome != s.outcome:
@@ -225,8 +225,6 @@ def reproduction(entry: BugEntry, releases: Sequence[str] = ()) -> str:
 
 def counts(cells: Iterable[BugCell]) -> tuple[int, int, int]:
     """(matched, not matched, not judged), counted as a sweep's cells are."""
-    from harness.commands.sweep import judged
-
     return judged(cells)
 
 
@@ -284,8 +282,6 @@ def plan_corpus(
     (build label -> device; CPU where not given), and not run when that is every build.
     On ``serverless`` builds (label -> why) only scheduler-level triggers run; the
     other entries are named there with the reason, and their targets not run."""
-    from harness.commands.sweep import SweepRun
-
     flags = set(flags)
     device = {b.label: (devices or {}).get(b.label, "cpu") for b in builds}
     skipped = {e.id: why for e in entries if (why := host_lacks(e, flags, has_gpu))}

@@ -8,8 +8,11 @@ from pathlib import Path
 
 from harness.commands import sweep as sw
 from harness.commands.bugs.corpus import CorpusRun, plan_corpus
+from harness.engine import amx
 from harness.errors import HarnessError
 from harness.scenario.bugs import BugEntry
+from harness.scenario.schema import load_variants
+from harness.server.interpreters import has_gpu
 
 
 def variant_builds(names: Sequence[str], variants_file: Path) -> list[str]:
@@ -18,7 +21,6 @@ def variant_builds(names: Sequence[str], variants_file: Path) -> list[str]:
     of a fix."""
     if not names:
         return []
-    from harness.scenario.schema import load_variants
 
     known = load_variants(variants_file)
     out = []
@@ -50,11 +52,8 @@ def plan_bugs(
     """The entries on the releases ``releases`` names (all when neither releases nor
     builds are given) and the user's builds, as this host can run them (its CPU flags, a
     GPU, each build's device)."""
-    from harness.engine.amx import cpu_flags
-    from harness.server.interpreters import has_gpu
-
     planned = sw.choose_builds(releases, builds, dist)
     devices = {b.label: sw.build_device(b, dist) for b in planned}
     gpu = has_gpu()
     serverless = {b.label: NO_SERVER for b in planned if not gpu and sw.cuda_build(b, dist)}
-    return plan_corpus(entries, planned, dist, cpu_flags(), gpu, devices, serverless)
+    return plan_corpus(entries, planned, dist, amx.cpu_flags(), gpu, devices, serverless)

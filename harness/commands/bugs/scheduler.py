@@ -23,6 +23,7 @@ from harness.commands import sweep
 from harness.commands.bugs.entry_runs import entry_dir, open_entry_run
 from harness.commands.bugs.groups import EntryGroup
 from harness.commands.sweep import ERROR, Job
+from harness.engine import scheduler_drive
 from harness.errors import BadInput
 from harness.results.records import SweepCell
 from harness.scenario.bugs import BugEntry, SchedulerTrigger
@@ -36,12 +37,11 @@ def _trigger(entry: BugEntry) -> SchedulerTrigger:
 
 def check_case(entry: BugEntry) -> None:
     """Refuse an entry naming a case the drive does not have, before any build runs."""
-    from harness.engine.scheduler_drive import CASES
-
     case = _trigger(entry).case
-    if case not in CASES:
+    known = scheduler_drive.CASES
+    if case not in known:
         raise BadInput(
-            f"{entry.source}: unknown scheduler case {case!r}; known: {', '.join(CASES)}"
+            f"{entry.source}: unknown scheduler case {case!r}; known: {', '.join(known)}"
         )
 
 

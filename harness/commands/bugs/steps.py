@@ -26,12 +26,15 @@ from harness.commands.bugs.entry_runs import entry_dir, open_entry_run
 from harness.commands.bugs.files import BUG_STEPS
 from harness.commands.bugs.groups import EntryGroup
 from harness.commands.bugs.script import Script, build_prompts, run_script
+from harness.commands.roundtrip import StartupFailure, build_local_model, plan_roundtrip
 from harness.commands.roundtrip.files import CHECKS
+from harness.commands.roundtrip.run import Endpoint, EngineFailure, start_server
 from harness.commands.sweep import ERROR, Job
 from harness.errors import BadInput, HarnessError
 from harness.results.records import SweepCell
 from harness.scenario.bugs import BugEntry, StepsTrigger
 from harness.scenario.roundtrip import RoundtripScenario, load_roundtrip
+from harness.server.crash_signatures import crash_signature, known_label
 from harness.server.launcher import http_post
 
 if TYPE_CHECKING:
@@ -144,8 +147,6 @@ def run_steps(job: Job) -> list[SweepCell]:
     after another: between two scripts the server settles and both prefix caches are
     reset, and a new server is started instead when that reset is refused or the
     previous script left the server dead."""
-    from harness.commands.roundtrip import build_local_model, plan_roundtrip
-
     group: EntryGroup = job.target.scenario
     cells: list[SweepCell] = []
     shared: _Shared | None = None
@@ -198,8 +199,6 @@ class _Shared:
 
     def cleared(self, job: Job, entry: BugEntry) -> bool:
         """Ready for the next entry's script: alive, settled, both caches reset."""
-        from harness.commands.roundtrip.run import Endpoint
-
         if self.needs_start or not self.server.alive():
             return False
         ep = Endpoint(self.server.url, self.server)
@@ -234,10 +233,6 @@ def _run_one(
     cell: SweepCell,
 ) -> None:
     """One entry's script on the group's server (started here if it is not yet)."""
-    from harness.commands.roundtrip import StartupFailure
-    from harness.commands.roundtrip.run import Endpoint, EngineFailure, start_server
-    from harness.server.crash_signatures import crash_signature, known_label
-
     trig = _steps(entry)
     script = Script(plan, build_prompts(trig.steps, plan.vocab_size, scn.workload.seed, entry.id))
     server = shared.server

@@ -24,6 +24,7 @@ from harness.engine.amx import (
 from harness.errors import ExitCode
 from harness.names import ENV_AMX, REPO_ROOT
 from harness.server.interpreters import cpu_name
+from harness.server.launcher import free_port
 from harness.server.model_builder import default_cache_dir
 
 Status = Literal["ok", "warn", "fail"]
@@ -307,8 +308,6 @@ def check_cache_writable(cache: Path) -> Check:
 def check_loopback(bind: Callable[[], int] | None = None) -> Check:
     """Every server listens on 127.0.0.1 only; sandboxes without loopback cannot run one."""
     if bind is None:
-        from harness.server.launcher import free_port
-
         bind = free_port
     try:
         port = bind()

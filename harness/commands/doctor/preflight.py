@@ -37,8 +37,10 @@ from harness.engine.amx import (
     cpu_flags,
 )
 from harness.errors import BadInput, HarnessError
+from harness.scenario.schema import load_variants
 from harness.server.interpreters import Environment, cpu_name, probe, resolve_interpreter
 from harness.server.model_builder import default_cache_dir
+from harness.server.server_lock import lock_holder, lock_path
 
 
 def _select(variants: Mapping[str, Any], names: Sequence[str] | None) -> list[str]:
@@ -52,8 +54,6 @@ def _select(variants: Mapping[str, Any], names: Sequence[str] | None) -> list[st
 
 def run_checks(variants_file: Path, variant_names: Sequence[str] | None = None) -> list[Check]:
     """Every check, host first, then each selected variant; bad input raises ``BadInput``."""
-    from harness.scenario.schema import load_variants
-
     if not variants_file.is_file():
         raise BadInput(f"variants file not found: {variants_file}")
     try:
@@ -101,8 +101,6 @@ def run_checks(variants_file: Path, variant_names: Sequence[str] | None = None) 
 
 
 def _lock_check() -> Check:
-    from harness.server.server_lock import lock_holder, lock_path
-
     path = lock_path()
     return check_lock(path, lock_holder(path) if path else None)
 

@@ -31,6 +31,7 @@ from harness.commands.roundtrip import (
     execute_roundtrip,
     plan_roundtrip,
 )
+from harness.commands.roundtrip.files import part_writer
 from harness.engine.amx import cpu_flags
 from harness.errors import BadInput, ExitCode, HarnessError
 from harness.results.records import CheckResult
@@ -423,8 +424,6 @@ def judge_cell(cell: Cell) -> None:
 def run_cell(cell: Cell, scn: MatrixScenario, out_dir: Path, reporter: MatrixReporter) -> None:
     """Launch, round-trip, classify; never raises for what the engine does. The cell's
     round trip leaves a roundtrip run's files in ``cells/<slug>/``."""
-    from harness.commands.roundtrip.files import part_writer
-
     assert cell.plan is not None
     t0 = time.monotonic()
     cell_dir = out_dir / "cells" / cell.slug

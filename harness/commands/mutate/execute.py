@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -31,10 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from harness.commands.mutate import sandbox
+from harness.commands.mutate.mutants import mutated_source
+from harness.engine.reach import read_lines
 from harness.errors import BadInput, ExitCode, RuntimeFailure
 from harness.names import ENV_COVER, ENV_COVER_OUT
+from harness.scenario.kinds import load_any
 from harness.server import lanes, launcher, server_lock
 from harness.server.side_by_side import run_in_lanes
+from harness.server.stall_watch import STALL_S
 
 # Seconds a command may take per mutant; a mutant that makes the engine spin past this
 # is a ``timeout`` (roundtrip about 2 minutes here, the default stress about 5).
@@ -79,7 +85,6 @@ class MutateCommand:
         names = ", ".join(RUN_COMMANDS)
         if not path.is_file():
             raise BadInput(f"--command {text}: neither suite, {names} nor a scenario file")
-        from harness.scenario.kinds import load_any
 
         kind, _ = load_any(path)
         if kind not in SCENARIO_KINDS:
@@ -338,7 +343,6 @@ def baseline(
     mutant, and its kills would mean nothing. A stress command's reference fills
     ``reference_cache`` here, for the mutants. With ``jobs`` > 1 the commands run side
     by side, each on a lane's cores, as the mutants will."""
-    from harness.engine.reach import read_lines
 
     def one(cmd: MutateCommand, cores: tuple[int, ...] | None) -> CommandRun:
         where = out / cmd.slug
@@ -390,8 +394,6 @@ def run_mutant(
     """One mutant: its copy of the environment (``make_env`` gives the copy's python),
     the import check, then the commands until one notices; the copy is removed after.
     ``env``: the commands' extra environment (a lane's cores, ``lanes.lane_env``)."""
-    from harness.commands.mutate.mutants import mutated_source
-
     python = make_env(mutant, mutated_source(source, mutant))
     try:
         broken = import_check(python, mutant.module)
@@ -425,10 +427,6 @@ STALL_MIN_S = 30.0
 def calibrated_stall(run_dir: Path | None) -> float | None:
     """The stall window for the mutants' runs of a stress command, from its baseline run
     (``run.json``'s ``stress.longest_still_s``); None when the run recorded none."""
-    import json
-
-    from harness.server.stall_watch import STALL_S
-
     if run_dir is None:
         return None
     try:
@@ -488,10 +486,6 @@ def _execute(
     on_verdict: Callable[[], None],
     jobs: int,
 ) -> None:
-    import json
-
-    from harness.commands.mutate import sandbox
-
     where = out / "baseline"
     coverage = where / COVERAGE_FILE
     # The stress commands' connector-off references, filled by the baseline and reused by

@@ -15,6 +15,7 @@ from typing import Any
 
 from harness.commands.roundtrip import RoundtripPlan, RoundtripResult, save_requests
 from harness.results import ci_summary as ci
+from harness.results.chart import phases_chart
 from harness.results.ci_summary import Row
 from harness.results.markdown import table
 from harness.results.records import CheckResult
@@ -179,8 +180,6 @@ class RoundtripWriter:
             "report.md", roundtrip_report(result, {"results_dir": str(run_dir.path)})
         )
         if rows and self.chart:
-            from harness.results.chart import phases_chart
-
             phases_chart(
                 rows, f"{plan.scenario.name}: {plan.model_ref}", run_dir.path / "phases.png"
             )

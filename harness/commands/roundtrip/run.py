@@ -20,6 +20,7 @@ from harness.oracle.content import judge_directories
 from harness.results.records import CheckResult
 from harness.scenario.schema import ServerSettings
 from harness.server import disk_tier, engine_log, kv_layout, metrics
+from harness.server.crash_signatures import crash_signature
 from harness.server.launcher import HttpRefusal, VllmServer, http_json
 from harness.server.stall_watch import STALL_S, Sampler
 from harness.server.workload import (
@@ -89,8 +90,6 @@ class Endpoint:
             # failed (a stalled tier is named in the line), not the connection.
             return EngineFailure(phase, self.stall, self.stall)
         if self.server is not None:
-            from harness.server.crash_signatures import crash_signature
-
             # Give a dying server a moment: its exit and its traceback land after the
             # dropped connection that brought us here.
             alive = self.server.alive(grace_s=3.0)
@@ -198,8 +197,6 @@ def start_server(
     server.start()
     ready = server.wait_ready(settings.startup_timeout_s, settings.health_poll_s)
     if ready.state != "started":
-        from harness.server.crash_signatures import crash_signature
-
         lines = server.log_path.read_text(errors="replace").splitlines()
         sig = crash_signature(lines, ready.returncode)
         how = (

@@ -5,6 +5,7 @@ the CI summary are registered here (``harness.results.tables.register``)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -163,8 +164,6 @@ def timeline(outcomes: Sequence[Outcome], step_s: float = 0.25) -> list[tuple[fl
 
 def save_requests(outcomes: Sequence[Outcome], path: Path, plan: Sequence[PlannedRequest]) -> None:
     """``requests.jsonl``: every request as planned and as it went."""
-    import json
-
     by = {r.id: r for r in plan}
     with path.open("w") as fh:
         for o in outcomes:

@@ -15,8 +15,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
-from harness.commands.stress.workload import PlannedRequest, plan_profile
+from harness.commands.roundtrip import attach_plan, plan_roundtrip
+from harness.commands.stress.workload import PlannedRequest, plan_profile, plan_summary
 from harness.errors import BadInput
+from harness.names import ENV_TRACE
+from harness.scenario.roundtrip import load_roundtrip
+from harness.scenario.schema import DiskTier
 from harness.scenario.stress_profiles import PROFILES, ProfileSettings
 from harness.server.stall_watch import STALL_S
 
@@ -93,8 +97,6 @@ class StressPlan:
         return reqs
 
     def describe(self) -> dict[str, Any]:
-        from harness.commands.stress.workload import plan_summary
-
         described: dict[str, Any] = {
             "scenario": self.scenario.name if self.scenario is not None else None,
             "profile": self.profile,
@@ -217,18 +219,12 @@ def plan_stress(
     under the CPU tier (the round trip's ``[offload.disk]``); ``restarts`` sends the plan
     again to that many new servers over the same directory. ``reference_cache`` names the
     directory of the reference's cache (``harness.commands.stress.reference_cache``)."""
-    from harness.commands.roundtrip import attach_plan, plan_roundtrip
-    from harness.names import ENV_TRACE
-    from harness.scenario.roundtrip import load_roundtrip
-
     name = profile or scenario.profile
     if name not in PROFILES:
         raise BadInput(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
     settings, engine_args = settings_for(scenario, name)
     base_scn = load_roundtrip(scenario.resolve(scenario.roundtrip))
     if disk and base_scn.offload.disk is None:
-        from harness.scenario.schema import DiskTier
-
         base_scn.offload.disk = DiskTier()
     launch["extra_args"] = [*engine_args, *STRESS_ENGINE_ARGS, *(launch.get("extra_args") or [])]
     n_restarts = scenario.restarts if restarts is None else restarts

@@ -34,7 +34,7 @@ from typing import Any
 from harness.commands.stress.driver import Outcome, Send, drive
 from harness.commands.stress.floor import SCORE_TOP, SERVED_TOP, Scorer, compared, floor_of
 from harness.commands.stress.judge import explain_divergences, judge_run, set_floor
-from harness.commands.stress.plan import StressPlan
+from harness.commands.stress.plan import StressPlan, reference_spec
 from harness.commands.stress.reference import Scores
 from harness.commands.stress.result import ReferenceSource, StressResult
 
@@ -133,8 +133,6 @@ def key_inputs(
     spec (``reference_spec``: model path and geometry, weights, engine arguments, env),
     the process environment the engine inherits, the host, the plan's round 0 (every
     request as planned), the seed, the concurrency, and how scoring asks."""
-    from harness.commands.stress.plan import reference_spec
-
     base = plan.base
     spec = reference_spec(plan)
     env = base.env

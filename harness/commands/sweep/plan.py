@@ -9,13 +9,13 @@ from pathlib import Path
 from harness.commands.sweep.builds import Build, plan_builds
 from harness.commands.sweep.targets import Target, plan_targets
 from harness.errors import HarnessError
+from harness.scenario.kinds import load_any
+from harness.server.release_envs import known_releases
 
 
 def load_targets(paths: Sequence[Path], selectors: Sequence[str]) -> list[Target]:
     """The scenario files (crash-repro, roundtrip, matrix or pressure), each with the checks
     ``selectors`` pick (all when none); any other kind of file is bad input."""
-    from harness.scenario.kinds import load_any
-
     loaded = []
     for path in paths:
         kind, scenario = load_any(path)
@@ -28,8 +28,6 @@ def load_targets(paths: Sequence[Path], selectors: Sequence[str]) -> list[Target
 def choose_builds(releases: str | None, builds: Sequence[str], dist: str) -> list[Build]:
     """The builds of a run over many: the releases ``releases`` names (every known one
     when neither releases nor builds are given), then the user's builds."""
-    from harness.server.release_envs import known_releases
-
     chosen = releases if releases is not None else (None if builds else "all")
     known = known_releases(dist) if chosen else []
     return plan_builds(chosen, builds, known)

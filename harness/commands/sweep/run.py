@@ -25,7 +25,7 @@ from harness.commands.sweep.targets import (
 )
 from harness.errors import BadInput
 from harness.results.records import SweepCell
-from harness.server import launcher
+from harness.server import build_envs, launcher
 from harness.server.build_prep import Prepared, prepare
 from harness.server.side_by_side import run_in_lanes
 
@@ -252,8 +252,6 @@ def execute_sweep(
 
     ``jobs`` > 1 runs that many targets side by side, each in a lane of the machine's
     cores (``_targets_side_by_side``)."""
-    from harness.server.build_envs import screen_releases
-
     work: list[tuple[int, Build, list[Target]]] = []
     for i, build in enumerate(run.builds, 1):
         targets, left = run.targets_for(build)
@@ -267,7 +265,7 @@ def execute_sweep(
     releases = [b.spec for _, b, _ in work if b.release]
     if len(releases) > 1:
         reporter.status(f"which of {len(releases)} releases can be installed here")
-        screen_releases(run.dist, releases, uv=uv, torch_index=torch_index)
+        build_envs.screen_releases(run.dist, releases, uv=uv, torch_index=torch_index)
 
     if jobs > 1 and len(work) > 1:
         _targets_side_by_side(run, work, out_dir, reporter, on_change, jobs, uv, torch_index)

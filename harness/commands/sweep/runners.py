@@ -7,6 +7,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from harness.commands import crash_repro
+from harness.commands import matrix as mx
+from harness.commands import roundtrip as rt
+from harness.commands.crash_repro.files import write_crash_repro
+from harness.commands.matrix.files import write_matrix
+from harness.commands.pressure.files import write_pressure
+from harness.commands.pressure.plan import build_local_model, plan_pressure
+from harness.commands.pressure.run import ServerResult, run_server
+from harness.commands.roundtrip.files import RoundtripWriter
 from harness.commands.sweep.builds import Build
 from harness.commands.sweep.judge import judge_roundtrip, roundtrip_detail
 from harness.commands.sweep.targets import (
@@ -20,10 +29,12 @@ from harness.commands.sweep.targets import (
 )
 from harness.errors import BadInput, HarnessError
 from harness.results.records import SweepCell
+from harness.results.run_directory import RunDirectory
 from harness.scenario.crash_repro import CrashReproScenario
 from harness.scenario.matrix import MatrixScenario
 from harness.scenario.roundtrip import RoundtripScenario
 from harness.scenario.schema import Variant
+from harness.server.crash_signatures import crash_signature, known_label
 
 
 class SweepReporter(Protocol):
@@ -107,9 +118,6 @@ def run_target(
 
 def _run_crash_repro(job: Job) -> list[SweepCell]:
     target, build, reporter, on_cell = job.target, job.build, job.reporter, job.on_cell
-    from harness.commands import crash_repro
-    from harness.commands.crash_repro.files import write_crash_repro
-    from harness.results.run_directory import RunDirectory
 
     scn: CrashReproScenario = target.scenario
     models = {c.split("/")[0] for c in target.checks}
@@ -154,8 +162,6 @@ def _row_check(row: Any) -> str:
 
 
 def _row_cell(row: Any, build: Build, target: Target, run_dir: Path) -> SweepCell:
-    from harness.server.crash_signatures import known_label
-
     expected = row.expected + (f" {known_label(row.expected_known)}" if row.expected_known else "")
     detail = ""
     if row.answered is not None:
@@ -189,9 +195,6 @@ def with_message(signature: str, message: str) -> str:
 
 def _run_matrix(job: Job) -> list[SweepCell]:
     target, build, reporter, on_cell = job.target, job.build, job.reporter, job.on_cell
-    from harness.commands import matrix as mx
-    from harness.commands.matrix.files import write_matrix
-    from harness.results.run_directory import RunDirectory
 
     scn: MatrixScenario = target.scenario
     picked = [mx.parse_check_id(c) for c in target.checks]
@@ -224,8 +227,6 @@ def _run_matrix(job: Job) -> list[SweepCell]:
 
 
 def _matrix_cell(cell: Any, build: Build, target: Target) -> SweepCell:
-    from harness.server.crash_signatures import known_label
-
     outcome = cell.startup if cell.startup != "started" else f"started, {cell.roundtrip}"
     detail = ", ".join(cell.failed_checks) if cell.failed_checks else ""
     failing = ",".join(sorted(cell.failed_checks or []))
@@ -251,9 +252,6 @@ def _matrix_cell(cell: Any, build: Build, target: Target) -> SweepCell:
 
 def _run_roundtrip(job: Job) -> list[SweepCell]:
     target, build, reporter, on_cell = job.target, job.build, job.reporter, job.on_cell
-    from harness.commands import roundtrip as rt
-    from harness.commands.roundtrip.files import RoundtripWriter
-    from harness.results.run_directory import RunDirectory
 
     scn: RoundtripScenario = target.scenario
     plan = rt.plan_roundtrip(scn, variant=build.label, extra_variants=job.variants)
@@ -278,8 +276,6 @@ def _run_roundtrip(job: Job) -> list[SweepCell]:
             cell.signature = "fails " + ", ".join(failing)
             cell.failing = ",".join(failing)
     except rt.StartupFailure as err:
-        from harness.server.crash_signatures import crash_signature, known_label
-
         lines = err.log_path.read_text(errors="replace").splitlines()
         sig = crash_signature(lines, err.returncode, scn.known_crashes)
         cell.outcome = "timeout" if err.state == "timeout" else "crashed"
@@ -319,11 +315,6 @@ def _run_pressure(job: Job) -> list[SweepCell]:
     semantics say), ``deviates`` (as the exact model of a known upstream behaviour says,
     which the clean semantics would not have predicted for this sequence: ``known``
     names it) or ``fail``; matched when every check is as the scenario's rules expect."""
-    from harness.commands.pressure.files import write_pressure
-    from harness.commands.pressure.plan import build_local_model, plan_pressure
-    from harness.commands.pressure.run import ServerResult, run_server
-    from harness.results.run_directory import RunDirectory
-
     target, build = job.target, job.build
     servers = [c.split("/", 1)[1] for c in target.checks]
     plan = plan_pressure(

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from harness.commands.sweep.builds import Build
 from harness.commands.sweep.files import read_cells
 from harness.commands.sweep.run import SweepRun
@@ -15,8 +17,6 @@ from harness.results.records import SweepCell
 def merge(run_dirs: Sequence[Path]) -> SweepRun:
     """One sweep from several (CI shards, one release each): builds in version order,
     user builds after; a (build, check) run twice keeps the later directory's cell."""
-    from packaging.version import InvalidVersion, Version
-
     cells: dict[tuple[str, str], SweepCell] = {}
     envs: dict[str, dict[str, Any]] = {}
     for d in run_dirs:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.commands.crash_repro import load_models
+from harness.commands.matrix import matrix_check_id
 from harness.commands.sweep.builds import Build
 from harness.errors import BadInput
 from harness.results.records import SweepCell
@@ -59,16 +61,12 @@ def scenario_checks(kind: str, scenario: Any) -> list[str]:
     roundtrip: ``roundtrip/<scenario name>``; pressure: ``pressure/<server>``.
     """
     if kind == KIND_CRASH_REPRO:
-        from harness.commands.crash_repro import load_models
-
         return [
             f"{m.name}/connector-{mode}"
             for m in load_models(scenario, None)
             for mode in scenario.connector
         ]
     if kind == KIND_MATRIX:
-        from harness.commands.matrix import matrix_check_id
-
         return [
             matrix_check_id(e.family, Path(e.geometry).stem, tier)
             for e in scenario.entries

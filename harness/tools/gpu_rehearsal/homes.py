@@ -8,9 +8,13 @@ every build rehearsable, and a build whose function moved again fails naming the
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
 from pathlib import Path
 from typing import Any
 
+from harness.server.launcher import API_SERVER_MODULE
 from harness.tools.gpu_rehearsal.launch import RehearsalAPIError, one_line
 
 _OFFLOADING = "vllm.distributed.kv_transfer.kv_connector.v1.offloading"
@@ -66,7 +70,6 @@ def vllm_function(symbol: str, version: str | None = None) -> Any:
     """``symbol`` from where this vLLM build keeps it (:data:`HOMES`); None when the
     build has none. A final release must have it exactly there; a pre-release or a
     local build (a source build between two releases) may still have an older home."""
-    import importlib
 
     from packaging.version import Version
 
@@ -97,10 +100,6 @@ def api_server_parser_home() -> str:
     """The module the API server's ``main()`` imports ``make_arg_parser`` from, read from
     vLLM's own source (nothing is run): the launch module when it builds the parser
     itself (<= 0.28), else the module its ``main`` comes from (a shim since 0.29)."""
-    import ast
-    import importlib.util
-
-    from harness.server.launcher import API_SERVER_MODULE
 
     def source(name: str) -> tuple[ast.Module, str]:
         spec = importlib.util.find_spec(name)

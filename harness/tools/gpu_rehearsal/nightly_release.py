@@ -7,9 +7,11 @@ without rehearsing the new release fails the unit tests, never skipped.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,7 +140,6 @@ class ReleaseRehearsal:
 
     def record(self) -> dict[str, Any]:
         """What is checked in (RECORD): the release, when, and what passed."""
-        import datetime
 
         def entry(launch: PlannedLaunch, res: Rehearsal | RehearsalError) -> dict[str, Any]:
             if isinstance(res, RehearsalError):
@@ -176,7 +177,6 @@ def rehearse_release(
     """Every launch the nightly's commands make with the ``current`` build, and every
     seeded rejection, through ``python``'s vLLM (one worker process, every stage);
     ``extra`` launches go along in the same process (their results in ``.extra``)."""
-    import time
 
     from harness.server import release_envs
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from harness.errors import BadInput
 from harness.names import ENV_DEVICE
+from harness.server import interpreters, model_builder
 from harness.server.model_builder import default_cache_dir
 from harness.tools.gpu_rehearsal.launch import PlannedLaunch
 
@@ -37,11 +38,9 @@ def gpu_planning() -> Iterator[None]:
     ``probe`` is cached per interpreter, so its cache is cleared on the way in and out:
     a CPU answer must not leak into the GPU plan, nor the GPU answer out of it.
     """
-    from harness.server.interpreters import probe
-
     old = os.environ.get(DEVICE_ENV)
     os.environ[DEVICE_ENV] = "cuda"
-    probe.cache_clear()
+    interpreters.probe.cache_clear()
     try:
         yield
     finally:
@@ -49,7 +48,7 @@ def gpu_planning() -> Iterator[None]:
             os.environ.pop(DEVICE_ENV, None)
         else:
             os.environ[DEVICE_ENV] = old
-        probe.cache_clear()
+        interpreters.probe.cache_clear()
 
 
 def _intended(spec: ServerSpec, server: ServerSettings, tp: int) -> dict[str, Any]:
@@ -199,7 +198,6 @@ def stand_in_model(launch: PlannedLaunch) -> Path | None:
         return Path(model)
     if launch.geometry is None:
         return None
-    from harness.server import model_builder
 
     return model_builder.build_model(
         launch.geometry, f"rehearsal-{launch.geometry_name}", weights="dummy"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import io
 import sys
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.engine.cuda_wheel import CPU_STAND_IN, choose_platform, waive_cpu_triton
+from harness.server import kv_layout, model_builder
 from harness.tools.gpu_rehearsal.homes import api_server_parser_home, vllm_function, vllm_version
 from harness.tools.gpu_rehearsal.launch import (
     STAGES,
@@ -186,8 +188,6 @@ def kv_cache_specs(vllm_config: Any, geometry: Mapping[str, Any]) -> dict[str, A
     """
     from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec
 
-    from harness.server import kv_layout, model_builder
-
     text = model_builder.text_config(dict(geometry))
     kinds = kv_layout.layer_kinds(dict(geometry))
     heads = int(text["num_attention_heads"])
@@ -298,8 +298,6 @@ def plan_kv_caches(
     core asks ``get_global_kv_cache_groups`` first, lets the config adjust the DCP
     interleave to the groups, and passes them on (:data:`HOMES`).
     """
-    import inspect
-
     get_kv_cache_configs = vllm_function("get_kv_cache_configs")
     params = list(inspect.signature(get_kv_cache_configs).parameters.values())
     required = [p.name for p in params if p.default is inspect.Parameter.empty]
@@ -401,6 +399,4 @@ def rehearse_scenario(scenario: Path, tp: int | None = None) -> tuple[PlannedLau
 
 
 def _kinds(geometry: Mapping[str, Any]) -> list[str]:
-    from harness.server import kv_layout
-
     return kv_layout.layer_kinds(dict(geometry))

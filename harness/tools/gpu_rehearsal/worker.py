@@ -8,8 +8,11 @@ answers as one marked line on its stdout.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib.metadata as md
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.errors import HarnessError, RuntimeFailure
+from harness.server import model_builder
 from harness.tools.gpu_rehearsal import launch as launch_types
 from harness.tools.gpu_rehearsal.homes import HOMES, api_server_parser_home, home, vllm_version
 from harness.tools.gpu_rehearsal.launch import (
@@ -148,10 +152,6 @@ def _vllm_cache_root(python: str) -> Path:
     the class's source hash; two builds sharing ``~/.cache/vllm`` overwrite each other's
     entry, and every switch costs a fresh inspection subprocess (~10 s, importing vLLM).
     """
-    import hashlib
-
-    from harness.server import model_builder
-
     venv = Path(os.path.abspath(python)).parent.parent
     key = hashlib.sha256(str(venv).encode()).hexdigest()[:12]
     return model_builder.default_cache_dir() / "vllm-cache" / f"{venv.name}-{key}"
@@ -207,8 +207,6 @@ def run_worker(stream: TextIO) -> dict[str, Any]:
 
 def build_facts() -> dict[str, Any]:
     """What this interpreter's build is: for the record and the report."""
-    import platform
-
     import torch
 
     return {
@@ -226,7 +224,6 @@ def build_facts() -> dict[str, Any]:
 def wheel_requirements() -> dict[str, Any]:
     """What this vLLM wheel asks of a machine, from its own metadata: ``Requires-Python``,
     its torch pin, and the CUDA runtime packages that torch pins (none for a CPU torch)."""
-    import importlib.metadata as md
 
     def bare(requirement: str) -> str:  # no markers, no extras: "cuda-toolkit==13.0.3"
         text = requirement.split(";", 1)[0].strip()
