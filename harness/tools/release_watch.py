@@ -95,28 +95,40 @@ def ask_index(dist: str, python: str = sys.executable) -> str:
     return proc.stdout
 
 
-def makefile_pins(root: Path = REPO_ROOT) -> dict[str, str]:
-    """What ``make setup`` installs as ``current`` for each distribution, asked of make
-    itself (the Makefile is the one place the pins are written)."""
+def makefile_pin(flag: str, what: str, root: Path = REPO_ROOT) -> tuple[str, str]:
+    """(distribution, version) ``make setup <flag>`` installs as ``current``, asked of make
+    itself (the Makefile is the one place the pins are written; an environment's
+    ``VLLM_SPEC`` is ignored). ``what`` names the pin in an error."""
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_SPEC", "VLLM_CURRENT")}
     env.pop("MAKEFLAGS", None)
+    try:
+        proc = subprocess.run(
+            [
+                "make", "--no-print-directory", "-s", "-f", "Makefile",
+                "--eval", "_offload-check-pin: ; @echo $(VLLM_DIST) $(VLLM_CURRENT)",
+                flag, "_offload-check-pin",
+            ],
+            cwd=root, capture_output=True, text=True, timeout=60, env=env,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise HarnessError(f"cannot ask make for {what}: {err}") from None
+    words = proc.stdout.split()
+    if proc.returncode != 0 or len(words) != 2:
+        raise HarnessError(
+            f"cannot read {what} from {root / 'Makefile'}: "
+            f"{(proc.stderr.strip().splitlines() or [proc.stdout.strip()])[-1]}"
+        )
+    return words[0], words[1]
+
+
+def makefile_pins(root: Path = REPO_ROOT) -> dict[str, str]:
+    """What ``make setup`` installs as ``current`` for each followed distribution."""
     pins = {}
     for dist, flag in DISTS.items():
-        try:
-            proc = subprocess.run(
-                [
-                    "make", "--no-print-directory", "-s", "-f", "Makefile",
-                    "--eval", "_offload-check-pin: ; @echo $(VLLM_DIST) $(VLLM_CURRENT)",
-                    flag, "_offload-check-pin",
-                ],
-                cwd=root, capture_output=True, text=True, timeout=60, env=env,
-            )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise HarnessError(f"cannot ask make for the pinned {dist}: {err}") from None
-        words = proc.stdout.split()
-        if proc.returncode != 0 or len(words) != 2 or words[0] != dist:
-            raise HarnessError(f"cannot read the pinned {dist} from {root / 'Makefile'}")
-        pins[dist] = words[1]
+        found, version = makefile_pin(flag, f"the pinned {dist}", root)
+        if found != dist:
+            raise HarnessError(f"make setup {flag} installs {found}, not {dist}")
+        pins[dist] = version
     return pins
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from harness.tools.gpu_rehearsal.launch import (
 from harness.tools.gpu_rehearsal.planning import plan_command
 from harness.tools.gpu_rehearsal.seeded import judge_seeded, seeded_launches
 from harness.tools.gpu_rehearsal.worker import is_this_interpreter, rehearse_on, retarget
+from harness.tools.release_watch import makefile_pin
 
 RECORD = REPO_ROOT / "tests" / "fixtures" / "gpu-rehearsal-record.json"
 # The nightly's commands that launch servers (tests/unit/tools/test_gpu_rehearsal.py keeps this
@@ -46,28 +45,8 @@ SCOUT_COMMAND = NIGHTLY_COMMANDS[1]
 
 def nightly_pin(root: Path = REPO_ROOT) -> tuple[str, str]:
     """(distribution, version) ``make setup GPU=1`` installs as ``current``: the GPU
-    nightly's vLLM, asked of make itself (the Makefile is the one place it is written;
-    the CI files run ``make setup GPU=1``). An environment's ``VLLM_SPEC`` is ignored."""
-    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_SPEC", "VLLM_CURRENT")}
-    env.pop("MAKEFLAGS", None)
-    try:
-        proc = subprocess.run(
-            [
-                "make", "--no-print-directory", "-s", "-f", "Makefile",
-                "--eval", "_offload-check-gpu-pin: ; @echo $(VLLM_DIST) $(VLLM_CURRENT)",
-                "GPU=1", "_offload-check-gpu-pin",
-            ],
-            cwd=root, capture_output=True, text=True, timeout=60, env=env,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise HarnessError(f"cannot ask make for the GPU nightly's vLLM: {err}") from None
-    words = proc.stdout.split()
-    if proc.returncode != 0 or len(words) != 2:
-        raise HarnessError(
-            f"cannot read the GPU nightly's vLLM from {root / 'Makefile'}: "
-            f"{(proc.stderr.strip().splitlines() or [proc.stdout.strip()])[-1]}"
-        )
-    return words[0], words[1]
+    nightly's vLLM (the CI files run ``make setup GPU=1``)."""
+    return makefile_pin("GPU=1", "the GPU nightly's vLLM", root)
 
 
 def nightly_env_python(
