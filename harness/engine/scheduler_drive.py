@@ -30,18 +30,18 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from types import TracebackType
+from collections.abc import Sequence
 from typing import Any
 
+import harness.engine.store_cases  # noqa: F401  (its cases add themselves to CASES)
+from harness.engine.drive_case import CASES, Case, Drive, case
 from harness.engine.drive_report import (
     EXIT_BAD_INPUT,
     EXIT_NOT_SET_UP,
     EXIT_OK,
     OUTCOME_ASSERT,
     OUTCOME_ERROR,
+    OUTCOME_FAIL,
     OUTCOME_OK,
     SetupError,
     exception_text,
@@ -53,60 +53,7 @@ from harness.engine.drive_report import (
 )
 from harness.engine.scheduler_rig import Rig, kwargs_for, load_vllm
 
-# --- the cases ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    bug: str  # the upstream issue / PR
-    fixed_in: str  # first release without the bug
-    asserts_in: str  # the vLLM function the bug's assertion is in, where it fires
-    run: Callable[[Drive], None]
-
-    @property
-    def summary(self) -> str:
-        return (self.run.__doc__ or "").strip().splitlines()[0]
-
-
-CASES: dict[str, Case] = {}
-
-
-def case(
-    name: str, *, bug: str, fixed_in: str, asserts_in: str
-) -> Callable[[Callable[[Drive], None]], Any]:
-    def register(fn: Callable[[Drive], None]) -> Callable[[Drive], None]:
-        CASES[name] = Case(name, bug, fixed_in, asserts_in, fn)
-        return fn
-
-    return register
-
-
-@dataclass
-class Drive:
-    """What one run did and saw: the steps and figures the JSON line reports.
-
-    ``trigger()`` marks the one call the bug lives in: an AssertionError raised inside
-    it is the outcome ``assert``; anything failing outside it means the drive could not
-    be set up, so a setup assertion is never mistaken for the bug."""
-
-    case: str
-    steps: list[str] = field(default_factory=list)
-    figures: dict[str, Any] = field(default_factory=dict)
-    triggered: BaseException | None = None
-    trigger_tb: TracebackType | None = None
-
-    def step(self, text: str) -> None:
-        self.steps.append(text)
-
-    @contextmanager
-    def trigger(self, what: str) -> Iterator[None]:
-        self.step(what)
-        try:
-            yield
-        except AssertionError as exc:
-            self.triggered, self.trigger_tb = exc, exc.__traceback__
-            self.step("-> " + exception_text(exc)[:120])
+# --- the cases (more in store_cases.py) -------------------------------------------------
 
 
 @case("swa-unaligned-hit", bug="PR #55712", fixed_in="0.30.0", asserts_in="prepare_load")
@@ -392,14 +339,22 @@ def run_case(name: str) -> tuple[dict[str, Any], int]:
             steps=drive.steps,
         )
     else:
-        record = result_record(name, version, OUTCOME_OK, figures=drive.figures, steps=drive.steps)
+        outcome = OUTCOME_FAIL if drive.failing else OUTCOME_OK
+        record = result_record(
+            name, version, outcome, figures=drive.figures, steps=drive.steps, failing=drive.failing
+        )
     return record, EXIT_OK
 
 
+def every_case() -> dict[str, Case]:
+    """Every case by name: this module's and ``store_cases``' (imported above for it)."""
+    return dict(CASES)
+
+
 def list_lines() -> list[str]:
-    """One line per case: name, upstream bug, fixed-in release, where it asserts, summary."""
+    """One line per case: name, upstream bug, fixed-in release, how it shows, summary."""
     return [
-        f"{c.name}\t{c.bug}\tfixed in {c.fixed_in}\tasserts in {c.asserts_in}\t{c.summary}"
+        f"{c.name}\t{c.bug}\tfixed in {c.fixed_in}\t{c.shows_as}\t{c.summary}"
         for c in CASES.values()
     ]
 

@@ -140,7 +140,8 @@ def run_records(command: str, run_dir: Path) -> list[dict[str, Any]]:
 ENV_STATE_STYLE = {"ready": "green", "created": "cyan", "unavailable": "yellow"}
 
 
-def _size(n: float | None) -> str:
+def size_text(n: float | None) -> str:
+    """Bytes as ``1.23 GB`` or ``456 MB`` (``-`` unknown): environment and disk figures."""
     if n is None:
         return "-"
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
@@ -203,80 +204,8 @@ def env_line(head: str, status: Any) -> Text:
         line.append(f": {status.reason}")
     else:
         version = f"vLLM {status.vllm_version}, " if status.vllm_version else ""
-        line.append(f" ({version}{status.seconds:.0f}s, {_size(status.disk_bytes)})")
+        line.append(f" ({version}{status.seconds:.0f}s, {size_text(status.disk_bytes)})")
     return line
-
-
-class EnvsProgress(SpinnerLines):
-    """Release environments, one line per release when it is done."""
-
-    def env_started(self, release: str, index: int, total: int) -> None:
-        self._prefix = f"[{index}/{total}] {release}"
-        if not self.live:
-            self.console.print(f"{self._prefix} ...", highlight=False, markup=False)
-        self._show("checking")
-
-    def env_step(self, release: str, message: str) -> None:
-        self._show(message)
-
-    def env_finished(self, status: Any, index: int, total: int) -> None:
-        self._line(env_line(f"[{index}/{total}] {status.release}", status))
-
-
-def env_status_table(statuses: Sequence[Any]) -> Table:
-    """What ``envs create`` did for each release."""
-    table = Table(title="release environments", header_style="bold")
-    for col in ("release", "state", "vLLM", "time", "disk", "python or reason"):
-        table.add_column(col, overflow="fold")
-    for s in statuses:
-        table.add_row(
-            s.release,
-            Text(s.state, style=ENV_STATE_STYLE.get(s.state, "white")),
-            s.vllm_version or "-",
-            f"{s.seconds:.0f}s",
-            _size(s.disk_bytes),
-            s.python if s.ok else s.reason,
-        )
-    return table
-
-
-def envs_table(entries: Sequence[Any], total: Any, where: Path) -> Table:
-    """``envs list``: each environment's disk three ways (see ``disk_usage.DiskUsage``)."""
-    table = Table(
-        title=f"release environments in {where}",
-        header_style="bold",
-        caption=(
-            f"{len(entries)} environment(s): {_size(total.allocated)} on disk together "
-            f"(hard links once), {_size(total.apparent)} apparent"
-            if entries
-            else "none"
-        ),
-    )
-    for col in ("environment", "vLLM", "complete", "on disk", "apparent", "freed if removed"):
-        table.add_column(col, overflow="fold")
-    for e in entries:
-        table.add_row(
-            e.name,
-            str(e.stamp.get("vllm_version") or "-"),
-            Text("yes", style="green") if e.complete else Text("no (not reused)", style="red"),
-            _size(e.disk.allocated),
-            _size(e.disk.apparent),
-            _size(e.disk.exclusive),
-        )
-    return table
-
-
-def prune_lines(removed: Sequence[Any], busy: Sequence[Any]) -> list[Text]:
-    """``envs prune``: one line per environment removed or left (being built)."""
-    lines = []
-    for e in removed:
-        what = "" if e.complete else " (incomplete)"
-        lines.append(Text(f"removed {e.name}{what}: {_size(e.disk.exclusive)} freed"))
-    for e in busy:
-        lines.append(Text(f"kept {e.name}: being built by another process", style="yellow"))
-    freed = sum(e.disk.exclusive for e in removed)
-    lines.append(Text(f"{len(removed)} removed, {_size(freed)} freed", style="bold"))
-    return lines
 
 
 def _is_release(label: str) -> bool:

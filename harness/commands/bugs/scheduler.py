@@ -38,7 +38,7 @@ def _trigger(entry: BugEntry) -> SchedulerTrigger:
 def check_case(entry: BugEntry) -> None:
     """Refuse an entry naming a case the drive does not have, before any build runs."""
     case = _trigger(entry).case
-    known = scheduler_drive.CASES
+    known = scheduler_drive.every_case()
     if case not in known:
         raise BadInput(
             f"{entry.source}: unknown scheduler case {case!r}; known: {', '.join(known)}"
@@ -51,7 +51,8 @@ def drive_argv(python: str, cases: list[str]) -> list[str]:
 
 def cell_from(report: dict[str, Any], cell: SweepCell) -> SweepCell:
     """The drive's JSON line as a sweep cell: an assertion is the build crashing (its
-    text and vLLM's frame the signature), no assertion a pass, anything else an error."""
+    text and vLLM's frame the signature), a failed check of the case (vLLM quietly doing
+    otherwise) a ``fail`` naming it, neither a pass, anything else an error."""
     outcome = report.get("outcome")
     figures = report.get("figures") or {}
     cell.detail = "; ".join(f"{k}={v}" for k, v in sorted(figures.items()))
@@ -63,6 +64,9 @@ def cell_from(report: dict[str, Any], cell: SweepCell) -> SweepCell:
         cell.signature = f"{report.get('exception') or 'AssertionError'} at {frame}"
     elif outcome == "ok":
         cell.outcome = "pass"
+    elif outcome == "fail":  # no assertion; the case's own check saw vLLM do otherwise
+        cell.outcome = "fail"
+        cell.failing = ",".join(str(c) for c in report.get("failing") or [])
     else:
         cell.outcome = ERROR
         cell.why = f"the scheduler drive could not run: {report.get('exception') or outcome}"

