@@ -32,6 +32,7 @@ def mutate_cmd(
     resume: Annotated[Path | None, opt("mutate.resume")] = None,
     merge: Annotated[list[Path] | None, opt("mutate.merge", "--merge")] = None,
     jobs: Annotated[int, opt("mutate.jobs", min=1, max=64)] = 1,
+    run_unreached: Annotated[bool, opt("mutate.run-unreached", "--run-unreached")] = False,
     *,
     opts: RunOptions,
 ) -> None:
@@ -43,7 +44,8 @@ def mutate_cmd(
     environment, the original untouched, through each --command in turn until one fails
     it. Each command first runs once on the unmutated build with line coverage of the
     target, so a survivor is told apart as reached (the checks missed it) or not reached
-    (no workload runs its line). --resume continues a session; --shard and --merge split
+    (no workload runs its line); a mutant on a line no command reached is a survivor
+    without a run (--run-unreached runs it). --resume continues a session; --shard and --merge split
     one across CI runners; --jobs runs mutants side by side, each on its share of the cores.
     """
     from harness.commands.mutate import plan as mp
@@ -61,7 +63,7 @@ def mutate_cmd(
         if resume is not None:
             refuse_with(
                 "--resume", target=target, command=command, sample=sample, every=every,
-                mutant=mutant, variant=variant, python=python,
+                mutant=mutant, variant=variant, python=python, run_unreached=run_unreached,
             )  # fmt: skip
             return resume_plan(resume, shard, timeout)
         if target is None:
@@ -72,7 +74,7 @@ def mutate_cmd(
             raise BadInput("give --variant or --python, not both")
         mp.parse_shard(shard)
         interp = build_python(variant, python)
-        return mp.plan_mutate(
+        planned = mp.plan_mutate(
             target,
             command or [],
             interp,
@@ -82,6 +84,8 @@ def mutate_cmd(
             shard=shard,
             chosen=mutant or (),
         )
+        planned.run_unreached = run_unreached
+        return planned
 
     from harness.cli import mutate_show as show
 
@@ -136,6 +140,7 @@ def resume_plan(run: Path, shard: str | None, timeout: float | None) -> Any:
         )
         session.check_source(planned.sha256)
         planned.mutants = session.mutants()
+        planned.run_unreached = bool(meta.get("run_unreached", False))
     planned.resume = run
     return planned
 

@@ -24,8 +24,11 @@ from pathlib import Path
 from typing import Any
 
 # Imported for its runner too: it registers the scripted entries' runner with the sweep.
+from packaging.version import InvalidVersion, Version
+
 from harness.commands.bugs import scheduler, steps
 from harness.commands.bugs.groups import EntryGroup, group_by_launch
+from harness.commands.pressure.replay import FIRST_REPLAYED
 from harness.commands.sweep import (
     ERROR,
     KIND_SCHEDULER,
@@ -107,6 +110,24 @@ def plan_targets_for(entries: Sequence[BugEntry]) -> list[Target]:
             raise BadInput(f"{path}: check {missing[0]} is not an id there (give a whole id)")
         targets.append(Target(kind, scenario, exact, amx=amx))
     return targets
+
+
+def is_pressure_trigger(entry: BugEntry) -> bool:
+    """Whether the entry's trigger is a server of a pressure scenario."""
+    if not isinstance(entry.trigger, CheckTrigger):
+        return False
+    kind, _ = load_any(entry.resolve(entry.trigger.scenario))
+    return kind == "pressure"
+
+
+def replays_manager(label: str) -> bool:
+    """Whether a build's pressure servers can be judged by replaying its own manager
+    (``pressure --replay``: a release from 0.31; a build not named by its version cannot
+    be told, and is left to a server)."""
+    try:
+        return Version(label).release >= FIRST_REPLAYED.release
+    except InvalidVersion:
+        return False
 
 
 def host_lacks(entry: BugEntry, flags: Iterable[str], has_gpu: bool) -> str:
@@ -292,11 +313,16 @@ def plan_corpus(
         for label, on in device.items()
         if (why := off_platform(e, on))
     }
-    # Builds that can run no server (label -> why): only scheduler-level triggers there.
+    # Builds that can run no server (label -> why): only scheduler-level triggers there,
+    # and pressure servers of a release whose manager the replay judges.
+    replayable = {e.id for e in entries if is_pressure_trigger(e)}
     for e in entries:
         for label, why in (serverless or {}).items():
-            if e.id not in skipped and e.trigger.kind != "scheduler":
-                off.setdefault((e.id, label), why)
+            if e.id in skipped or e.trigger.kind == "scheduler":
+                continue
+            if e.id in replayable and replays_manager(label):
+                continue
+            off.setdefault((e.id, label), why)
     for e in entries:
         if e.id not in skipped and device and all((e.id, b) in off for b in device):
             skipped[e.id] = off[(e.id, next(iter(device)))]

@@ -38,11 +38,12 @@ def variant_builds(names: Sequence[str], variants_file: Path) -> list[str]:
 
 # A CUDA wheel on a host without a GPU serves nothing (its kernels need the driver; the
 # CPU ones are not in it), but its scheduler, connector and manager run on its own CPU
-# platform (``harness.engine.cuda_wheel``): its scheduler-level entries are judged, the
-# others named with this reason.
+# platform (``harness.engine.cuda_wheel``): its scheduler-level entries are judged, and
+# its pressure entries by replaying its own manager (from 0.31); the others are named
+# with this reason.
 NO_SERVER = (
     "needs a server, and the CUDA wheel serves nothing without a GPU (no CPU kernels); "
-    "its scheduler-level entries run here"
+    "its scheduler-level and pressure entries run here"
 )
 
 

@@ -455,6 +455,42 @@ def reached_by(line: int, covered: dict[str, list[int]]) -> str:
 
 
 COVERAGE_FILE = "coverage.json"  # baseline/: each command's lines of the target
+NOT_REACHED = (
+    "not run: no command's unmutated run executed its line, so no run of it can differ "
+    "(--run-unreached runs it anyway)"
+)
+
+
+def skip_unreached(
+    pending: Sequence[Any],
+    covered: dict[str, list[int]],
+    session: Any,
+    source: str,
+    reporter: MutateReporter,
+) -> list[Any]:
+    """The mutants whose line some command's baseline executed; the others are recorded
+    as survivors without a run.
+
+    Every command runs the same workload on a mutant as on the unmutated build, so an
+    edit on a line none of them executed cannot change what any of them sees: running it
+    costs the whole suite (the survivors of a sample are most of a session's wall) to
+    learn nothing. Counting it a survivor keeps the score honest (a workload that never
+    reaches a line is a gap of the suite, and the report says which). Coverage, not
+    guesswork: the line tracer records the module's own frames from its import on, so
+    module-level and class-body lines count as reached when they ran."""
+    ran: list[Any] = []
+    for mutant in pending:
+        if reached_by(mutant.line, covered):
+            ran.append(mutant)
+            continue
+        session.record(
+            mutant.id,
+            "survived",
+            detail=NOT_REACHED,
+            diff=mutant.unified_diff(source),
+        )
+        reporter.status(f"  {mutant.id}: survived (line {mutant.line} not reached: not run)")
+    return ran
 
 
 def execute_session(
@@ -512,6 +548,9 @@ def _execute(
     commands = [cmd.stalling_after(stalls.get(cmd.name)) for cmd in plan.commands]
     source = plan.path.read_text()
     pending = session.pending(plan.shard)
+    if not plan.run_unreached:
+        pending = skip_unreached(pending, covered, session, source, reporter)
+        on_verdict()
     reporter.status(f"{len(pending)} mutant(s) to run of {len(session.mutants())}")
 
     def untouched() -> None:

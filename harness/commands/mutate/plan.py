@@ -46,6 +46,9 @@ class MutatePlan:
     timeout_s: float = DEFAULT_TIMEOUT_S
     shard: tuple[int, int] | None = None
     resume: Path | None = None  # the run directory of the session it continues
+    # Run mutants on lines no command's baseline executed too (by default they are
+    # survivors without a run: ``execute.skip_unreached``).
+    run_unreached: bool = False
 
     def meta(self) -> dict[str, Any]:
         """What the session file keeps of the plan (and a resume must agree with)."""
@@ -60,6 +63,7 @@ class MutatePlan:
             "sample": self.sample_size,
             "total_mutants": self.total,
             "timeout_s": self.timeout_s,
+            "run_unreached": self.run_unreached,
         }
 
     def describe(self) -> dict[str, Any]:

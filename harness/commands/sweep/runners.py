@@ -14,6 +14,7 @@ from harness.commands.crash_repro.files import write_crash_repro
 from harness.commands.matrix.files import write_matrix
 from harness.commands.pressure.files import write_pressure
 from harness.commands.pressure.plan import build_local_model, plan_pressure
+from harness.commands.pressure.replay import check_replayable, replay_plan
 from harness.commands.pressure.run import ServerResult, run_server
 from harness.commands.roundtrip.files import RoundtripWriter
 from harness.commands.sweep.builds import Build
@@ -35,6 +36,7 @@ from harness.scenario.matrix import MatrixScenario
 from harness.scenario.roundtrip import RoundtripScenario
 from harness.scenario.schema import Variant
 from harness.server.crash_signatures import crash_signature, known_label
+from harness.server.interpreters import has_gpu
 
 
 class SweepReporter(Protocol):
@@ -310,24 +312,43 @@ class _PressureStatus:
             self.reporter.status(f"{server} #{r.index} {r.request}: {', '.join(judged.failing)}")
 
 
+def replays_pressure(vllm_dist: str) -> bool:
+    """Whether a build's pressure rows are judged by replaying its own manager instead of
+    on servers: the CUDA wheel (distribution ``vllm``) on a host without a GPU serves
+    nothing, but its manager, policies and store threshold are pure Python (``pressure
+    --replay``; the same test ``harness.engine.cuda_wheel`` makes for the drives)."""
+    return vllm_dist == "vllm" and not has_gpu()
+
+
 def _run_pressure(job: Job) -> list[SweepCell]:
     """Each selected server a cell: ``pass`` (every request as the oracle's own
     semantics say), ``deviates`` (as the exact model of a known upstream behaviour says,
     which the clean semantics would not have predicted for this sequence: ``known``
-    names it) or ``fail``; matched when every check is as the scenario's rules expect."""
+    names it) or ``fail``; matched when every check is as the scenario's rules expect.
+    A CUDA build on a host without a GPU is judged by its manager replayed
+    (``replays_pressure``), every server in one interpreter start."""
     target, build = job.target, job.build
     servers = [c.split("/", 1)[1] for c in target.checks]
     plan = plan_pressure(
         target.scenario, variant=build.label, servers=servers, extra_variants=job.variants
     )
-    build_local_model(plan)
+    replayed: list[ServerResult] | None = None
+    if replays_pressure(plan.env.vllm_dist):
+        check_replayable(plan, 0)  # a release before 0.31: every cell an error, named
+        job.reporter.status(f"{target.name}: replayed through the build's own manager")
+        replayed = replay_plan(plan)
+    else:
+        build_local_model(plan)
     run_dir = RunDirectory(job.out_dir, "pressure")
     run_dir.update_meta(
-        scenario_file=str(target.scenario.source), sweep_build=build.label, plan=plan.describe()
+        scenario_file=str(target.scenario.source),
+        sweep_build=build.label,
+        plan=plan.describe(),
+        mode="live" if replayed is None else "replay",
     )
     done: list[ServerResult] = []
     cells = []
-    for sp in plan.servers:
+    for n, sp in enumerate(plan.servers):
         check = f"pressure/{sp.name}"
         cell = SweepCell(
             build.label, check, target.kind, target.name, "", vllm_version=plan.env.vllm_version
@@ -338,9 +359,13 @@ def _run_pressure(job: Job) -> list[SweepCell]:
             write_pressure(run_dir, plan, [*done, *results])
 
         try:
-            (res,) = run_server(
-                plan, sp, run_dir.path, _PressureStatus(job.reporter), update, job.port
-            )
+            if replayed is not None:
+                res = replayed[n]
+                update([res])
+            else:
+                (res,) = run_server(
+                    plan, sp, run_dir.path, _PressureStatus(job.reporter), update, job.port
+                )
         except HarnessError as err:
             cell.outcome, cell.why, cell.matched = ERROR, str(err), False
             job.on_cell(cell)
@@ -364,6 +389,7 @@ def _run_pressure(job: Job) -> list[SweepCell]:
         hits = sum(r.ext_hits for r in res.rows)
         cell.detail = (
             f"{len(res.rows)} requests, {hits} hit tokens, rules: {', '.join(sp.issues) or 'none'}"
+            + ("" if replayed is None else "; replayed through vLLM's manager, no server")
         )
         if not res.matched:
             cell.why = "; ".join(f"{c.check}: {c.detail}" for c in res.checks if not c.matched)

