@@ -52,8 +52,14 @@ Key = tuple[int, bytes]  # (group index, the digest of the tokens up to the chun
 # so a cap on a chunk boundary is served whole; up to 0.33 the cut came after the cap
 # and such a hit was one chunk short.
 MAX_LOAD_WHOLE = "max-load-whole"
+# 0.34+: where a windowed group cuts a hit below the full-attention groups' hit, that
+# boundary becomes the request's shared-prefix junction
+# (``_maybe_register_shared_prefix_junction``): under a retention interval (0 included)
+# the sliding-window tail ending there is reachable, so it is stored too.
+JUNCTION = "shared-prefix-junction"
 DEVIATIONS: dict[str, str] = {
     MAX_LOAD_WHOLE: "max_load_tokens on a chunk boundary is served whole with windowed groups",
+    JUNCTION: "a full-attention hit a windowed group cut short stores that boundary's window tail",
 }
 
 
@@ -275,6 +281,9 @@ class Offloader:
     deviations: frozenset[str] = frozenset()
     resident: set[Key] = field(default_factory=set)
     queried: bool = False  # the last lookup asked the tier for a chunk
+    # The last lookup's full-attention hit boundary: the cap when it reached the first
+    # windowed group (vLLM's ``full_attention_hit_boundary``; None: it never did).
+    full_boundary: int | None = None
 
     def reset(self) -> None:
         """``/reset_prefix_cache?reset_external=true``: the tier empties."""
@@ -288,6 +297,8 @@ class Offloader:
         could defer it)."""
         lay = self.layout
         self.queried = False
+        self.full_boundary = None
+        has_full = any(not g.windowed for g in lay.groups)
         cap = prompt if max_load is None else min(prompt, max_load)
         if any(g.windowed for g in lay.groups):
             if MAX_LOAD_WHOLE in self.deviations:
@@ -312,6 +323,9 @@ class Offloader:
                     cap = cap // c * c
                 if cap < c:
                     return 0
+                if group.windowed and self.full_boundary is None:
+                    # Groups before the first windowed one are full attention.
+                    self.full_boundary = cap if has_full else 0
                 n = min(cdiv(cap, c), n_keys)
                 self.queried |= n > 0
                 held = [keys.key(g, i) in self.resident for i in range(n)]
@@ -376,9 +390,12 @@ class Offloader:
 
     # --- store -------------------------------------------------------------------------
 
-    def _sw_mask(self, g: int, prompt: int, horizon: int | None) -> set[int] | None:
+    def _sw_mask(
+        self, g: int, prompt: int, horizon: int | None, junction: int = 0
+    ) -> set[int] | None:
         """The blocks of a sliding-window group a later hit can use (vLLM's
-        ``reachable_block_mask``); None: every block."""
+        ``reachable_block_mask``); None: every block. ``junction``: the request's
+        shared-prefix junction (0: none), a replay boundary like the prompt's."""
         lay, group = self.layout, self.layout.groups[g]
         align, b = lay.alignment_tokens, group.block
         if group.kind != "sliding-window" or align is None or align % b:
@@ -399,9 +416,20 @@ class Offloader:
                 if size:
                     mask |= set(range(max(end - size, end - need), end))
         if ri is not None:
-            end = (prompt - 1) // align * align // b
-            mask |= set(range(max(0, end - need), end))
+            for boundary in (prompt - 1, junction):
+                if boundary > 0:
+                    end = boundary // align * align // b
+                    mask |= set(range(max(0, end - need), end))
         return mask
+
+    def _junction(self, hit: int) -> int:
+        """The request's shared-prefix junction (0: none): from 0.34, the full-attention
+        hit boundary where a windowed group cut the hit below it, under a retention
+        interval (a request served alone computes nothing locally first)."""
+        f = self.full_boundary
+        if JUNCTION not in self.deviations or self.layout.retention_interval is None:
+            return 0
+        return f if f is not None and f > hit else 0
 
     def serve(self, req: Request, generated: Sequence[int] = ()) -> Served:
         """One request served alone, start to finish: its lookup, load and stores; the
@@ -413,6 +441,7 @@ class Offloader:
         prompt_keys = ChunkKeys(lay, req.tokens)
         hit = 0 if req.skip_reading else self.lookup(prompt_keys, prompt, req.max_load_tokens)
         queried = self.queried and not req.skip_reading
+        junction = 0 if req.skip_reading else self._junction(hit)
         loads, host = self.load(prompt_keys, hit)
         next_chunk = [cdiv(hit, lay.chunk(g)) if hit else 0 for g in range(len(lay.groups))]
         # A hit leaves the blocks a windowed group no longer attends to null in the
@@ -432,7 +461,7 @@ class Offloader:
                     next_chunk[g] = max(next_chunk[g], storable)
                     continue
                 horizon_chunks = self._horizon(g, storable, prompt, finished)
-                mask = self._sw_mask(g, prompt, horizon_chunks)
+                mask = self._sw_mask(g, prompt, horizon_chunks, junction)
                 k = lay.blocks_per_chunk
                 for ch in range(next_chunk[g], storable):
                     if ch * k + k - 1 < nulls[g]:

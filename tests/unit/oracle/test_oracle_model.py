@@ -282,3 +282,23 @@ def test_a_cap_on_a_chunk_boundary_with_a_window_group_is_whole_from_0_34(deviat
         from harness.scenario.oracle import OracleRule
 
         OracleRule(deviations=["no-such"])
+
+
+@pytest.mark.parametrize(("deviations", "stored"), [((), ()), (("shared-prefix-junction",), (3,))])
+def test_a_full_attention_hit_a_window_cut_stores_its_window_tail_from_0_34(deviations, stored):
+    """The drive's shrunk case on 0.34.0 (window 512, 128-token blocks, 256-token chunks,
+    retention interval 0): a 1663-token prompt stored with nothing loaded (full chunks 0-5,
+    window chunks 4-5), then again with max_load_tokens 1281. Full attention could hit
+    1280 tokens; the window group has no chunk 3 for it, so the hit is 0. From 0.34 1280
+    is the request's shared-prefix junction and the window tail ending there (blocks 6-9:
+    chunk 3, chunk 4 already held) is stored; up to 0.33 nothing is."""
+    window = Group("sliding-window", 128, window=512)
+    lay = Layout((Group("full", 128), window, window, window), blocks_per_chunk=2)
+    prompt = tokens(1663, 3)
+    model = Offloader(lay, frozenset(deviations))
+    first = model.serve(Request("r3", prompt, max_load_tokens=1), (7,))
+    assert first.hit == 0
+    assert [t.chunks for t in first.stores] == [(0, 1, 2, 3, 4, 5), (4, 5), (4, 5), (4, 5)]
+    again = model.serve(Request("r6", prompt, max_load_tokens=1281), (7, 7))
+    assert again.hit == 0 and model.full_boundary == 1280
+    assert [t.chunks for t in again.stores] == [(), stored, stored, stored]
