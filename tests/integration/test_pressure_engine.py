@@ -67,7 +67,7 @@ def test_every_server_as_the_oracle_says_and_every_fault_caught_on_it(tmp_path):
     assert failed == MUST_FAIL
     reqs = pd.read_csv(run / "pressure.csv", keep_default_na=False)
     cr = reqs[reqs["round"] == "clean"]
-    assert len(cr) == 18 + 15 + 13
+    assert len(cr) == 18 + 33 + 13  # LRU S1-S3; ARC S1-S4 (S4: 18 requests); threshold 2
     assert (cr["ext_hits"] == cr["hit_expected"]).all()
     assert (cr["cached_tokens"] == cr["hit_expected"]).all()
     thr = cr[cr["server"].str.startswith("threshold")]

@@ -100,6 +100,7 @@ CAUGHT = [
 ]
 
 
+@pytest.mark.weekly
 @pytest.mark.parametrize(("fault", "caught_by"), CAUGHT)
 def test_a_seeded_fault_is_caught_by_its_check(tmp_path, fault, caught_by):
     code, run, out = stress(tmp_path, *SHORT, *fault)

@@ -47,6 +47,7 @@ def seeded_wrong_scenario(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.weekly
 @pytest.mark.nightly  # the PR tier proves unavailable releases through the bug corpus's run
 @pytest.mark.launches(1)
 def test_a_wrong_expectation_and_an_uninstallable_release(tmp_path):
@@ -84,6 +85,7 @@ def test_a_wrong_expectation_and_an_uninstallable_release(tmp_path):
     assert "UNEXPECTED .venv" in out
 
 
+@pytest.mark.weekly
 @pytest.mark.nightly
 @pytest.mark.launches(2)
 def test_two_releases_either_side_of_the_fix(tmp_path):

@@ -206,6 +206,11 @@ def _abort_queued(script: Script, ep: Endpoint, s: Step, label: str, prompt: Pro
         {"Content-Type": "application/json"},
         method="POST",
     )
+    # The request running ahead (a background step) must hold the slot first: sent from
+    # another thread an instant earlier, it may reach the server second, and this one
+    # would then run at once instead of waiting (seen on a fast host, 2026-12-06).
+    if _wait_queue(ep, label, lambda run, wait: run >= 1) is None:
+        raise HarnessError(f"{label}: no request was running ahead of it to wait behind")
     try:
         # A stream answers its headers at once, queued or not: the request is in.
         resp = urllib.request.urlopen(req, timeout=QUEUE_WAIT_S)

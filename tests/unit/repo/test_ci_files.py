@@ -40,9 +40,10 @@ NIGHTLY = ROOT / ".github" / "workflows" / "nightly-gpu.yml"
 CI = ROOT / ".github" / "workflows" / "ci.yml"
 BUILDKITE = ROOT / ".buildkite" / "nightly.yml"
 SWEEP = ROOT / ".github" / "workflows" / "sweep.yml"
+WEEKLY = ROOT / ".github" / "workflows" / "weekly-tests.yml"
 MUTATE = ROOT / ".github" / "workflows" / "mutate.yml"
 WATCH = ROOT / ".github" / "workflows" / "release-watch.yml"
-GH_FILES = [NIGHTLY, CI, SWEEP, MUTATE, WATCH]
+GH_FILES = [NIGHTLY, CI, SWEEP, MUTATE, WATCH, WEEKLY]
 FIXTURES = ROOT / "tests" / "fixtures" / "results"
 BIN = Path(sys.executable).parent
 CLI = BIN / "offload-check"
@@ -363,7 +364,9 @@ def test_setup_goes_through_the_makefile() -> None:
     targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
     gh = gh_commands(NIGHTLY, "make")
     bk = buildkite_commands(BUILDKITE, "make")
-    for args in [*gh, *bk, *gh_commands(CI, "make"), *gh_commands(MUTATE, "make")]:
+    weekly = gh_commands(WEEKLY, "make")
+    assert [a[0] for a in weekly] == ["test-weekly"]
+    for args in [*gh, *bk, *gh_commands(CI, "make"), *gh_commands(MUTATE, "make"), *weekly]:
         assert args[0] in targets, args
     for commands in (gh, bk):
         assert ["setup", "GPU=1"] in commands

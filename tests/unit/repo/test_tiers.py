@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-TIERS = re.compile(r"offload-check tiers: pr=(\d+) nightly=(\d+)")
+TIERS = re.compile(r"offload-check tiers: pr=(\d+) nightly=(\d+) weekly=(\d+)")
 
 
 @functools.cache
 def collected_launches() -> dict[str, int]:
-    """Both tiers' launches from one ``--collect-only`` of the whole suite."""
+    """Every tier's launches from one ``--collect-only`` of the whole suite."""
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
         capture_output=True,
@@ -31,7 +31,7 @@ def collected_launches() -> dict[str, int]:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     m = TIERS.search(proc.stdout)
     assert m, proc.stdout[-2000:]
-    return {"PR": int(m[1]), "nightly": int(m[2])}
+    return {"PR": int(m[1]), "nightly": int(m[2]), "weekly": int(m[3])}
 
 
 def documented_launches(tier: str) -> int:
@@ -43,15 +43,16 @@ def documented_launches(tier: str) -> int:
     return int(re.search(r"\| (\d+) \(\+\d+ on AMX hosts\) \|$", row)[1])  # type: ignore[index]
 
 
-@pytest.mark.parametrize("tier", ["PR", "nightly"])
+@pytest.mark.parametrize("tier", ["PR", "nightly", "weekly"])
 def test_documented_launch_budget_is_what_pytest_collects(tier):
     assert collected_launches()[tier] == documented_launches(tier)
 
 
-def test_nightly_tier_adds_engine_tests():
-    """The nightly tier must hold more than the PR tier (soak, faults, whole matrices)."""
+def test_each_tier_adds_engine_tests():
+    """The nightly tier holds more than the PR tier (soak, faults, whole matrices), the
+    weekly more than the nightly (release sweeps, restarts, TP 4)."""
     launches = collected_launches()
-    assert launches["nightly"] > launches["PR"] > 0
+    assert launches["weekly"] > launches["nightly"] > launches["PR"] > 0
 
 
 def test_the_pr_selection_reports_the_pr_budget():
@@ -65,3 +66,17 @@ def test_the_pr_selection_reports_the_pr_budget():
     )  # fmt: skip
     m = re.search(r"offload-check: (\d+) server launches", proc.stdout)
     assert m and int(m[1]) == collected_launches()["PR"], proc.stdout[-2000:]
+
+
+def test_the_nightly_selection_reports_the_nightly_budget():
+    """What `make test-nightly` selects (-m "not weekly") is what the tiers line calls
+    nightly; every weekly test is marked nightly too, so the PR tier never runs one."""
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+            "-m", "not weekly", "tests/integration",
+        ],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    m = re.search(r"offload-check: (\d+) server launches", proc.stdout)
+    assert m and int(m[1]) == collected_launches()["nightly"], proc.stdout[-2000:]
