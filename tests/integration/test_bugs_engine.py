@@ -185,7 +185,7 @@ def test_four_scripts_share_one_server_each_judged_as_alone(tmp_path):
     assert df.loc["57596"].signature == "fails logprobs-not-an-external-query"
     assert df.loc["57727"].signature == "fails reset-clears-offloaded"
     group = run / "releases" / "0.29.0" / "bug-49118+54193+57596+57727"
-    logs = sorted(p.name for p in (group / "logs").iterdir())
+    logs = sorted(p.name for p in (group / "logs").iterdir() if p.suffix == ".log")
     assert logs == ["server.log"], logs  # one server, no restart between the scripts
     assert "Application startup complete" in (group / "logs" / "server.log").read_text()
     for i, bug in enumerate(bugs):

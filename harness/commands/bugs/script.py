@@ -8,6 +8,7 @@ since any named step began; asynchronous stores are let settle first.
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import operator
@@ -200,27 +201,30 @@ def _abort_queued(script: Script, ep: Endpoint, s: Step, label: str, prompt: Pro
         "ignore_eos": True,
         "stream": True,
     }
-    req = urllib.request.Request(
-        f"{ep.base}/v1/completions",
-        json.dumps(payload).encode(),
-        {"Content-Type": "application/json"},
-        method="POST",
-    )
     # The request running ahead (a background step) must hold the slot first: sent from
     # another thread an instant earlier, it may reach the server second, and this one
     # would then run at once instead of waiting (seen on a fast host, 2026-12-06).
     if _wait_queue(ep, label, lambda run, wait: run >= 1) is None:
         raise HarnessError(f"{label}: no request was running ahead of it to wait behind")
+    # Sent on a connection of its own and never read: some releases answer a stream's
+    # headers only once the request runs (0.32.0 does), so nothing may wait for them.
+    url = urllib.parse.urlsplit(ep.base)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=QUEUE_WAIT_S)
     try:
-        # A stream answers its headers at once, queued or not: the request is in.
-        resp = urllib.request.urlopen(req, timeout=QUEUE_WAIT_S)
-    except (OSError, urllib.error.HTTPError) as err:
+        conn.request(
+            "POST",
+            "/v1/completions",
+            json.dumps(payload).encode(),
+            {"Content-Type": "application/json"},
+        )
+    except OSError as err:
+        conn.close()
         raise ep.failure(label, HarnessError(f"{label}: {err}")) from None
     t0 = time.monotonic()
     try:
         seen = _wait_queue(ep, label, lambda run, wait: run >= 1 and wait >= 1)
     finally:
-        resp.close()  # the hang-up vLLM sees as an abort
+        conn.close()  # the hang-up vLLM sees as an abort
     if seen is None:
         raise HarnessError(f"{label}: the request never waited behind a running one")
     t1 = time.monotonic()
