@@ -55,28 +55,19 @@ def test_each_tier_adds_engine_tests():
     assert launches["weekly"] > launches["nightly"] > launches["PR"] > 0
 
 
-def test_the_pr_selection_reports_the_pr_budget():
-    """What `make test` selects (-m "not nightly") is what the tiers line calls PR."""
+@pytest.mark.parametrize(
+    ("selection", "tier"),
+    # `make test` selects -m "not nightly", `make test-nightly` -m "not weekly"; every
+    # weekly test is marked nightly too, so the PR tier never runs one.
+    [("not nightly", "PR"), ("not weekly", "nightly")],
+)
+def test_each_make_selection_reports_its_tiers_budget(selection, tier):
     proc = subprocess.run(
         [
             sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-            "-m", "not nightly", "tests/integration",
+            "-m", selection, "tests/integration",
         ],
         capture_output=True, text=True, cwd=ROOT, timeout=300,
     )  # fmt: skip
     m = re.search(r"offload-check: (\d+) server launches", proc.stdout)
-    assert m and int(m[1]) == collected_launches()["PR"], proc.stdout[-2000:]
-
-
-def test_the_nightly_selection_reports_the_nightly_budget():
-    """What `make test-nightly` selects (-m "not weekly") is what the tiers line calls
-    nightly; every weekly test is marked nightly too, so the PR tier never runs one."""
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-            "-m", "not weekly", "tests/integration",
-        ],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )  # fmt: skip
-    m = re.search(r"offload-check: (\d+) server launches", proc.stdout)
-    assert m and int(m[1]) == collected_launches()["nightly"], proc.stdout[-2000:]
+    assert m and int(m[1]) == collected_launches()[tier], proc.stdout[-2000:]
