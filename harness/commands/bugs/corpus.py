@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Imported for its runner too: it registers the scripted entries' runner with the sweep.
-from packaging.version import InvalidVersion, Version
+from packaging.version import InvalidVersion
 
+# Imported for its runner too: it registers the scripted entries' runner with the sweep.
 from harness.commands.bugs import scheduler, steps
 from harness.commands.bugs.groups import EntryGroup, group_by_launch
-from harness.commands.pressure.replay import FIRST_REPLAYED
+from harness.commands.pressure.replay import replayable
 from harness.commands.sweep import (
     ERROR,
     KIND_SCHEDULER,
@@ -125,7 +125,7 @@ def replays_manager(label: str) -> bool:
     (``pressure --replay``: a release from 0.31; a build not named by its version cannot
     be told, and is left to a server)."""
     try:
-        return Version(label).release >= FIRST_REPLAYED.release
+        return replayable(label)
     except InvalidVersion:
         return False
 

@@ -46,10 +46,14 @@ EVICTED = "evicted-chunks"
 REPLAYED = " (vLLM's manager, replayed)"
 
 
+def replayable(version: str) -> bool:
+    """Whether a vLLM of this version calls the manager in the order replayed (0.31 on)."""
+    return Version(version).release >= FIRST_REPLAYED.release
+
+
 def check_replayable(plan: PressurePlan, rounds: int) -> None:
     """Refuse, one line each, what a replay cannot judge."""
-    version = Version(plan.env.vllm_version)
-    if version.release < FIRST_REPLAYED.release:
+    if not replayable(plan.env.vllm_version):
         raise BadInput(
             f"--replay needs vLLM {FIRST_REPLAYED} or later (this build is "
             f"{plan.env.vllm_version}): before 0.31 the scheduler, not the manager, records "
