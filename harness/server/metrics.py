@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.names import DISK_TIER_LABEL
+from harness.names import DISK_TIER_LABEL, GAUGE_CPU_USAGE
 
 Sources = list[tuple[str, dict[str, str]]]
 
@@ -65,7 +65,7 @@ COUNTERS: dict[str, Sources] = {
     "host_hit_tokens": [("vllm:prompt_tokens_cached_by_source", {"source": "host"})],
     # The CPU tier's share in use (a gauge: read it, never subtract it): chunks held by a
     # request or a store in flight, so 0 whenever the server is idle.
-    "cpu_usage": [("vllm:kv_offload_cpu_cache_usage_perc", {})],
+    "cpu_usage": [(GAUGE_CPU_USAGE, {})],
     # A secondary tier's loads in flight (a gauge): the stall watch names such a tier
     # when the engine stops moving while they stay active.
     "promotions_active": [("vllm:kv_offload_tiering_active_promotion_jobs", {})],
@@ -191,6 +191,15 @@ DISK_COUNTERS_FAMILY = "vllm:kv_offload_tiering_write_bytes"
 def disk_counters_exported(text: str) -> bool:
     """Whether the server exports the disk tier's byte and hit counters."""
     return DISK_COUNTERS_FAMILY in text
+
+
+def tier_usage(text: str) -> float | None:
+    """The CPU tier's usage gauge (the share of its chunks some request holds or is
+    writing), or None where the server does not export it."""
+    if GAUGE_CPU_USAGE not in text:
+        return None
+    snap, _, _ = parse(text)
+    return snap.cpu_usage
 
 
 def disk_jobs_in_flight(text: str) -> float:

@@ -120,7 +120,10 @@ def rebuild(plan: rt.RoundtripPlan, run: Path) -> rt.RoundtripResult:
             )
         result.completions.extend(done)
         result.generation_seconds += sum(c.seconds for c in done)
-        snap, _ = _snapshot(run / "metrics" / f"{phase}.prom")
+        text = (run / "metrics" / f"{phase}.prom").read_text()
+        snap, _, _ = metrics.parse(text)
+        if phase == "replay":
+            result.tier_usage_after = metrics.tier_usage(text)
         # Wall seconds of a phase are not evaluated; the requests' own time stands in.
         result.phases.append(
             rt.PhaseResult(

@@ -28,16 +28,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from harness.commands.mutate import sandbox
 from harness.commands.mutate.mutants import mutated_source
+from harness.engine import amx
 from harness.engine.reach import read_lines
 from harness.errors import BadInput, ExitCode, RuntimeFailure
 from harness.names import ENV_COVER, ENV_COVER_OUT
 from harness.scenario.kinds import load_any
+from harness.scenario.rules import first_match
 from harness.server import lanes, launcher, server_lock
 from harness.server.side_by_side import run_in_lanes
 from harness.server.stall_watch import STALL_S
@@ -76,6 +78,10 @@ class MutateCommand:
 
     name: str  # as given on the command line; the column in the report
     argv: tuple[str, ...]  # after ``offload-check``
+    # The checks its scenario expects to fail on the build (a seeded fault's, ``outcome =
+    # "fail"``): the unmutated run must fail exactly these, and a mutant is noticed when
+    # its run fails any other, or one of these passes. Empty: every check must pass.
+    expect_failing: frozenset[str] = frozenset()
 
     @classmethod
     def parse(cls, text: str) -> MutateCommand:
@@ -101,6 +107,22 @@ class MutateCommand:
             out += [cls.parse(t) for t in SUITE] if text == "suite" else [cls.parse(text)]
         return out
 
+    def expecting(self, vllm_version: str) -> MutateCommand:
+        """The command with what its round-trip scenario's rules expect to fail on this
+        build (``expect_failing``): a scenario that seeds a fault and names the checks
+        that catch it (``scenarios/roundtrip-disk-read-eio.toml``) is a command too, so
+        the fault's paths in vLLM (a failed read, a freed chunk) are reached by a run
+        that is judged, not by one that fails anyway. The same first-match as the sweep's
+        verdict (``sweep.judge.judge_roundtrip``)."""
+        if self.kind != "roundtrip" or self.name in RUN_COMMANDS:
+            return self
+        _, scn = load_any(Path(self.name))
+        facts = {"vllm_version": vllm_version, "device": "cpu", "cpu_flags": amx.cpu_flags()}
+        found = first_match(scn.expectations, facts, fields=(), platform_field="platform")
+        if found is None or found.rule.outcome != "fail":
+            return self
+        return replace(self, expect_failing=frozenset(found.rule.failing_checks))
+
     @property
     def slug(self) -> str:
         return Path(self.name).stem if self.name not in RUN_COMMANDS else self.name
@@ -114,7 +136,7 @@ class MutateCommand:
         """The same command, its stall watch's window ``seconds`` (stress only)."""
         if seconds is None or self.kind != "stress":
             return self
-        return MutateCommand(self.name, (*self.argv, "--stall-after", f"{seconds:g}"))
+        return replace(self, argv=(*self.argv, "--stall-after", f"{seconds:g}"))
 
 
 @dataclass
@@ -128,21 +150,40 @@ class CommandRun:
     last_line: str = ""
     seconds: float = 0.0
     first_observed: str = ""  # what the first failing check saw (a crash's signature)
+    expected: frozenset[str] = frozenset()  # the command's ``expect_failing``
 
     @property
     def verdict(self) -> str:
-        """survived / killed / timeout / incompetent, for this command alone."""
+        """survived / killed / timeout / incompetent, for this command alone: survived is
+        every check passing, or, for a seeded fault's command, exactly its checks failing."""
         if self.code is None:
             return "timeout"
-        if self.code == ExitCode.OK:
-            return "survived"
         if self.code == ExitCode.BAD_INPUT:
             return "incompetent"
+        if self.expected:
+            as_expected = self.code == ExitCode.MISMATCH and set(self.failed) == self.expected
+            return "survived" if as_expected else "killed"
+        if self.code == ExitCode.OK:
+            return "survived"
         return "killed"
+
+    @property
+    def noticed(self) -> list[str]:
+        """The checks that told this run from what was expected: those failing (beyond a
+        seeded fault's own), then a fault's checks that passed."""
+        extra = [f for f in self.failed if f not in self.expected]
+        held = sorted(self.expected - set(self.failed)) if self.code == ExitCode.MISMATCH else []
+        return extra + [f"{name} passed" for name in held]
 
     def detail(self) -> str:
         if self.code is None:
             return f"{self.command}: past the time limit"
+        if self.expected:
+            want = f"expected failing exactly {', '.join(sorted(self.expected))}"
+            if self.code == ExitCode.OK:
+                return f"{self.command}: every check passed ({want})"
+            if self.code == ExitCode.MISMATCH:
+                return f"{self.command}: {', '.join(self.noticed) or 'as expected'} ({want})"
         if self.failed:
             seen = (
                 f" ({self.failed[0]}: {self.first_observed[:160]})" if self.first_observed else ""
@@ -209,6 +250,8 @@ def run_command(
     lines = log.read_text(errors="replace").strip().splitlines()
     run_dir = _run_dir(out)
     rows = failed_rows(run_dir) if code == ExitCode.MISMATCH else []
+    # What the first check that told it apart saw (a seeded fault's own checks are not).
+    telling = [r for r in rows if r["name"] not in cmd.expect_failing]
     return CommandRun(
         cmd.name,
         code,
@@ -216,7 +259,8 @@ def run_command(
         [r["name"] for r in rows],
         lines[-1][:300] if lines else "",
         time.monotonic() - t0,
-        rows[0].get("observed", "") if rows else "",
+        telling[0].get("observed", "") if telling else "",
+        cmd.expect_failing,
     )
 
 
@@ -324,7 +368,7 @@ def judge_runs(runs: Sequence[CommandRun]) -> Verdict:
     seconds = sum(r.seconds for r in runs)
     for r in runs:
         if r.verdict != "survived":
-            return Verdict(r.verdict, r.command, ",".join(r.failed), r.detail(), seconds)
+            return Verdict(r.verdict, r.command, ",".join(r.noticed), r.detail(), seconds)
     return Verdict("survived", "", "", "every command passed", seconds)
 
 
@@ -371,8 +415,9 @@ def baseline(
         if run is None:
             continue  # not run: an earlier command already failed
         if run.verdict != "survived":
+            how = "is not as its scenario expects" if cmd.expect_failing else "fails"
             raise RuntimeFailure(
-                f"{cmd.name} fails on the unmutated build ({run.detail()}); every mutant "
+                f"{cmd.name} {how} on the unmutated build ({run.detail()}); every mutant "
                 f"would count as killed. Its run: {run.run_dir or out / cmd.slug}"
             )
         covered[cmd.name] = sorted(read_lines(out / cmd.slug / "lines"))

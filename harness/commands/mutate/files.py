@@ -114,6 +114,20 @@ MUTATE = register(
 )
 
 DETECTED = ("killed", "timeout")  # a mutant that hangs the engine was noticed
+# Checks that say the engine died, raised or could not be driven, not what it did: a kill
+# by these alone is a dead engine's, where any other check is an accounting, content or
+# output check that judged what a living engine did.
+ENGINE_CHECKS = frozenset(
+    {
+        "engine-survived",
+        "engine-log-clean",
+        "engine-fatal",
+        "engine-failed",
+        "no-request-errored",
+        "ran",
+    }
+)
+BY_CHECK, BY_ENGINE, BY_STALL = "check", "engine", "stall"
 NOT_SCORED = ("incompetent", "equivalent", "")  # never a real change of behaviour, or not run
 
 
@@ -142,6 +156,17 @@ def records(session: Any) -> list[MutantRecord]:
     return out
 
 
+def detected_by(row: MutantRecord) -> str:
+    """How a detected mutant was noticed: ``check`` when an accounting, content or output
+    check named it (one beside an engine check counts: the engine lived long enough to be
+    judged), ``engine`` when only a dead engine or a refused run did (no check named, or
+    only ``ENGINE_CHECKS``), ``stall`` past the time limit."""
+    if row.verdict == "timeout":
+        return BY_STALL
+    names = {f.split(" (")[0].removesuffix(" passed").strip() for f in row.failed.split(",")}
+    return BY_CHECK if names - ENGINE_CHECKS - {""} else BY_ENGINE
+
+
 @dataclass(frozen=True)
 class Score:
     """Killed (and timed out) over every mutant that really changed behaviour."""
@@ -152,6 +177,7 @@ class Score:
     survived_reached: int
     by_verdict: dict[str, int]
     by_command: dict[str, int]
+    by_kind: dict[str, int]  # ``detected_by``: check / engine / stall
 
     @property
     def value(self) -> float | None:
@@ -161,8 +187,9 @@ class Score:
         if self.value is None:
             return "no mutant judged yet"
         return (
-            f"{self.detected}/{self.scored} detected ({self.value:.0%}); {self.survived} "
-            f"survived, {self.survived_reached} of them on lines a run executed"
+            f"{self.detected}/{self.scored} detected ({self.value:.0%}), "
+            f"{self.by_kind.get(BY_CHECK, 0)} by an accounting or output check; "
+            f"{self.survived} survived, {self.survived_reached} of them on lines a run executed"
         )
 
 
@@ -177,7 +204,15 @@ def score(rows: Sequence[MutantRecord]) -> Score:
         survived_reached=sum(1 for r in survivors if r.reached),
         by_verdict=dict(sorted(verdicts.items())),
         by_command=dict(Counter(r.command for r in scored if r.verdict in DETECTED)),
+        by_kind=dict(Counter(detected_by(r) for r in scored if r.verdict in DETECTED)),
     )
+
+
+KIND_WORDS = {
+    BY_CHECK: "an accounting or output check",
+    BY_ENGINE: "a dead engine or a refused run",
+    BY_STALL: "a stall",
+}
 
 
 def report_md(rows: Sequence[MutantRecord], meta: dict[str, Any]) -> str:
@@ -201,6 +236,11 @@ def report_md(rows: Sequence[MutantRecord], meta: dict[str, Any]) -> str:
         "- verdicts: " + ", ".join(f"{k or 'not run'} {n}" for k, n in s.by_verdict.items()),
         "- detected by: "
         + (", ".join(f"{k} {n}" for k, n in sorted(s.by_command.items())) or "none"),
+        "- how: "
+        + (
+            ", ".join(f"{KIND_WORDS[k]} {n}" for k, n in sorted(s.by_kind.items()))
+            or "nothing detected"
+        ),
         "",
         "## Survivors",
         "",
@@ -241,5 +281,7 @@ def write_mutate(run_dir: RunDirectory, session: Any) -> Score:
     MUTANTS.write_junit(run_dir, "mutate", rows)
     run_dir.write_text("report.md", report_md(rows, session.meta))
     s = score(rows)
-    run_dir.update_meta(mutate={"score": s.value, "summary": s.text(), **s.by_verdict})
+    run_dir.update_meta(
+        mutate={"score": s.value, "summary": s.text(), "detected_by": s.by_kind, **s.by_verdict}
+    )
     return s

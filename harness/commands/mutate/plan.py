@@ -59,6 +59,10 @@ class MutatePlan:
             "vllm_version": self.vllm_version,
             "python": self.python,
             "commands": [c.name for c in self.commands],
+            # Each seeded fault's command: the checks it must fail on this build.
+            "expect_failing": {
+                c.name: sorted(c.expect_failing) for c in self.commands if c.expect_failing
+            },
             "seed": self.seed,
             "sample": self.sample_size,
             "total_mutants": self.total,
@@ -143,6 +147,9 @@ def plan_mutate(
     cmds = MutateCommand.parse_all(commands)
     if len({c.slug for c in cmds}) != len(cmds):
         raise BadInput("each --command once (two of them would share a results directory)")
+    version = vllm_version(python)
+    # A seeded fault's scenario is judged by what it expects of this build.
+    cmds = [c.expecting(version) for c in cmds]
     site = site_packages(python)
     prefix = env_prefix(python)
     try:
@@ -173,7 +180,7 @@ def plan_mutate(
         relpath=relpath,
         path=path,
         sha256=file_sha256(path),
-        vllm_version=vllm_version(python),
+        vllm_version=version,
         mutants=sample(every, sample_size, seed),
         total=total,
         commands=cmds,

@@ -288,6 +288,21 @@ def check_filler_loaded_nothing(filler_loaded: float) -> CheckResult:
     )
 
 
+def check_tier_idle(usage: float) -> CheckResult:
+    """Once the replay settled no request holds a chunk of the CPU tier and no store is
+    in flight, so its usage gauge must read 0. A tier that counts a chunk it freed (a
+    failed store or promotion) as used, or loses count of the chunks it holds, reads
+    otherwise: the gauge is how operators size the tier."""
+    return _must_be_zero(
+        "tier-idle",
+        usage,
+        f"{usage:.6g}",
+        "0 (vllm:kv_offload_cpu_cache_usage_perc once idle)",
+        "an idle tier holds no chunk for a request: a usage above 0 is a chunk the tier "
+        "lost count of",
+    )
+
+
 def check_evicted(replay_gpu_hits: float) -> CheckResult:
     result = _must_be_zero(
         "gpu-cache-evicted",

@@ -162,7 +162,16 @@ def evaluate(plan: RoundtripPlan, result: RoundtripResult) -> list[CheckResult]:
         ck.check_ext_hits(exp, replay.ext_hits),
         replay_output_check(outs, names, replay_vs_warm, split_noise, same_split),
         *disk_checks(plan, result, exp),
+        *tier_idle(plan, result),
     ]
+
+
+def tier_idle(plan: RoundtripPlan, result: RoundtripResult) -> list[CheckResult]:
+    """The CPU tier's usage gauge once the replay settled (``check_tier_idle``), where the
+    server exports it and this run launched it (an attached server may serve others)."""
+    if result.tier_usage_after is None or plan.url is not None:
+        return []
+    return [ck.check_tier_idle(result.tier_usage_after)]
 
 
 def split_noise_of(outs: dict[tuple[str, str], Completion], names: list[str]) -> float:

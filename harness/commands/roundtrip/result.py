@@ -63,6 +63,9 @@ class RoundtripResult:
     disk_counters: bool = True  # the server exports the tiering counters (0.28+)
     # The content ledger judged (harness.oracle.content): None where none was kept.
     content: ContentReport | None = None
+    # The CPU tier's usage gauge once the replay settled (``metrics.tier_usage``): None
+    # where the server does not export it.
+    tier_usage_after: float | None = None
 
     @property
     def passed(self) -> bool:

@@ -360,6 +360,8 @@ def run_round(
                 phase, len(traffic[phase]), snap - prev, snap - start, time.perf_counter() - t0
             )
             result.phases.append(pr)
+            if phase == "replay":
+                result.tier_usage_after = metrics.tier_usage(ep.last_text)
             prev = snap
             reporter.phase_done(pr)
             on_record(result)

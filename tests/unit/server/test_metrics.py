@@ -62,3 +62,12 @@ def test_queue_lengths_from_the_scheduler_gauges():
     only_running = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3.0\n"
     assert metrics.queue_lengths(only_running) == (3.0, 0.0)
     assert metrics.queue_lengths(NEW) is None  # a server exporting neither says so
+
+
+def test_the_tier_usage_gauge_is_read_only_where_exported():
+    gauge = (
+        "# TYPE vllm:kv_offload_cpu_cache_usage_perc gauge\n"
+        'vllm:kv_offload_cpu_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+    )
+    assert metrics.tier_usage(gauge) == 0.25
+    assert metrics.tier_usage(NEW) is None  # a release without the gauge: no reading

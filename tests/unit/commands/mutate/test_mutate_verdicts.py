@@ -65,6 +65,43 @@ def test_commands_are_a_run_command_the_suite_or_a_scenario_of_one(tmp_path):
         ex.MutateCommand.parse(str(ROOT / "scenarios" / "matrix.toml"))
 
 
+READ_EIO = ["disk-errors", "disk-read-bytes", "replay-external-hits", "replay-loaded-bytes"]
+
+
+def test_a_seeded_faults_scenario_expects_its_own_checks_to_fail_on_the_releases_it_names():
+    """The read-EIO round trip names its four checks from 0.28.0; before that the release
+    crashes at start (#51150), which is no expectation a mutant could be judged by."""
+    cmd = ex.MutateCommand.parse(str(ROOT / "scenarios" / "roundtrip-disk-read-eio.toml"))
+    assert cmd.expect_failing == frozenset()
+    assert cmd.expecting("0.32.0").expect_failing == frozenset(READ_EIO)
+    assert cmd.expecting("0.32.0").argv == cmd.argv
+    assert cmd.expecting("0.27.1").expect_failing == frozenset()
+    # A clean scenario and the run commands expect every check to pass.
+    clean = ex.MutateCommand.parse(str(ROOT / "scenarios" / "roundtrip-disk.toml"))
+    assert clean.expecting("0.32.0") == clean
+    assert ex.MutateCommand.parse("roundtrip").expecting("0.32.0").expect_failing == frozenset()
+
+
+def test_a_seeded_fault_survives_by_failing_exactly_its_checks_and_is_noticed_otherwise():
+    want = frozenset(READ_EIO)
+    as_expected = ex.CommandRun("rt", 1, None, list(READ_EIO), expected=want)
+    assert as_expected.verdict == "survived" and as_expected.noticed == []
+    # A check beyond the fault's: the mutant is told apart by it, not by the fault's own.
+    extra = ex.CommandRun("rt", 1, None, [*READ_EIO, "tier-idle"], expected=want)
+    assert extra.verdict == "killed" and extra.noticed == ["tier-idle"]
+    # One of the fault's checks passing is a difference too (the fault no longer seen).
+    fewer = ex.CommandRun("rt", 1, None, READ_EIO[1:], expected=want)
+    assert fewer.verdict == "killed" and fewer.noticed == ["disk-errors passed"]
+    v = ex.judge_runs([extra])
+    assert (v.verdict, v.failed) == ("killed", "tier-idle")
+    assert "expected failing exactly disk-errors" in v.detail
+    # Every check passing is not what a seeded fault's run may do either.
+    clean = ex.CommandRun("rt", 0, None, expected=want)
+    assert clean.verdict == "killed" and "every check passed" in clean.detail()
+    assert ex.CommandRun("rt", 3, None, expected=want).verdict == "killed"
+    assert ex.CommandRun("rt", 2, None, expected=want).verdict == "incompetent"
+
+
 def test_the_suite_is_every_command_cheapest_first_in_one_word():
     cmds = ex.MutateCommand.parse_all(["suite"])
     assert [c.name for c in cmds] == list(ex.SUITE)
@@ -87,20 +124,38 @@ def test_reached_names_the_commands_whose_clean_run_executed_the_line():
     assert ex.reached_by(99, covered) == ""
 
 
-def rec(id_: str, verdict: str, line: int = 1, reached: str = "", command: str = ""):
+def rec(
+    id_: str, verdict: str, line: int = 1, reached: str = "", command: str = "", failed: str = ""
+):
     from harness.results.records import MutantRecord
 
     return MutantRecord(
-        id_, "vllm.x", line, "f", "Op", "`a` -> `b`", verdict, command, reached=reached
+        id_, "vllm.x", line, "f", "Op", "`a` -> `b`", verdict, command, failed, reached=reached
     )
+
+
+def test_a_kill_is_a_checks_when_any_check_beyond_the_engines_named_it():
+    from harness.commands.mutate.files import detected_by
+
+    def by(failed: str, verdict: str = "killed") -> str:
+        return detected_by(rec("m", verdict, failed=failed))
+
+    assert by("hit-tokens (lru),loaded-bytes (lru)") == "check"
+    assert by("engine-survived (full-attention/prompt/drive)") == "engine"
+    assert by("ran (full-attention/prompt/drive)") == "engine"  # the drive could not set up
+    assert by("engine-survived,no-request-errored,engine-log-clean") == "engine"
+    assert by("") == "engine"  # exit 3, or a run not as expected with no check named
+    assert by("engine-survived,content-matches") == "check"  # judged before it died
+    assert by("tier-idle,disk-errors passed") == "check"  # a seeded fault's run told apart
+    assert by("", verdict="timeout") == "stall"
 
 
 def test_the_score_counts_what_changed_behaviour_and_timeouts_as_noticed():
     from harness.commands.mutate.files import report_md, score
 
     rows = [
-        rec("a", "killed", command="stress"),
-        rec("b", "killed", command="roundtrip"),
+        rec("a", "killed", command="stress", failed="engine-survived,no-request-errored"),
+        rec("b", "killed", command="roundtrip", failed="replay-loaded-bytes"),
         rec("c", "timeout", command="stress"),
         rec("d", "survived", line=40, reached=""),
         rec("e", "survived", line=50, reached="roundtrip"),
@@ -110,7 +165,15 @@ def test_the_score_counts_what_changed_behaviour_and_timeouts_as_noticed():
     s = score(rows)
     assert (s.detected, s.scored, s.survived, s.survived_reached) == (3, 5, 2, 1)
     assert s.value == 0.6 and s.by_command == {"stress": 2, "roundtrip": 1}
-    assert s.text() == "3/5 detected (60%); 2 survived, 1 of them on lines a run executed"
+    assert s.by_kind == {"engine": 1, "check": 1, "stall": 1}
+    assert s.text() == (
+        "3/5 detected (60%), 1 by an accounting or output check; 2 survived, 1 of them on "
+        "lines a run executed"
+    )
+    assert (
+        "- how: an accounting or output check 1, a dead engine or a refused run 1, a stall 1"
+        in (report_md(rows, {}))
+    )
     md = report_md(rows, {"target": "vllm.x", "commands": ["stress", "roundtrip"]})
     survivors = md[md.index("## Survivors") : md.index("## Every mutant")]
     assert survivors.index("| e |") < survivors.index("| d |")  # reached ones first

@@ -103,6 +103,10 @@ def test_checks_pass_on_exact_figures_and_fail_otherwise():
     assert not ck.check_filler_loaded_nothing(4096).passed
     assert ck.check_evicted(0).passed
     assert not ck.check_evicted(16).passed
+    # The CPU tier's usage once idle: any share held is a chunk the tier lost count of.
+    assert ck.check_tier_idle(0.0).passed
+    idle = ck.check_tier_idle(2 / 36)
+    assert not idle.passed and idle.name == "tier-idle" and idle.observed == "0.0555556"
 
 
 def comp(text, ids, lps):
