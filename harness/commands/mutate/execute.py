@@ -14,7 +14,9 @@ not run the next.
 Before any mutant, each command runs once on the unmutated environment with the engine
 processes' line tracer on (``harness.engine.reach``): a command that fails there is
 refused (it would kill every mutant), and the lines it executed tell a surviving mutant
-that no run reached from one that ran and went unnoticed.
+that no run reached from one that ran and went unnoticed. A command that seeds a fault
+(a round-trip scenario whose rules name the checks that catch it on this release) must
+fail exactly those checks there instead, and a mutant is noticed by any other outcome.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from harness.commands.mutate.mutants import mutated_source
 from harness.engine import amx
 from harness.engine.reach import read_lines
 from harness.errors import BadInput, ExitCode, RuntimeFailure
-from harness.names import ENV_COVER, ENV_COVER_OUT
+from harness.names import ENV_COVER, ENV_COVER_OUT, REPO_ROOT
 from harness.scenario.kinds import load_any
 from harness.scenario.rules import first_match
 from harness.server import lanes, launcher, server_lock
@@ -51,6 +53,7 @@ IMPORT_TIMEOUT_S = 300.0  # a cold import of vLLM without bytecode takes ~25 s h
 STOP_GRACE_S = 90.0  # after SIGINT, the harness stops its servers and writes its results
 
 
+READ_EIO_SCENARIO = REPO_ROOT / "scenarios" / "roundtrip-disk-read-eio.toml"
 # The harness commands a mutant can run through, and the argv each runs with: the
 # oracle stops at its first failing cell and does not shrink (a kill needs one failure).
 RUN_COMMANDS: dict[str, tuple[str, ...]] = {
@@ -63,12 +66,17 @@ RUN_COMMANDS: dict[str, tuple[str, ...]] = {
     "oracle": ("oracle", "--no-shrink", "--fail-fast"),
     "oracle-drive": ("oracle", "--engine", "drive", "--no-shrink", "--fail-fast"),
     "oracle-server": ("oracle", "--engine", "server", "--no-shrink", "--fail-fast"),
+    # The disk round trip with every read failing (a seeded fault judged by its scenario's
+    # rules: ``MutateCommand.expecting``): vLLM's failure paths, which no clean run takes.
+    "roundtrip-read-eio": ("roundtrip", "--scenario", str(READ_EIO_SCENARIO)),
 }
 SCENARIO_KINDS = ("roundtrip", "stress", "pressure", "oracle")
 # What a user runs to ask "is my build right?", cheapest and most telling first: the
 # oracle on vLLM's scheduler in one process (seconds a mutant), then on live servers,
-# then concurrency against a reference, the round trip, the CPU tier under eviction.
-SUITE = ("oracle-drive", "oracle-server", "stress", "roundtrip", "pressure")
+# then concurrency against a reference, the round trip, the CPU tier under eviction, and
+# last a disk tier whose reads fail (a build must lose those hits cleanly and free what
+# it held for them).
+SUITE = ("oracle-drive", "oracle-server", "stress", "roundtrip", "pressure", "roundtrip-read-eio")
 
 
 @dataclass(frozen=True)
@@ -114,9 +122,9 @@ class MutateCommand:
         the fault's paths in vLLM (a failed read, a freed chunk) are reached by a run
         that is judged, not by one that fails anyway. The same first-match as the sweep's
         verdict (``sweep.judge.judge_roundtrip``)."""
-        if self.kind != "roundtrip" or self.name in RUN_COMMANDS:
+        if self.kind != "roundtrip" or "--scenario" not in self.argv:
             return self
-        _, scn = load_any(Path(self.name))
+        _, scn = load_any(Path(self.argv[self.argv.index("--scenario") + 1]))
         facts = {"vllm_version": vllm_version, "device": "cpu", "cpu_flags": amx.cpu_flags()}
         found = first_match(scn.expectations, facts, fields=(), platform_field="platform")
         if found is None or found.rule.outcome != "fail":

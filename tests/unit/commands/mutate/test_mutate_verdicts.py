@@ -80,6 +80,9 @@ def test_a_seeded_faults_scenario_expects_its_own_checks_to_fail_on_the_releases
     clean = ex.MutateCommand.parse(str(ROOT / "scenarios" / "roundtrip-disk.toml"))
     assert clean.expecting("0.32.0") == clean
     assert ex.MutateCommand.parse("roundtrip").expecting("0.32.0").expect_failing == frozenset()
+    # By its name too (the default suite's last command).
+    named = ex.MutateCommand.parse("roundtrip-read-eio").expecting("0.32.0")
+    assert named.expect_failing == frozenset(READ_EIO) and named.slug == "roundtrip-read-eio"
 
 
 def test_a_seeded_fault_survives_by_failing_exactly_its_checks_and_is_noticed_otherwise():
@@ -105,7 +108,8 @@ def test_a_seeded_fault_survives_by_failing_exactly_its_checks_and_is_noticed_ot
 def test_the_suite_is_every_command_cheapest_first_in_one_word():
     cmds = ex.MutateCommand.parse_all(["suite"])
     assert [c.name for c in cmds] == list(ex.SUITE)
-    assert [c.kind for c in cmds] == ["oracle", "oracle", "stress", "roundtrip", "pressure"]
+    kinds = ["oracle", "oracle", "stress", "roundtrip", "pressure", "roundtrip"]
+    assert [c.kind for c in cmds] == kinds
     assert [c.name for c in ex.MutateCommand.parse_all(["oracle-drive", "stress"])] == [
         "oracle-drive",
         "stress",
