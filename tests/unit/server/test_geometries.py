@@ -88,12 +88,15 @@ def test_the_seed_replica_plans_the_seeds_own_figures():
     [
         ("long-context-1.toml", (7936, 8192, 8448), (7936, 0, 256)),
         ("long-context-2.toml", (16128, 16384, 16640), (7936, 0, 256)),
+        ("long-context-3.toml", (24320, 24576), (7936, 0)),
+        ("long-context-32k.toml", (32512,), (7936,)),
     ],
 )
 def test_long_context_hits_end_before_on_and_after_a_real_attention_chunk(
     scenario, hits, chunked_loads
 ):
-    """Scout's 8192-token attention chunk crossed once and twice: each chunked-local
+    """Scout's 8192-token attention chunk crossed once, twice and three times (to 32k
+    tokens): each chunked-local
     layer loads ``hit - floor(hit / 8192) * 8192`` tokens (0 when the hit ends on the
     boundary), each full layer the whole hit."""
     from harness.commands.roundtrip.plan import plan_roundtrip
