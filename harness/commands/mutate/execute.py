@@ -377,7 +377,11 @@ def judge_runs(runs: Sequence[CommandRun]) -> Verdict:
     for r in runs:
         if r.verdict != "survived":
             return Verdict(r.verdict, r.command, ",".join(r.noticed), r.detail(), seconds)
-    return Verdict("survived", "", "", "every command passed", seconds)
+    faults = [r.command for r in runs if r.expected]
+    as_expected = (
+        f" ({', '.join(faults)}: exactly its seeded fault's checks failed)" if faults else ""
+    )
+    return Verdict("survived", "", "", f"every command passed{as_expected}", seconds)
 
 
 def baseline(

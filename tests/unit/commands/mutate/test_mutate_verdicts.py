@@ -65,11 +65,17 @@ def test_commands_are_a_run_command_the_suite_or_a_scenario_of_one(tmp_path):
         ex.MutateCommand.parse(str(ROOT / "scenarios" / "matrix.toml"))
 
 
-READ_EIO = ["disk-errors", "disk-read-bytes", "replay-external-hits", "replay-loaded-bytes"]
+READ_EIO = [
+    "disk-errors",
+    "disk-read-bytes",
+    "disk-written-bytes",
+    "replay-external-hits",
+    "replay-loaded-bytes",
+]
 
 
 def test_a_seeded_faults_scenario_expects_its_own_checks_to_fail_on_the_releases_it_names():
-    """The read-EIO round trip names its four checks from 0.28.0; before that the release
+    """The read-EIO round trip names its five checks from 0.28.0; before that the release
     crashes at start (#51150), which is no expectation a mutant could be judged by."""
     cmd = ex.MutateCommand.parse(str(ROOT / "scenarios" / "roundtrip-disk-read-eio.toml"))
     assert cmd.expect_failing == frozenset()
@@ -89,6 +95,9 @@ def test_a_seeded_fault_survives_by_failing_exactly_its_checks_and_is_noticed_ot
     want = frozenset(READ_EIO)
     as_expected = ex.CommandRun("rt", 1, None, list(READ_EIO), expected=want)
     assert as_expected.verdict == "survived" and as_expected.noticed == []
+    assert ex.judge_runs([as_expected]).detail == (
+        "every command passed (rt: exactly its seeded fault's checks failed)"
+    )
     # A check beyond the fault's: the mutant is told apart by it, not by the fault's own.
     extra = ex.CommandRun("rt", 1, None, [*READ_EIO, "tier-idle"], expected=want)
     assert extra.verdict == "killed" and extra.noticed == ["tier-idle"]
