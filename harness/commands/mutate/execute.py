@@ -379,7 +379,7 @@ def judge_runs(runs: Sequence[CommandRun]) -> Verdict:
             return Verdict(r.verdict, r.command, ",".join(r.noticed), r.detail(), seconds)
     faults = [r.command for r in runs if r.expected]
     as_expected = (
-        f" ({', '.join(faults)}: exactly its seeded fault's checks failed)" if faults else ""
+        f"; {', '.join(faults)} failed exactly its seeded fault's checks" if faults else ""
     )
     return Verdict("survived", "", "", f"every command passed{as_expected}", seconds)
 

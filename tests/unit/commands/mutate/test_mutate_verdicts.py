@@ -96,7 +96,7 @@ def test_a_seeded_fault_survives_by_failing_exactly_its_checks_and_is_noticed_ot
     as_expected = ex.CommandRun("rt", 1, None, list(READ_EIO), expected=want)
     assert as_expected.verdict == "survived" and as_expected.noticed == []
     assert ex.judge_runs([as_expected]).detail == (
-        "every command passed (rt: exactly its seeded fault's checks failed)"
+        "every command passed; rt failed exactly its seeded fault's checks"
     )
     # A check beyond the fault's: the mutant is told apart by it, not by the fault's own.
     extra = ex.CommandRun("rt", 1, None, [*READ_EIO, "tier-idle"], expected=want)
