@@ -53,6 +53,7 @@ IMPORT_TIMEOUT_S = 300.0  # a cold import of vLLM without bytecode takes ~25 s h
 STOP_GRACE_S = 90.0  # after SIGINT, the harness stops its servers and writes its results
 
 
+ENGINE_DIED = "engine-survived"  # the check a command fails when vLLM raised or died mid-run
 READ_EIO_SCENARIO = REPO_ROOT / "scenarios" / "roundtrip-disk-read-eio.toml"
 # The harness commands a mutant can run through, and the argv each runs with: the
 # oracle stops at its first failing cell and does not shrink (a kill needs one failure).
@@ -180,7 +181,11 @@ class CommandRun:
         """The checks that told this run from what was expected: those failing (beyond a
         seeded fault's own), then a fault's checks that passed."""
         extra = [f for f in self.failed if f not in self.expected]
-        held = sorted(self.expected - set(self.failed)) if self.code == ExitCode.MISMATCH else []
+        # A run whose engine died judged nothing else: the fault's checks did not pass.
+        judged = self.code == ExitCode.MISMATCH and not any(
+            f.startswith(ENGINE_DIED) for f in self.failed
+        )
+        held = sorted(self.expected - set(self.failed)) if judged else []
         return extra + [f"{name} passed" for name in held]
 
     def detail(self) -> str:

@@ -104,6 +104,9 @@ def test_a_seeded_fault_survives_by_failing_exactly_its_checks_and_is_noticed_ot
     # One of the fault's checks passing is a difference too (the fault no longer seen).
     fewer = ex.CommandRun("rt", 1, None, READ_EIO[1:], expected=want)
     assert fewer.verdict == "killed" and fewer.noticed == ["disk-errors passed"]
+    # An engine that died judged nothing else: its fault's checks did not "pass".
+    died = ex.CommandRun("rt", 1, None, ["engine-survived"], expected=want)
+    assert died.verdict == "killed" and died.noticed == ["engine-survived"]
     v = ex.judge_runs([extra])
     assert (v.verdict, v.failed) == ("killed", "tier-idle")
     assert "expected failing exactly disk-errors" in v.detail
