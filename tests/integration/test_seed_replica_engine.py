@@ -62,3 +62,22 @@ def test_a_hit_across_the_real_attention_chunk_loads_what_the_chunked_local_rule
     assert ph.loc["filler", "d_stored_bytes"] == 0
     assert ph.loc["replay", "d_loaded_bytes"] == 2_415_919_104
     assert ph.loc["replay", "d_ext_hits"] == 7936 + 8192 + 8448
+
+
+@pytest.mark.weekly
+@pytest.mark.launches(1)
+def test_a_32k_prompt_across_three_real_attention_chunks_loads_the_fourths_part(tmp_path):
+    """long-context-32k: one 32,700-token prompt, its 32,512-token hit ending 7936 tokens
+    into Scout's fourth 8192-token attention chunk: each chunked-local layer loads those
+    7936 tokens, each full layer all 32,512 (6.4 GB stored, 2.8 GB loaded; the largest
+    context the harness runs on this 24 GB machine)."""
+    code, run, out = run_cli(
+        tmp_path, "roundtrip", "--scenario", str(ROOT / "scenarios" / "long-context-32k.toml"),
+        timeout=1500,
+    )  # fmt: skip
+    assert code == 0, out
+    ph = pd.read_csv(run / "phases.csv").set_index("phase")
+    assert ph.loc["cold", "d_stored_bytes"] == 6_392_119_296
+    assert ph.loc["filler", "d_stored_bytes"] == 0
+    assert ph.loc["replay", "d_loaded_bytes"] == 2_768_240_640
+    assert ph.loc["replay", "d_ext_hits"] == 32512
