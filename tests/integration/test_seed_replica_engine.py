@@ -47,37 +47,39 @@ def test_the_seed_replica_moves_the_seeds_own_bytes_at_tp_4(tmp_path):
 
 
 @pytest.mark.launches(1)
-def test_a_hit_across_the_real_attention_chunk_loads_what_the_chunked_local_rule_says(tmp_path):
-    """long-context-1: hits of 7936, 8192 and 8448 tokens around Scout's first 8192-token
-    attention chunk; each chunked-local layer loads 7936, 0 and 256 of them, each full
-    layer all (measured: 77 s, 4.8 GB stored, 2.4 GB loaded). The fillers are shorter than
-    an offload chunk: they evict the GPU prefix cache and store nothing."""
+@pytest.mark.parametrize(
+    ("scenario", "stored", "loaded", "hits"),
+    [
+        # Hits of 7936, 8192 and 8448 tokens around Scout's first 8192-token attention
+        # chunk: each chunked-local layer loads 7936, 0 and 256 of them (77 s here).
+        pytest.param(
+            "long-context-1", 4_831_838_208, 2_415_919_104, 7936 + 8192 + 8448, id="first-chunk"
+        ),
+        # One 32,700-token prompt, its 32,512-token hit ending 7936 tokens into the fourth
+        # attention chunk (6.4 GB stored, 4 min here): the weekly tier's.
+        pytest.param(
+            "long-context-32k",
+            6_392_119_296,
+            2_768_240_640,
+            32512,
+            marks=pytest.mark.weekly,
+            id="32k",
+        ),
+    ],
+)
+def test_a_hit_across_the_real_attention_chunk_loads_what_the_chunked_local_rule_says(
+    tmp_path, scenario, stored, loaded, hits
+):
+    """Each chunked-local layer loads ``hit - floor(hit / 8192) * 8192`` tokens of its hit,
+    each full layer all of it. The fillers are shorter than an offload chunk: they evict
+    the GPU prefix cache and store nothing."""
     code, run, out = run_cli(
-        tmp_path, "roundtrip", "--scenario", str(ROOT / "scenarios" / "long-context-1.toml"),
-        timeout=1200,
-    )  # fmt: skip
-    assert code == 0, out
-    ph = pd.read_csv(run / "phases.csv").set_index("phase")
-    assert ph.loc["cold", "d_stored_bytes"] == 4_831_838_208
-    assert ph.loc["filler", "d_stored_bytes"] == 0
-    assert ph.loc["replay", "d_loaded_bytes"] == 2_415_919_104
-    assert ph.loc["replay", "d_ext_hits"] == 7936 + 8192 + 8448
-
-
-@pytest.mark.weekly
-@pytest.mark.launches(1)
-def test_a_32k_prompt_across_three_real_attention_chunks_loads_the_fourths_part(tmp_path):
-    """long-context-32k: one 32,700-token prompt, its 32,512-token hit ending 7936 tokens
-    into Scout's fourth 8192-token attention chunk: each chunked-local layer loads those
-    7936 tokens, each full layer all 32,512 (6.4 GB stored, 2.8 GB loaded; the largest
-    context the harness runs on this 24 GB machine)."""
-    code, run, out = run_cli(
-        tmp_path, "roundtrip", "--scenario", str(ROOT / "scenarios" / "long-context-32k.toml"),
+        tmp_path, "roundtrip", "--scenario", str(ROOT / "scenarios" / f"{scenario}.toml"),
         timeout=1500,
     )  # fmt: skip
     assert code == 0, out
     ph = pd.read_csv(run / "phases.csv").set_index("phase")
-    assert ph.loc["cold", "d_stored_bytes"] == 6_392_119_296
+    assert ph.loc["cold", "d_stored_bytes"] == stored
     assert ph.loc["filler", "d_stored_bytes"] == 0
-    assert ph.loc["replay", "d_loaded_bytes"] == 2_768_240_640
-    assert ph.loc["replay", "d_ext_hits"] == 32512
+    assert ph.loc["replay", "d_loaded_bytes"] == loaded
+    assert ph.loc["replay", "d_ext_hits"] == hits
