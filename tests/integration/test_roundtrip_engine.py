@@ -79,9 +79,11 @@ def test_clean_run_results_files(clean_run):
     assert [r["phase"] for r in requests].count("replay") == 2
     assert all(r["token_ids"] for r in requests if r["phase"] != "filler")
     cases = ET.parse(run / "junit.xml").getroot().findall(".//testcase")
-    # kv-layout, content-matches, the six round-trip checks, and the baseline comparison.
+    # kv-layout, content-matches, the six round-trip checks, tier-idle, and the baseline
+    # comparison.
     names = [c.get("name") for c in cases]
-    assert names[:2] == ["kv-layout", "content-matches"] and len(cases) == 9
+    assert names[:2] == ["kv-layout", "content-matches"] and len(cases) == 10
+    assert "tier-idle" in names
     assert not ET.parse(run / "junit.xml").getroot().findall(".//failure")
     assert meta["engine_kv_groups"][0]["spec"] == "ChunkedLocalAttentionSpec"
     assert "PASS" in (run / "report.md").read_text().splitlines()[0]
