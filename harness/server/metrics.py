@@ -193,13 +193,11 @@ def disk_counters_exported(text: str) -> bool:
     return DISK_COUNTERS_FAMILY in text
 
 
-def tier_usage(text: str) -> float | None:
-    """The CPU tier's usage gauge (the share of its chunks some request holds or is
-    writing), or None where the server does not export it."""
-    if GAUGE_CPU_USAGE not in text:
-        return None
-    snap, _, _ = parse(text)
-    return snap.cpu_usage
+def tier_usage(snap: Snapshot, text: str) -> float | None:
+    """The CPU tier's usage gauge in ``snap`` (parsed from ``text``: the share of its
+    chunks some request holds or is writing), or None where the server does not export
+    it (``Snapshot.cpu_usage`` reads 0 then)."""
+    return snap.cpu_usage if GAUGE_CPU_USAGE in text else None
 
 
 def disk_jobs_in_flight(text: str) -> float:

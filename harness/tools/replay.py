@@ -123,7 +123,7 @@ def rebuild(plan: rt.RoundtripPlan, run: Path) -> rt.RoundtripResult:
         text = (run / "metrics" / f"{phase}.prom").read_text()
         snap, _, _ = metrics.parse(text)
         if phase == "replay":
-            result.tier_usage_after = metrics.tier_usage(text)
+            result.tier_usage_after = metrics.tier_usage(snap, text)
         # Wall seconds of a phase are not evaluated; the requests' own time stands in.
         result.phases.append(
             rt.PhaseResult(

@@ -29,7 +29,7 @@ from harness.errors import HarnessError, RuntimeFailure
 from harness.names import LOG_TRANSFER
 from harness.oracle.scheduler import KINDS, Group, Layout, Offloader, Served
 from harness.oracle.workload import Step, waves_of
-from harness.server import kv_layout
+from harness.server import kv_layout, metrics
 from harness.server.admin import reset_prefix_cache
 from harness.server.workload import Completion, Prompt, complete, within_tolerance
 
@@ -149,7 +149,7 @@ def _tier_figures(
         "allocated_chunks": (
             delta.allocated_chunks if "vllm:kv_offload_cpu_allocation_size" in names else None
         ),
-        "usage_after": after.cpu_usage if "kv_offload_cpu_cache_usage_perc" in names else None,
+        "usage_after": metrics.tier_usage(after, names),
         "async_lookups": (
             delta.async_lookups if "kv_offload_lookup_async_delay_seconds" in names else None
         ),

@@ -361,7 +361,7 @@ def run_round(
             )
             result.phases.append(pr)
             if phase == "replay":
-                result.tier_usage_after = metrics.tier_usage(ep.last_text)
+                result.tier_usage_after = metrics.tier_usage(snap, ep.last_text)
             prev = snap
             reporter.phase_done(pr)
             on_record(result)

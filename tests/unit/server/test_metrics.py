@@ -69,5 +69,6 @@ def test_the_tier_usage_gauge_is_read_only_where_exported():
         "# TYPE vllm:kv_offload_cpu_cache_usage_perc gauge\n"
         'vllm:kv_offload_cpu_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
     )
-    assert metrics.tier_usage(gauge) == 0.25
-    assert metrics.tier_usage(NEW) is None  # a release without the gauge: no reading
+    assert metrics.tier_usage(metrics.parse(gauge)[0], gauge) == 0.25
+    # A release without the gauge: no reading (the snapshot's field says 0 there).
+    assert metrics.tier_usage(metrics.parse(NEW)[0], NEW) is None
