@@ -3,12 +3,14 @@ replays its prefixes, and what a sweep over releases expects of it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from harness.names import PATCHES, Fault
+from harness.scenario.rules import Match, first_match
 from harness.scenario.schema import (
     FileScenario,
     KnownCrash,
@@ -65,6 +67,19 @@ class RoundtripExpectation(RoundTripRule):
     rule matching the build's version wins; with none, every check must pass."""
 
     outcome: Literal["pass", "fail", "crashed"] = "pass"
+
+
+def expectation_for(
+    rules: Sequence[RoundtripExpectation],
+    vllm_version: str,
+    device: str,
+    cpu_flags: frozenset[str],
+) -> Match[RoundtripExpectation] | None:
+    """The first rule for a build (its version, and where it runs for rules that say
+    where they hold); None: every check must pass. The sweep's verdict and mutate's
+    seeded-fault commands choose by this one reading."""
+    facts = {"vllm_version": vllm_version, "device": device, "cpu_flags": cpu_flags}
+    return first_match(rules, facts, fields=(), platform_field="platform")
 
 
 class ReferenceFigures(StrictModel):

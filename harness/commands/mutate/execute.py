@@ -41,7 +41,7 @@ from harness.engine.reach import read_lines
 from harness.errors import BadInput, ExitCode, RuntimeFailure
 from harness.names import ENV_COVER, ENV_COVER_OUT, REPO_ROOT
 from harness.scenario.kinds import load_any
-from harness.scenario.rules import first_match
+from harness.scenario.roundtrip import expectation_for
 from harness.server import lanes, launcher, server_lock
 from harness.server.side_by_side import run_in_lanes
 from harness.server.stall_watch import STALL_S
@@ -121,13 +121,12 @@ class MutateCommand:
         build (``expect_failing``): a scenario that seeds a fault and names the checks
         that catch it (``scenarios/roundtrip-disk-read-eio.toml``) is a command too, so
         the fault's paths in vLLM (a failed read, a freed chunk) are reached by a run
-        that is judged, not by one that fails anyway. The same first-match as the sweep's
-        verdict (``sweep.judge.judge_roundtrip``)."""
+        that is judged, not by one that fails anyway. The rule is chosen as the sweep's
+        verdict chooses it (``scenario.roundtrip.expectation_for``)."""
         if self.kind != "roundtrip" or "--scenario" not in self.argv:
             return self
         _, scn = load_any(Path(self.argv[self.argv.index("--scenario") + 1]))
-        facts = {"vllm_version": vllm_version, "device": "cpu", "cpu_flags": amx.cpu_flags()}
-        found = first_match(scn.expectations, facts, fields=(), platform_field="platform")
+        found = expectation_for(scn.expectations, vllm_version, "cpu", amx.cpu_flags())
         if found is None or found.rule.outcome != "fail":
             return self
         return replace(self, expect_failing=frozenset(found.rule.failing_checks))

@@ -17,8 +17,7 @@ from harness.commands.sweep.targets import (
 )
 from harness.engine import amx
 from harness.results.records import SweepCell
-from harness.scenario.roundtrip import RoundtripExpectation
-from harness.scenario.rules import first_match
+from harness.scenario.roundtrip import RoundtripExpectation, expectation_for
 from harness.server.crash_signatures import (
     RowContext,
     expectation_gap,
@@ -38,12 +37,9 @@ def judge_roundtrip(
     build's device, for rules that say where they hold): with no rule matching, every
     check must pass; a ``fail`` rule names exactly the checks that fail (set equality, as
     the faults sweep judges); a ``crashed`` rule with an issue wants that known crash."""
-    facts = {
-        "vllm_version": cell.vllm_version,
-        "device": device,
-        "cpu_flags": amx.cpu_flags() if flags is None else flags,
-    }
-    found = first_match(rules, facts, fields=(), platform_field="platform")
+    found = expectation_for(
+        rules, cell.vllm_version, device, amx.cpu_flags() if flags is None else flags
+    )
     rule = found.rule if found else RoundtripExpectation(why="every check passes")
     cell.rule = found.index if found else None
     label = known_label(rule.issue)
