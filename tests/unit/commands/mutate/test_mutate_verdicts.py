@@ -86,6 +86,16 @@ def test_a_seeded_faults_scenario_expects_its_own_checks_to_fail_on_the_releases
     clean = ex.MutateCommand.parse(str(ROOT / "scenarios" / "roundtrip-disk.toml"))
     assert clean.expecting("0.32.0") == clean
     assert ex.MutateCommand.parse("roundtrip").expecting("0.32.0").expect_failing == frozenset()
+    # The suite's restart round trip names the same five from 0.29.0; on 0.28.0 the new
+    # server finds no file (#51875), so the fault never acts and the restart's own fail.
+    restart = ex.MutateCommand.parse(str(ROOT / "scenarios" / "roundtrip-restart-read-eio.toml"))
+    assert restart.expecting("0.32.0").expect_failing == frozenset(READ_EIO)
+    assert restart.expecting("0.29.0", "cuda").expect_failing == frozenset(READ_EIO)
+    assert restart.expecting("0.28.0").expect_failing == {
+        "disk-files", "disk-hits", "disk-read-bytes", "replay-external-hits",
+        "replay-loaded-bytes",
+    }  # fmt: skip
+    assert ex.READ_EIO_SCENARIO.name == "roundtrip-restart-read-eio.toml"
     # By its name too (the default suite's last command).
     named = ex.MutateCommand.parse("roundtrip-read-eio").expecting("0.32.0")
     assert named.expect_failing == frozenset(READ_EIO) and named.slug == "roundtrip-read-eio"
@@ -138,6 +148,26 @@ def test_reached_names_the_commands_whose_clean_run_executed_the_line():
     assert ex.reached_by(10, covered) == "stress,roundtrip"
     assert ex.reached_by(40, covered) == "stress"
     assert ex.reached_by(99, covered) == ""
+
+
+def test_a_mutant_runs_only_the_commands_whose_clean_run_executed_its_line():
+    """A command that never ran the line sees the same run on the mutant: it is left
+    out (in the session's order), and a survivor's detail names what it did not face."""
+    cmds = ex.MutateCommand.parse_all(["oracle-drive", "stress", "roundtrip"])
+    covered = {"oracle-drive": [7, 2072], "stress": [7, 1859], "roundtrip": [7]}
+    assert [c.name for c in ex.commands_reaching(2072, cmds, covered)] == ["oracle-drive"]
+    assert [c.name for c in ex.commands_reaching(1859, cmds, covered)] == ["stress"]
+    assert ex.commands_reaching(7, cmds, covered) == cmds  # module-level: every command
+    assert ex.commands_reaching(99, cmds, covered) == []
+    assert ex.commands_reaching(7, cmds, {"stress": [7]}) == [cmds[1]]  # no baseline: not run
+    drive = ex.CommandRun("oracle-drive", 0, None, seconds=30.0)
+    v = ex.judge_runs([drive], ["stress", "roundtrip"])
+    assert (v.verdict, v.seconds) == ("survived", 30.0)
+    assert v.detail == (
+        "every command that executed its line passed (oracle-drive); not run: stress, "
+        "roundtrip (their unmutated runs never executed it)"
+    )
+    assert ex.judge_runs([drive]).detail == "every command passed"
 
 
 def rec(
@@ -201,7 +231,7 @@ def test_the_score_counts_what_changed_behaviour_and_timeouts_as_noticed():
     ("args", "message"),
     [
         ((), "mutate needs --target"),
-        (("--target", "vllm.v1.kv_offload.cpu.manager"), "at least one --command"),
+        (("--target", "vllm.v1.kv_offload.cpu.manager", "--command", "nope"), "--command nope"),
         (
             ("--target", "vllm.v1.kv_offload.cpu.manager", "--command", "roundtrip",
              "--mutant", "000000000000"),
@@ -297,3 +327,17 @@ def test_an_engine_that_dies_mid_run_is_a_failed_run_not_bad_input():
     assert err.exit_code == ExitCode.MISMATCH
     run = ex.CommandRun("pressure", int(err.exit_code), None)
     assert run.verdict == "killed"
+
+
+def test_without_a_command_mutate_runs_the_default_suite(tmp_path):
+    """No --command is the question a user asks first ("is my build right?"): the suite."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "mutate", "--target", "vllm.v1.kv_offload.cpu.manager",
+         "--sample", "1", "--dry-run", "--results-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join(proc.stdout.split())  # rich wraps at the pipe's width
+    assert f"(the first that fails a mutant kills it): {', '.join(ex.SUITE)};" in said
