@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from harness.commands.mutate.execute import SUITE
 from harness.commands.mutate.mutants import Mutant, mutant_id
 from harness.commands.mutate.session import Session
 from tests.unit.repo.test_ci_files import (
@@ -106,7 +107,7 @@ def test_mutate_workflow_shape() -> None:
     inputs = dispatch_inputs(doc)
     assert {k: v["default"] for k, v in inputs.items()} == {
         "target": SCHEDULER,
-        "commands": "stress roundtrip",
+        "commands": "suite",
         "sample": 20,
         "seed": "1",
         "shards": 4,
@@ -212,9 +213,7 @@ def test_each_shard_runs_its_part_of_one_plan(tmp_path: Path) -> None:
             "--target",
             SCHEDULER,
             "--command",
-            "stress",
-            "--command",
-            "roundtrip",
+            "suite",
             "--sample",
             "20",
             "--seed",
@@ -242,7 +241,7 @@ def test_shard_command_is_accepted_by_the_cli(tmp_path: Path) -> None:
     assert proc.returncode == 0, f"{args}\n{proc.stdout}\n{proc.stderr}"
     planned = json.loads(proc.stdout)
     assert planned["target"] == SCHEDULER
-    assert planned["commands"] == ["stress", "roundtrip"]
+    assert planned["commands"] == list(SUITE)  # the default suite, in its order
     assert (planned["sample"], planned["seed"]) == (20, 1)
     assert planned["shard"] == [int(last), int(out["count"])]
     assert len(planned["mutants"]) == 20
