@@ -84,6 +84,35 @@ SCENARIO_KINDS = ("roundtrip", "stress", "pressure", "oracle")
 SUITE = ("oracle-drive", "oracle-server", "stress", "roundtrip", "pressure", "roundtrip-read-eio")
 
 
+# Minutes each command's baseline took here under the line tracer, one core a lane
+# (2026-12-06, the CPU manager's session: pressure's four servers 9.0, the oracle's five
+# 6.8, stress with its reference 4.3, the restart round trip 1.8, the drive 1.4, the round
+# trip 0.8). Only their order matters: the baselines are dealt to lanes longest first, so
+# the longest do not end up one after another in one lane while the other lane idles
+# (in that session, pressure after the oracle's servers: 16 min where 12 would do). A
+# scenario file weighs as its kind.
+BASELINE_MINUTES: dict[str, float] = {
+    "pressure": 9.0,
+    "oracle": 8.2,
+    "oracle-server": 6.8,
+    "stress": 4.3,
+    "roundtrip-read-eio": 1.8,
+    "oracle-drive": 1.4,
+    "roundtrip": 0.8,
+    "pressure-replay": 0.5,
+}
+
+
+def longest_first(commands: Sequence[MutateCommand]) -> list[MutateCommand]:
+    """The commands in the order their baselines are dealt to lanes: longest first (the
+    classic longest-processing-time rule), ties in the session's order."""
+
+    def minutes(cmd: MutateCommand) -> float:
+        return BASELINE_MINUTES.get(cmd.name, BASELINE_MINUTES.get(cmd.kind, 1.0))
+
+    return sorted(commands, key=minutes, reverse=True)
+
+
 @dataclass(frozen=True)
 class MutateCommand:
     """One harness command a mutant is run through: one of ``RUN_COMMANDS``, or a
@@ -433,7 +462,9 @@ def baseline(
 
     runs: dict[str, CommandRun] = {}
     if jobs > 1:
-        run_in_lanes(commands, jobs, one, lambda cmd, run: runs.__setitem__(cmd.name, run))
+        run_in_lanes(
+            longest_first(commands), jobs, one, lambda cmd, run: runs.__setitem__(cmd.name, run)
+        )
     else:
         for cmd in commands:
             runs[cmd.name] = one(cmd, None)

@@ -341,3 +341,16 @@ def test_without_a_command_mutate_runs_the_default_suite(tmp_path):
     assert proc.returncode == 0, proc.stderr
     said = " ".join(proc.stdout.split())  # rich wraps at the pipe's width
     assert f"(the first that fails a mutant kills it): {', '.join(ex.SUITE)};" in said
+
+
+def test_the_baselines_are_dealt_to_lanes_longest_first():
+    """Pressure's four servers and the oracle's five first, the drive and the round trip
+    last: in session order the two longest met in one lane (16 min where 12 would do)."""
+    cmds = ex.MutateCommand.parse_all(["suite"])
+    order = [c.name for c in ex.longest_first(cmds)]
+    assert order == [
+        "pressure", "oracle-server", "stress", "roundtrip-read-eio", "oracle-drive", "roundtrip",
+    ]  # fmt: skip
+    scenario = ex.MutateCommand.parse(str(ROOT / "scenarios" / "pressure.toml"))
+    first = ex.longest_first([ex.MutateCommand.parse("roundtrip"), scenario])
+    assert first[0] is scenario  # a scenario file weighs as its kind
