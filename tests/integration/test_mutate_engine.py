@@ -77,7 +77,9 @@ def test_a_failed_promotions_freed_chunks_are_counted_and_a_mutant_runs_what_rea
     the restarted server's roomy tier, so the usage gauge once idle reads them twice;
     the clean round trip reaches ``get_stats`` too but never frees a chunk, so it passes.
     The failure loop's line runs only in the read-EIO round trip: the clean one is not
-    run on that mutant at all (``commands_reaching``). Launches: the baselines 1 + 2 (the
+    run on that mutant at all (``commands_reaching``); with the loop emptied the failed
+    chunks stay write-pending, the request waits on them and the stall watch stops the
+    engine after 120 s (``engine-survived``). Launches: the baselines 1 + 2 (the
     restart), the first mutant 1 + 2, the second 2."""
     before = file_sha256(MANAGER)
     code, run, out = run_cli(
