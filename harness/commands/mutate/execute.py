@@ -557,9 +557,14 @@ def stall_windows(commands: Sequence[MutateCommand], where: Path) -> dict[str, f
     return out
 
 
+def reaching(line: int, covered: dict[str, list[int]]) -> list[str]:
+    """The names of the commands whose unmutated run executed ``line``, in their order."""
+    return [name for name, lines in covered.items() if line in lines]
+
+
 def reached_by(line: int, covered: dict[str, list[int]]) -> str:
-    """The commands whose unmutated run executed ``line`` ("" when none did)."""
-    return ",".join(name for name, lines in covered.items() if line in set(lines))
+    """``reaching`` as the report's column ("" when none did)."""
+    return ",".join(reaching(line, covered))
 
 
 def commands_reaching(
@@ -577,7 +582,8 @@ def commands_reaching(
     already said so. A command whose run varies (stress's timing, which request is
     preempted) can miss a line another run would reach; ``--run-unreached`` runs every
     command on every mutant."""
-    return [cmd for cmd in commands if line in set(covered.get(cmd.name, ()))]
+    names = set(reaching(line, covered))
+    return [cmd for cmd in commands if cmd.name in names]
 
 
 COVERAGE_FILE = "coverage.json"  # baseline/: each command's lines of the target
