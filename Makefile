@@ -15,6 +15,8 @@
 #   make nightly         what the nightly CI runs (crash-repro + roundtrip), on this device
 #   make bench           harness overhead, measured side by side
 #   make bench-setup     fresh setup, pip vs uv: seconds and disk (scratch copies)
+#   make gpu-payload     CUDA vLLM (VLLM=0.26.0) staged in parts for a lent GPU machine,
+#                        and the device calls to make (docs/runners.md, "GPU loan")
 #   make lint            ruff check, ruff format --check, mypy
 #   make test-floors     the unit tier and every --help on the oldest releases
 #                        pyproject.toml allows (uv's lowest-direct; rebuilds .venv)
@@ -144,7 +146,7 @@ endif
 endif
 
 .PHONY: help setup crash-repro roundtrip matrix stress pressure oracle bugs nightly test test-nightly test-weekly test-unit test-engine \
-	bench bench-setup test-floors \
+	bench bench-setup test-floors gpu-payload \
 	lint clean
 help:
 	@sed -n '2,/^$$/p' Makefile
@@ -290,6 +292,13 @@ bench: setup
 # Fresh setup with pip vs uv, side by side (scratch copies, empty caches): docs/development.md figures.
 bench-setup:
 	scripts/measure-setup.sh $(ARGS)
+
+# A lent GPU machine reaches no index: CUDA vLLM and what the image lacks, split into parts
+# that each travel with the checkout under the device tool's 64 MiB (.gpu/, git-ignored);
+# prints the parts' sizes and the calls to make. No setup needed: plain python3 and pip.
+VLLM ?= 0.26.0
+gpu-payload:
+	VLLM=$(VLLM) scripts/gpu/build-payload.sh
 
 lint: setup
 	$(VENV)/bin/ruff check harness tests scripts
