@@ -9,6 +9,7 @@ from typing import Any
 
 import tomllib
 import typer
+from rich.markup import escape
 
 from harness.names import FAULTS, PATCHES, POLICY_MUTANTS, REPO_ROOT
 from harness.scenario.stress_profiles import PROFILES
@@ -41,7 +42,8 @@ def _help(raw: dict[str, Any]) -> dict[str, str]:
         if isinstance(text, str):
             for name, value in lists.items():
                 text = text.replace("{" + name + "}", value)
-            out[key] = text
+            # typer renders help as rich markup: "[offload.disk]" would vanish as a tag.
+            out[key] = escape(text)
     return out
 
 
