@@ -105,7 +105,12 @@ def roundtrip_cmd(
 def run_roundtrip(
     plan: object, opts: RunOptions, baseline: bool = False, stall_after: float | None = None
 ) -> int:
-    from harness.cli.roundtrip_show import RoundtripProgress, checks_table, phase_table
+    from harness.cli.roundtrip_show import (
+        RoundtripProgress,
+        checks_table,
+        phase_table,
+        speed_table,
+    )
     from harness.commands import roundtrip as rt
     from harness.commands.roundtrip.files import RoundtripWriter
 
@@ -130,6 +135,7 @@ def run_roundtrip(
             port=opts.port,
             baseline=baseline,
             stall_after=stall_after,
+            offload_speed=True,
         )
         if not result.passed:
             outcome.code = ExitCode.MISMATCH
@@ -141,6 +147,8 @@ def run_roundtrip(
         if result.checks:
             common.show(checks_table([c.record() for c in (*result.checks, *result.info_checks)]))
         show_reference(result)
+        if result.offload_speed:
+            common.show(speed_table([r.record() for r in result.offload_speed]))
         verdict = "[green]all checks passed[/]" if result.passed else "[red]some checks failed[/]"
         common.console.print(f"{verdict}; results: {run_dir.path}", highlight=False)
     else:

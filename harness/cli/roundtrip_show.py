@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.commands.roundtrip import RoundtripPlan
-from harness.commands.roundtrip.files import CHECKS, PHASE_TABLE
+from harness.commands.roundtrip.files import CHECKS, PHASE_TABLE, SPEED_TABLE
 from harness.ui import dry_run, terminal
 from harness.ui.dry_run import heading, host_state, say
 from harness.ui.terminal import mb
@@ -169,6 +169,39 @@ def checks_table(checks: Sequence[dict[str, Any]]) -> Table:
     return table
 
 
+def speed_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """vLLM's offload rate beside one bulk copy of the same bytes (``offload-speed.csv``)."""
+    first = rows[0] if rows else {}
+    table = Table(
+        title=f"offload speed on {first.get('device', '?')}: vLLM's workers vs one bulk copy "
+        f"of {mb(first.get('copy_bytes', 0))}",
+        header_style="bold",
+        caption=str(first.get("copy", "")),
+    )
+    for col in ("phase", "direction", "bytes", "vLLM s", "vLLM rate", "bulk copy", "ratio"):
+        table.add_column(col, justify="left" if col in ("phase", "direction") else "right")
+    for r in rows:
+        table.add_row(
+            str(r["phase"]),
+            str(r["direction"]),
+            mb(r["bytes"]),
+            f"{float(r['seconds']):.3f}",
+            _rate(r.get("gbps")),
+            _rate(r.get("copy_gbps")),
+            "-" if _blank(r.get("ratio")) else f"{float(r['ratio']):.1%}",
+        )
+    return table
+
+
+def _blank(value: Any) -> bool:
+    return value is None or value == "" or value != value  # NaN from CSV
+
+
+def _rate(gbps: Any) -> str:
+    return "-" if _blank(gbps) else f"{float(gbps):.3g} GB/s"
+
+
 PLAN = dry_run.register("roundtrip_plan", roundtrip_plan, roundtrip_plan_record)
 terminal.register_view(PHASE_TABLE, phase_table)
 terminal.register_view(CHECKS, checks_table)
+terminal.register_view(SPEED_TABLE, speed_table)

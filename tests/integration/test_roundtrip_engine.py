@@ -90,6 +90,22 @@ def test_clean_run_results_files(clean_run):
     assert "all checks passed" in out
 
 
+def test_clean_run_sets_vllms_offload_rate_beside_a_bulk_copy(clean_run):
+    """Each phase's bytes over vLLM's transfer time for them, beside one bulk copy of the
+    cold pass's bytes timed by the variant's torch once the servers stopped."""
+    _, run, out = clean_run
+    speed = pd.read_csv(run / "offload-speed.csv").set_index(["phase", "direction"])
+    phases = pd.read_csv(run / "phases.csv").set_index("phase")
+    assert list(speed.index) == [("cold", "store"), ("filler", "store"), ("replay", "load")]
+    assert speed.loc[("cold", "store"), "bytes"] == phases.loc["cold", "d_stored_bytes"]
+    assert speed.loc[("replay", "load"), "bytes"] == 524_288
+    assert (speed["copy_bytes"] == 1_310_720).all() and (speed["device"] == "cpu").all()
+    assert (speed["seconds"] > 0).all() and (speed["gbps"] > 0).all()
+    assert (speed["ratio"] - speed["gbps"] / speed["copy_gbps"]).abs().max() < 1e-3
+    assert "## Offload speed" in (run / "report.md").read_text()
+    assert "offload speed on cpu" in out
+
+
 # What each seeded fault must fail, exactly: stated here independently of the harness's
 # own table (harness.commands.faults.CAUGHT_BY), so a wrong table cannot pass its own test.
 # Every fault that moves the wrong KV fails content-matches (the ledger's digests),

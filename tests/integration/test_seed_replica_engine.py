@@ -44,6 +44,12 @@ def test_the_seed_replica_moves_the_seeds_own_bytes_at_tp_4(tmp_path):
         "## Against PR #51161" in report
         and "| bytes loaded | 245,366,784 | 245,366,784 | same |" in report
     )
+    # vLLM's rate beside one bulk copy of the seed's very bytes (issue #43's yardstick).
+    speed = pd.read_csv(run / "offload-speed.csv").set_index(["phase", "direction"])
+    assert speed.loc[("cold", "store"), "bytes"] == speed.loc[("replay", "load"), "bytes"]
+    assert speed.loc[("replay", "load"), "bytes"] == SEED_BYTES
+    assert (speed["copy_bytes"] == SEED_BYTES).all() and (speed["ratio"] > 0).all()
+    assert (speed["tensor_parallel"] == 4).all()
 
 
 @pytest.mark.launches(1)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands.roundtrip import RoundtripPlan, RoundtripResult, save_requests
+from harness.commands.roundtrip.result import SpeedRow
 from harness.results import ci_summary as ci
 from harness.results.chart import phases_chart
 from harness.results.ci_summary import Row
@@ -52,6 +53,16 @@ CHECKS = TableFile(
     compared=("passed", "observed"),
     passes=("passed",),
     display=("name", "passed", "expected", "observed", "detail"),
+)
+
+# vLLM's offload rate beside one bulk copy of the same bytes (``roundtrip.speed``). No
+# key: ``compare`` leaves it out, as two runs' rates differ by the machine's noise alone
+# and a run that did not measure (attached, from before) has no file.
+SPEED_TABLE = TableFile(
+    "offload-speed.csv",
+    record_fields(SpeedRow),
+    title="offload speed",
+    display=("phase", "direction", "bytes", "vLLM GB/s", "bulk copy GB/s", "ratio"),
 )
 
 
@@ -94,6 +105,10 @@ def summary_section(run_dir: Path, run: dict[str, Any]) -> list[str]:
     lines += ci.rows_or_note(phases, phases_problem, PHASE_TABLE, _phase_row)
     lines += ["", "### Checks", ""]
     lines += ci.rows_or_note(checks, checks_problem, CHECKS, check_row)
+    if (run_dir / SPEED_TABLE.name).is_file():
+        speed, speed_problem = ci.read_csv(run_dir / SPEED_TABLE.name)
+        lines += ["", "### Offload speed", ""]
+        lines += ci.rows_or_note(speed, speed_problem, SPEED_TABLE, _speed_row)
     files = [
         f"{what} `{run_dir / name}`"
         for name, what in (("report.md", "full report"), ("logs/server.log", "server log"))
@@ -116,6 +131,22 @@ def _phase_row(r: Row) -> list[str]:
     ]
 
 
+def _speed_row(r: Row) -> list[str]:
+    def gbps(column: str) -> str:
+        value = ci.col(r, column)
+        return f"{float(value):.3g}" if value else "-"
+
+    ratio = ci.col(r, "ratio")
+    return [
+        ci.col(r, "phase"),
+        ci.col(r, "direction"),
+        ci.num(ci.col(r, "bytes")),
+        gbps("gbps"),
+        gbps("copy_gbps"),
+        f"{float(ratio):.1%}" if ratio else "-",
+    ]
+
+
 def check_row(r: Row) -> list[str]:
     """A ``checks.csv`` row as the CI summary shows it (stress's section too)."""
     row_ok = ci.truthy(ci.col(r, "passed"))
@@ -135,7 +166,7 @@ def check_row(r: Row) -> list[str]:
 ROUNDTRIP = register(
     ResultsKind(
         "roundtrip",
-        (PHASE_TABLE, CHECKS),
+        (PHASE_TABLE, CHECKS, SPEED_TABLE),
         (
             "requests.jsonl",
             "junit.xml",
@@ -172,6 +203,8 @@ class RoundtripWriter:
         if rows:
             PHASE_TABLE.write(run_dir, rows)
         save_requests(result, run_dir.path / "requests.jsonl")
+        if result.offload_speed:
+            SPEED_TABLE.write(run_dir, [r.record() for r in result.offload_speed])
         if not result.checks:
             return
         CHECKS.write(run_dir, [c.record() for c in (*result.checks, *result.info_checks)])
@@ -221,6 +254,51 @@ def reference_section(result: Any) -> list[str]:
         for what, ref, got in figures
     ]
     return [f"## Against {source}", "", table(["figure", "reference", "this run", ""], rows), ""]
+
+
+def rate(gbps: float | None) -> str:
+    """A rate as the tables show it (``-``: none exported)."""
+    return "-" if gbps is None else f"{gbps:.3g} GB/s"
+
+
+def speed_section(rows: list[SpeedRow] | None) -> list[str]:
+    """report.md's offload speed: vLLM's rate beside the bulk copy, a row per direction."""
+    if not rows:
+        return []
+    body = [
+        [
+            r.phase,
+            r.direction,
+            f"{r.bytes:,}",
+            f"{r.seconds:.4f}",
+            rate(r.gbps),
+            f"{r.copy_bytes:,}",
+            rate(r.copy_gbps),
+            "-" if r.ratio is None else f"{r.ratio:.1%}",
+        ]
+        for r in rows
+    ]
+    head = [
+        "phase",
+        "direction",
+        "vLLM bytes",
+        "vLLM s",
+        "vLLM rate",
+        "copy bytes",
+        "bulk copy",
+        "ratio",
+    ]
+    return [
+        "",
+        "## Offload speed",
+        "",
+        f"vLLM's transfer time per phase against one bulk copy of the cold pass's bytes on "
+        f"{rows[0].device} ({rows[0].copy}), measured after the run; TP "
+        f"{rows[0].tensor_parallel} (at TP > 1 the rate is one worker's mean while it "
+        "transfers).",
+        "",
+        table(head, body),
+    ]
 
 
 def roundtrip_report(result: Any, meta: dict[str, Any]) -> str:
@@ -288,6 +366,7 @@ def roundtrip_report(result: Any, meta: dict[str, Any]) -> str:
         for c in result.info_checks
     ]
     lines.append(table(["check", "result", "expected", "observed", "why / detail"], rows))
+    lines += speed_section(result.offload_speed)
     notes = [*plan.notes, *result.notes]
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]

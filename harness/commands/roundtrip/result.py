@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from harness.commands.roundtrip import checks as ck
@@ -37,6 +37,27 @@ class PhaseResult:
         return row
 
 
+@dataclass(frozen=True)
+class SpeedRow:
+    """One phase's stores or loads: what vLLM's workers did, and the run's bulk copy."""
+
+    phase: str
+    direction: str  # "store" (engine -> tier) or "load" (tier -> engine)
+    bytes: int  # vLLM's counter over the phase
+    seconds: float  # vLLM's transfer time for them, summed over its workers
+    gbps: float | None  # bytes / seconds; None where no time was exported
+    copy_bytes: int
+    copy_seconds: float
+    copy_gbps: float
+    ratio: float | None  # gbps / copy_gbps
+    tensor_parallel: int
+    device: str
+    copy: str  # how the bulk copy was made
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class RoundtripResult:
     plan: RoundtripPlan
@@ -66,6 +87,9 @@ class RoundtripResult:
     # The CPU tier's usage gauge once the replay settled (``metrics.tier_usage``): None
     # where the server does not export it.
     tier_usage_after: float | None = None
+    # vLLM's offload rate beside one bulk copy of the same bytes, a row per direction
+    # (``roundtrip.speed``): None where it was not measured (a note says why).
+    offload_speed: list[SpeedRow] | None = None
 
     @property
     def passed(self) -> bool:

@@ -14,6 +14,7 @@ from harness.commands.roundtrip import checks as ck
 from harness.commands.roundtrip.evaluate import evaluate
 from harness.commands.roundtrip.plan import RoundtripPlan, resolve_disk, size_filler
 from harness.commands.roundtrip.result import PhaseResult, RoundtripResult
+from harness.commands.roundtrip.speed import measure_speed
 from harness.errors import ExitCode, HarnessError, RuntimeFailure
 from harness.names import DISK_FAULT_BITFLIP, DISK_FAULT_SWAP, DISK_FAULT_TRUNCATE
 from harness.oracle.content import judge_directories
@@ -242,13 +243,16 @@ def execute_roundtrip(
     *,
     baseline: bool = False,
     stall_after: float | None = None,
+    offload_speed: bool = False,
     **at: Unpack[ServerChoice],
 ) -> RoundtripResult:
     """Run the four phases; ``on_record`` is called after each step to persist results.
 
     With a disk tier that restarts (``[offload.disk] restart``), the server is stopped
     cleanly after the filler and a new one, on the same directory, serves the replay.
-    ``stall_after``: the stall watch's window over each request (default ``STALL_S``)."""
+    ``stall_after``: the stall watch's window over each request (default ``STALL_S``).
+    ``offload_speed``: once the servers have stopped, time one bulk copy of the bytes the
+    run moved and set vLLM's rate beside it (``roundtrip.speed``; a few seconds)."""
     url, port = at.get("url"), at.get("port")
     stall_s = stall_after or STALL_S
     plan = resolve_disk(plan, out_dir)
@@ -292,6 +296,9 @@ def execute_roundtrip(
     finally:
         for s in servers:
             s.stop()
+    if offload_speed:
+        measure_speed(result, reporter.status)
+        on_record(result)
     if baseline and plan.server is not None and result.checks:
         _run_baseline(plan, out_dir, result, reporter)
         on_record(result)
