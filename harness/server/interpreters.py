@@ -174,8 +174,29 @@ def git_revision(start: Path) -> str | None:
         return None
 
 
+def gpu_driver() -> str | None:
+    """The NVIDIA driver's version as ``nvidia-smi`` gives it (``580.159.04``), None
+    without one: a GPU run's record names the driver beside the GPU and torch, which the
+    interpreter probe gives (torch knows only the CUDA version the driver supports)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        proc = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    first = proc.stdout.strip().splitlines()[:1]
+    return first[0].strip() if proc.returncode == 0 and first else None
+
+
 def host_platform() -> dict[str, object]:
-    return {
+    out: dict[str, object] = {
         "system": platform.system(),
         "release": platform.release(),
         "machine": platform.machine(),
@@ -183,3 +204,7 @@ def host_platform() -> dict[str, object]:
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
     }
+    driver = gpu_driver()
+    if driver is not None:
+        out["gpu_driver"] = driver
+    return out
