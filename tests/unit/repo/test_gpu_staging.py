@@ -45,6 +45,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OFFLOAD_CHECK_")}
     for name in ("PARTS", "LIMIT_MIB", "MARGIN_MIB", "STEP_TIMEOUT", "DRY", "OUT"):
         env.pop(name, None)
+    # The plans are read line by line: wide enough that rich never wraps one (under
+    # xdist, or in a narrow terminal, the width is otherwise 80).
+    env["COLUMNS"] = "200"
     env.update(extra)
     return env
 
