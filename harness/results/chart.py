@@ -8,13 +8,29 @@ from typing import Any
 
 from harness.results.markdown import sweep_grid
 
+NO_MATPLOTLIB = "matplotlib is not installed where the harness runs"
 
-def phases_chart(phases: Sequence[dict[str, Any]], title: str, out: Path) -> Path:
-    import matplotlib
 
-    matplotlib.use("Agg")  # no display on servers and CI
+def pyplot() -> Any | None:
+    """matplotlib's pyplot on the Agg backend (no display on servers and CI), or None
+    where matplotlib is not installed. A chart is an extra beside the tables: a harness
+    installed without its dependencies into an image that reaches no index (the GPU
+    loan's, scripts/gpu/) must still finish its run and write every table."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def phases_chart(phases: Sequence[dict[str, Any]], title: str, out: Path) -> Path | None:
+    """The round trip's PNG; None (nothing written) without matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return None
     fig, (ax_bytes, ax_hits) = plt.subplots(1, 2, figsize=(10, 3.8))
     _paired_bars(ax_bytes, phases, ("stored", "loaded"), 1e6, "MB (per phase)", "offloaded bytes")
     _paired_bars(
@@ -62,14 +78,14 @@ def _paired_bars(
     ax.legend()
 
 
-def sweep_heatmap(cells: Sequence[Any], builds: Sequence[str], out: Path) -> Path:
+def sweep_heatmap(cells: Sequence[Any], builds: Sequence[str], out: Path) -> Path | None:
     """Release x check, a square per cell: green as expected, red not, grey not run; the
     outcome written in it. Colour says the verdict, text the behaviour, so a change of
-    behaviour that was expected (a fix) reads differently from a regression."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    behaviour that was expected (a fix) reads differently from a regression. None
+    (nothing written) without matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return None
     from matplotlib.colors import ListedColormap
 
     headers, rows = sweep_grid(cells, builds)

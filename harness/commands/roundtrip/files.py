@@ -16,7 +16,7 @@ from typing import Any
 from harness.commands.roundtrip import RoundtripPlan, RoundtripResult, save_requests
 from harness.commands.roundtrip.result import SpeedRow
 from harness.results import ci_summary as ci
-from harness.results.chart import phases_chart
+from harness.results.chart import NO_MATPLOTLIB, phases_chart
 from harness.results.ci_summary import Row
 from harness.results.markdown import table
 from harness.results.records import CheckResult
@@ -213,9 +213,9 @@ class RoundtripWriter:
             "report.md", roundtrip_report(result, {"results_dir": str(run_dir.path)})
         )
         if rows and self.chart:
-            phases_chart(
-                rows, f"{plan.scenario.name}: {plan.model_ref}", run_dir.path / "phases.png"
-            )
+            title = f"{plan.scenario.name}: {plan.model_ref}"
+            if phases_chart(rows, title, run_dir.path / "phases.png") is None:
+                result.note(f"no phases.png: {NO_MATPLOTLIB}")
 
 
 def part_writer(path: Path, plan: RoundtripPlan, **meta: Any) -> RoundtripWriter:

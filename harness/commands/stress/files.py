@@ -18,6 +18,7 @@ from harness.commands.stress.judge import SHOWN_TOKENS
 from harness.commands.stress.result import StressResult, served_differences
 from harness.commands.stress.workload import PlannedRequest
 from harness.results import ci_summary as ci
+from harness.results.chart import pyplot
 from harness.results.run_directory import RunDirectory
 from harness.results.tables import ResultsKind, register
 
@@ -99,16 +100,14 @@ def write_stress(run_dir: RunDirectory, result: Any) -> None:
             stress_timeline(result, run_dir.path / "timeline.png")
 
 
-def stress_timeline(result: Any, out: Path) -> Path:
+def stress_timeline(result: Any, out: Path) -> Path | None:
     """A stress run over time: requests in flight (top), and the CPU tier's cumulative
     stored and loaded bytes with preemptions (bottom), from the metrics sampled twice a
     second. Where a divergence or an error lands against this picture says whether it
     came with a burst of loads, a preemption or nothing in particular."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is None:
+        return None
     inflight = timeline(result.outcomes)
     fig, (ax_req, ax_bytes) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
     if inflight:

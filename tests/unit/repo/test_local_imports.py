@@ -122,8 +122,6 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("harness/cli/sweep.py", "harness.commands.sweep"): COMMAND,
     ("harness/cli/sweep.py", "harness.commands.sweep.files"): COMMAND,
     ("harness/cli/validate.py", "harness.commands.validate"): COMMAND,
-    ("harness/commands/stress/files.py", "matplotlib"): MATPLOTLIB,
-    ("harness/commands/stress/files.py", "matplotlib.pyplot"): MATPLOTLIB,
     ("harness/engine/amx.py", "torch"): ENGINE_TORCH,
     ("harness/engine/cuda_wheel.py", "vllm.platforms.cpu"): ENGINE_VLLM,
     ("harness/engine/cuda_wheel.py", "vllm.triton_utils"): ENGINE_VLLM,
