@@ -7,17 +7,23 @@
 - ``build-payload.sh --plan``: the part arithmetic keeps every call (one part, the
   checkout that travels with it) under the tool's 64 MiB less the margin, with as few
   parts as fit; refusals are one line, exit 2;
-- the checkout it measures is what git says travels, and ``.gpu/`` is not part of it.
+- the checkout it measures is what git says travels, and ``.gpu/`` is not part of it;
+- ``keep.sh``: what a loan brought back (``<step>/summary.txt``, ``<step>/runs.tgz``) kept
+  under ``results/gpu/<NAME>/<step>/`` small (run.json, tables, report, log tails; no
+  metrics, charts, disk tier or whole logs), readable by ``offload-check report``, never
+  over an earlier keep unless ``--force``; and ``results/gpu/`` tracked by git.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[3]
 GPU = ROOT / "scripts" / "gpu"
 RUNS = GPU / "runs.sh"
 BUILD = GPU / "build-payload.sh"
+KEEP = GPU / "keep.sh"
 MIB = 1 << 20
 LIMIT = 64 * MIB
 MARGIN = 4 * MIB
@@ -224,3 +231,272 @@ def test_make_gpu_payload_runs_the_script() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "VLLM=0.26.0 scripts/gpu/build-payload.sh" in proc.stdout
     assert "make gpu-payload" in run(["make", "--no-print-directory", "help"]).stdout
+
+
+# --- keep.sh ---------------------------------------------------------------------------
+
+FIXTURES = ROOT / "tests" / "fixtures" / "results"
+SEED_RUN = "20261207-101112-gpu-seed-roundtrip-c9dc"
+CRASH_RUN = "20261207-101530-gpu-crash-crash-repro-1904"
+LONG_RUN = "20261207-102200-gpu-long-roundtrip-f56d"
+
+
+def gpu_summary(step: str, run_id: str, gpu: str = "NVIDIA H200, 580.159.04") -> str:
+    """A step's summary.txt as runs.sh writes it on a GPU machine."""
+    return (
+        f"step {step}: exit 0, 187 s wall\n"
+        f"command: offload-check roundtrip --tp 1 --results-dir /tmp/gpu-runs/{step}/runs"
+        f" --label gpu-{step}\n"
+        "date: 2026-12-07T10:11:12Z host: gpu-host\n"
+        f"name, driver_version\n{gpu}\n"
+        "python 3.12.3 (/usr/bin/python3) torch 2.11.0+cu130 vllm 0.26.0 typer 0.29.2\n"
+        f"run {run_id}: status finished exit 0\n"
+    )
+
+
+def lines(prefix: str, n: int) -> str:
+    return "".join(f"{prefix} line {i}\n" for i in range(1, n + 1))
+
+
+def gpu_run(src: str, dst: Path, logs: dict[str, int], requests_bytes: int) -> None:
+    """A recorded run directory made into what a GPU run leaves: run.json on cuda, the
+    tables, a report, requests, server logs of ``logs`` lines, and what keep.sh leaves
+    out (metrics, a chart, a disk tier)."""
+    shutil.copytree(FIXTURES / src, dst)
+    meta = json.loads((dst / "run.json").read_text())
+    meta["platform"]["gpu_driver"] = "580.159.04"
+    if "variant" in meta:
+        meta["variant"].update(device="cuda", gpus=["NVIDIA H200"], torch="2.11.0+cu130")
+    (dst / "run.json").write_text(json.dumps(meta, indent=2))
+    (dst / "report.md").write_text(f"# {meta['command']}\n\nall checks as expected\n")
+    line = json.dumps({"id": "r0", "output": list(range(40))}) + "\n"
+    (dst / "requests.jsonl").write_text(line * (requests_bytes // len(line) + 1))
+    (dst / "logs").mkdir()
+    for name, n in logs.items():
+        (dst / "logs" / name).write_text(lines(name, n))
+    (dst / "metrics").mkdir()
+    (dst / "metrics" / "cold.prom").write_text("vllm:kv_offload_store_bytes 1\n" * 5000)
+    (dst / "phases.png").write_bytes(b"\x89PNG" + b"\0" * 4000)
+    (dst / "disk-tier").mkdir()
+    (dst / "disk-tier" / "chunk-0.bin").write_bytes(os.urandom(64 << 10))
+
+
+def files_at(tmp: Path) -> Path:
+    """What the device tool brings back of ``runs.sh seed crash long``: per step its
+    summary.txt and runs.tgz (run directories, output.txt, summary.txt)."""
+    out = tmp / "files_at"
+    plan = {
+        "seed": (SEED_RUN, "20261130-070140-roundtrip-c9dc", {"server.log": 1000}, 20_000, 1000),
+        "crash": (
+            CRASH_RUN,
+            "20261130-065547-crash-repro-1904",
+            {"launch-1.log": 450, "launch-2.log": 120, "launch-3.log": 300},
+            0,
+            60,
+        ),
+        # requests.jsonl of 1.2 MiB: left out
+        "long": (LONG_RUN, "20261130-070852-roundtrip-f56d", {"server.log": 301}, 1_250_000, 400),
+    }
+    for step, (run_id, src, logs, requests_bytes, output_lines) in plan.items():
+        work = tmp / "work" / step
+        gpu_run(src, work / "runs" / run_id, logs, requests_bytes)
+        if not requests_bytes:
+            (work / "runs" / run_id / "requests.jsonl").unlink()
+        (work / "output.txt").write_text(lines("output", output_lines))
+        (work / "summary.txt").write_text(gpu_summary(step, run_id))
+        (out / step).mkdir(parents=True)
+        shutil.copy(work / "summary.txt", out / step / "summary.txt")
+        with tarfile.open(out / step / "runs.tgz", "w:gz") as tgz:
+            for name in ("runs", "output.txt", "summary.txt"):
+                tgz.add(work / name, arcname=name)
+    return out
+
+
+def keep(*args: str | Path, root: Path) -> subprocess.CompletedProcess[str]:
+    root.mkdir(parents=True, exist_ok=True)
+    return run(["bash", str(KEEP), *map(str, args)], env=clean_env(KEEP_ROOT=str(root)))
+
+
+def tree(path: Path) -> list[str]:
+    return sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("gpu-keep")
+    root = tmp / "repo"  # stands for the checkout: the real one is never written
+    fa = files_at(tmp)
+    proc = keep(fa, root=root)
+    return {"proc": proc, "files_at": fa, "root": root, "base": root / "results" / "gpu"}
+
+
+def test_keep_names_the_loan_by_date_and_gpu(kept: dict[str, Any]) -> None:
+    proc = kept["proc"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [p.name for p in kept["base"].iterdir()] == ["20261207-nvidia-h200"]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"kept 3 step\(s\) in results/gpu/20261207-nvidia-h200: 26 files, \d+ B", last
+    )
+
+
+def test_keep_keeps_what_report_needs_and_nothing_else(kept: dict[str, Any]) -> None:
+    base: Path = kept["base"] / "20261207-nvidia-h200"
+    tables = {"seed": ["checks.csv", "phases.csv"], "crash": ["outcomes.csv"]}
+    tables["long"] = tables["seed"]
+    logs = {
+        "seed": ["server.log"],
+        "crash": ["launch-1.log", "launch-2.log", "launch-3.log"],
+        "long": ["server.log"],
+    }
+    runs = {"seed": SEED_RUN, "crash": CRASH_RUN, "long": LONG_RUN}
+    for step, run_id in runs.items():
+        in_run = ["junit.xml", "report.md", "run.json", *tables[step]]
+        in_run += [f"logs/{log}.tail" for log in logs[step]]
+        if step == "seed":
+            in_run.append("requests.jsonl")  # crash has none, long's is over 1 MiB
+        expected = ["output.txt", "summary.txt", *(f"runs/{run_id}/{f}" for f in in_run)]
+        assert tree(base / step) == sorted(expected), step
+        # The tables and run.json as the run wrote them.
+        src = kept["files_at"].parent / "work" / step / "runs" / run_id
+        for name in ("run.json", *tables[step]):
+            assert (base / step / "runs" / run_id / name).read_bytes() == (src / name).read_bytes()
+    assert "runs/" + LONG_RUN + "/requests.jsonl left out" in kept["proc"].stdout
+
+
+def test_keep_cuts_logs_and_output(kept: dict[str, Any]) -> None:
+    base: Path = kept["base"] / "20261207-nvidia-h200"
+    tail = (base / "seed" / "runs" / SEED_RUN / "logs" / "server.log.tail").read_text()
+    head, *rest = tail.splitlines()
+    assert head == "[keep.sh: the last 300 of 1000 lines of logs/server.log]"
+    assert rest == [f"server.log line {i}" for i in range(701, 1001)]
+    # 300 lines or fewer: whole, no header
+    crash = base / "crash" / "runs" / CRASH_RUN / "logs"
+    assert (crash / "launch-3.log.tail").read_text() == lines("launch-3.log", 300)
+    assert (crash / "launch-2.log.tail").read_text() == lines("launch-2.log", 120)
+    assert (crash / "launch-1.log.tail").read_text().splitlines()[1] == "launch-1.log line 151"
+    long_tail = base / "long" / "runs" / LONG_RUN / "logs" / "server.log.tail"
+    assert len(long_tail.read_text().splitlines()) == 301  # 301 lines: the header and 300
+    output = (base / "seed" / "output.txt").read_text().splitlines()
+    assert output[0] == "[keep.sh: the last 400 of 1000 lines of output.txt]"
+    assert output[1:] == [f"output line {i}" for i in range(601, 1001)]
+    assert (base / "long" / "output.txt").read_text() == lines("output", 400)
+    assert (base / "seed" / "summary.txt").read_text().startswith("step seed: exit 0")
+
+
+def test_kept_steps_are_small(kept: dict[str, Any]) -> None:
+    """Each step well under 1 MiB, as printed (the fixture's seed run: ~31 kB)."""
+    base: Path = kept["base"] / "20261207-nvidia-h200"
+    for step in ("seed", "crash", "long"):
+        size = sum(p.stat().st_size for p in (base / step).rglob("*") if p.is_file())
+        assert size < 256 << 10, (step, size)
+        assert re.search(rf"^kept {step}: \d+ files, {size} B$", kept["proc"].stdout, re.M)
+
+
+def test_report_reads_a_kept_run(kept: dict[str, Any]) -> None:
+    base: Path = kept["base"] / "20261207-nvidia-h200"
+    exe = Path(sys.executable).with_name("offload-check")
+    if not exe.exists():
+        pytest.skip("no offload-check beside the interpreter")
+    for step, run_id, table in (("seed", SEED_RUN, "checks"), ("crash", CRASH_RUN, "| outcome ")):
+        run_dir = base / step / "runs" / run_id
+        proc = run([str(exe), "report", str(run_dir)], env=clean_env())
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"{run_dir}: status finished, exit code" in proc.stdout
+        assert table in proc.stdout
+        as_json = json.loads(run([str(exe), "report", "--json", str(run_dir)]).stdout)
+        assert as_json["tables"], step
+
+
+def test_keep_refuses_to_overwrite_unless_forced(tmp_path: Path) -> None:
+    fa = files_at(tmp_path)
+    root = tmp_path / "repo"
+    assert keep(fa, "loan-1", root=root).returncode == 0
+    kept_run = root / "results" / "gpu" / "loan-1" / "seed" / "runs" / SEED_RUN / "run.json"
+    kept_run.write_text("{}")
+    again = keep(fa, "loan-1", root=root)
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines() == [
+        "keep.sh: results/gpu/loan-1/crash exists (--force replaces it)"
+    ]
+    assert kept_run.read_text() == "{}"  # nothing written
+    forced = keep("--force", fa, "loan-1", root=root)
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads(kept_run.read_text())["platform"]["gpu_driver"] == "580.159.04"
+    assert [p.name for p in (root / "results" / "gpu").iterdir()] == ["loan-1"]
+    assert not list((root / "results" / "gpu" / "loan-1").glob(".keep-*"))  # no scratch left
+
+
+@pytest.mark.parametrize(
+    ("gpu", "name"),
+    [
+        ("NVIDIA H200, 580.159.04", "20261207-nvidia-h200"),
+        (
+            "NVIDIA H100 80GB HBM3, 580.159.04\nNVIDIA H100 80GB HBM3, 580.159.04",
+            "20261207-nvidia-h100-80gb-hbm3",
+        ),
+    ],
+)
+def test_keep_slugs_the_gpu(tmp_path: Path, gpu: str, name: str) -> None:
+    (tmp_path / "fa" / "seed").mkdir(parents=True)
+    (tmp_path / "fa" / "seed" / "summary.txt").write_text(gpu_summary("seed", "x", gpu))
+    with tarfile.open(tmp_path / "fa" / "seed" / "runs.tgz", "w:gz") as tgz:
+        tgz.add(tmp_path / "fa" / "seed" / "summary.txt", arcname="summary.txt")
+    proc = keep(tmp_path / "fa", root=tmp_path / "repo")
+    assert proc.returncode == 0, proc.stderr
+    assert tree(tmp_path / "repo" / "results" / "gpu") == [f"{name}/seed/summary.txt"]
+    assert "(no run directory in runs.tgz" in proc.stdout
+
+
+def test_keep_takes_what_runs_sh_leaves(dry_all: dict[str, Any], tmp_path: Path) -> None:
+    """runs.sh's own archives (DRY: no run directory, no GPU): summary and output kept."""
+    proc = keep(dry_all["out"], root=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (name,) = (p.name for p in (tmp_path / "results" / "gpu").iterdir())
+    assert re.fullmatch(r"\d{8}-(no-gpu|nvidia-.+)", name)
+    for step in STEPS:
+        kept_step = tmp_path / "results" / "gpu" / name / step
+        assert tree(kept_step) == ["output.txt", "summary.txt"]
+        assert (kept_step / "summary.txt").read_text().startswith(f"step {step}: exit 0, ")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["{tmp}/nowhere"],
+            "keep.sh: {tmp}/nowhere: no such directory (the device tool's files_at)",
+        ),
+        (["{tmp}"], "keep.sh: {tmp} holds no <step>/runs.tgz (what runs.sh leaves)"),
+        ([], "keep.sh: usage: keep.sh [--force] FILES_AT [NAME]"),
+        (["{tmp}", "a/../b"], "keep.sh: NAME a/../b: only letters, digits, '.', '_' and '-'"),
+        (["--overwrite", "{tmp}"], "keep.sh: unknown option --overwrite"),
+    ],
+)
+def test_keep_refusals_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    root = tmp_path / "repo"
+    proc = keep(*(a.format(tmp=tmp_path) for a in args), root=root)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(message.format(tmp=tmp_path)), line
+    assert not any(root.iterdir())
+
+
+def test_a_bad_archive_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    fa = files_at(tmp_path)
+    (fa / "zzz").mkdir()
+    (fa / "zzz" / "runs.tgz").write_bytes(b"not a tarball")
+    proc = keep(fa, root=tmp_path / "repo")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"keep.sh: {fa}/zzz/runs.tgz: not a readable .tgz"]
+    assert not (tmp_path / "repo" / "results").exists()
+
+
+@pytest.mark.skipif(
+    shutil.which("git") is None or not (ROOT / ".git").exists(), reason="not a git checkout"
+)
+def test_kept_records_are_tracked() -> None:
+    """results/gpu/ is not ignored; other run outputs still are."""
+    assert run(["git", "check-ignore", "-q", "results/gpu/x/seed/runs/r/run.json"]).returncode == 1
+    for ignored in ("results/other/run.json", "results/gpu-runs/seed/runs.tgz"):
+        assert run(["git", "check-ignore", "-q", ignored]).returncode == 0, ignored
