@@ -161,3 +161,7 @@ POLICY_MUTANTS: dict[str, tuple[str, str]] = {
     "lru-never-refreshes": ("LruNeverRefreshes", "lru"),
     "arc-no-t1-fallback": ("ArcNoT1Fallback", "arc"),
 }
+
+# A folder of kept records of earlier runs (results/gpu/, scripts/gpu/keep.sh) holds this
+# file: the CI summary of ``results/*`` passes over it, as those runs are not the job's.
+RECORDS_MARKER = ".offload-check-records"

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness.names import RECORDS_MARKER
 from harness.results.ci_summary import cell, load_run, other
 from harness.ui.owned_kinds import kind_of
 
@@ -52,6 +53,8 @@ def _expand(paths: Sequence[Path]) -> tuple[list[Path], list[str]]:
     for path in paths:
         if (path / "run.json").is_file():
             runs.append(path)
+        elif (path / RECORDS_MARKER).is_file():
+            continue  # kept records of earlier runs (results/gpu/): not this job's
         elif path.is_dir():
             children = sorted(p.parent for p in path.glob("*/run.json"))
             if children:  # a results root such as ``results/``

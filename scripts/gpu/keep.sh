@@ -116,6 +116,9 @@ if [ -z "$NAME" ]; then
     NAME="$day-${gpu:-unknown-gpu}"
 fi
 BASE="$KEEP_ROOT/results/gpu/$NAME"
+# The marker (harness/names.py RECORDS_MARKER): the CI summary of results/* passes over
+# results/gpu/, whose runs are not the job's.
+MARKER="$KEEP_ROOT/results/gpu/.offload-check-records"
 
 # Refuse before writing anything.
 for step in "${steps[@]}"; do
@@ -188,6 +191,7 @@ for step in "${steps[@]}"; do
     shopt -u nullglob
     [ ${#runs[@]} -gt 0 ] || notes+=("no run directory in runs.tgz (runs/<run-id>/run.json)")
 
+    [ -f "$MARKER" ] || echo "kept records of earlier runs (scripts/gpu/keep.sh)" > "$MARKER"
     rm -rf "${BASE:?}/$step"
     mv "$STAGE" "$BASE/$step"
     STAGE=""

@@ -317,6 +317,11 @@ def keep(*args: str | Path, root: Path) -> subprocess.CompletedProcess[str]:
     return run(["bash", str(KEEP), *map(str, args)], env=clean_env(KEEP_ROOT=str(root)))
 
 
+def loans(base: Path) -> list[str]:
+    """The loans kept under results/gpu/ (its marker file aside)."""
+    return sorted(p.name for p in base.iterdir() if p.is_dir())
+
+
 def tree(path: Path) -> list[str]:
     return sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
 
@@ -333,11 +338,34 @@ def kept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_keep_names_the_loan_by_date_and_gpu(kept: dict[str, Any]) -> None:
     proc = kept["proc"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert [p.name for p in kept["base"].iterdir()] == ["20261207-nvidia-h200"]
+    assert loans(kept["base"]) == ["20261207-nvidia-h200"]
     last = proc.stdout.strip().splitlines()[-1]
     assert re.fullmatch(
         r"kept 3 step\(s\) in results/gpu/20261207-nvidia-h200: 26 files, \d+ B", last
     )
+
+
+def test_keep_marks_the_records_so_a_ci_summary_passes_over_them(
+    kept: dict[str, Any], tmp_path: Path
+) -> None:
+    """results/gpu/ holds runs of earlier loans: ``python -m harness.ui.summary results/*``
+    (every CI job's summary step) renders this job's runs and says nothing of them."""
+    from harness.names import RECORDS_MARKER
+    from harness.ui import summary
+
+    assert (kept["base"] / RECORDS_MARKER).is_file()
+    assert (ROOT / "results" / "gpu" / RECORDS_MARKER).is_file()  # the tracked folder's
+    job_run = tmp_path / "20261207-000000-roundtrip-abcd"
+    shutil.copytree(kept["base"] / "20261207-nvidia-h200" / "seed" / "runs" / SEED_RUN, job_run)
+    runs, notes = summary._expand([kept["base"], job_run])
+    assert runs == [job_run] and notes == []
+    (kept["base"] / RECORDS_MARKER).rename(tmp_path / "moved")  # without it: named
+    try:
+        assert summary._expand([kept["base"]])[1] == [
+            f"- skipped `{kept['base']}`: no `run.json`, not a run directory"
+        ]
+    finally:
+        (tmp_path / "moved").rename(kept["base"] / RECORDS_MARKER)
 
 
 def test_keep_keeps_what_report_needs_and_nothing_else(kept: dict[str, Any]) -> None:
@@ -423,7 +451,7 @@ def test_keep_refuses_to_overwrite_unless_forced(tmp_path: Path) -> None:
     forced = keep("--force", fa, "loan-1", root=root)
     assert forced.returncode == 0, forced.stderr
     assert json.loads(kept_run.read_text())["platform"]["gpu_driver"] == "580.159.04"
-    assert [p.name for p in (root / "results" / "gpu").iterdir()] == ["loan-1"]
+    assert loans(root / "results" / "gpu") == ["loan-1"]
     assert not list((root / "results" / "gpu" / "loan-1").glob(".keep-*"))  # no scratch left
 
 
@@ -444,7 +472,10 @@ def test_keep_slugs_the_gpu(tmp_path: Path, gpu: str, name: str) -> None:
         tgz.add(tmp_path / "fa" / "seed" / "summary.txt", arcname="summary.txt")
     proc = keep(tmp_path / "fa", root=tmp_path / "repo")
     assert proc.returncode == 0, proc.stderr
-    assert tree(tmp_path / "repo" / "results" / "gpu") == [f"{name}/seed/summary.txt"]
+    assert tree(tmp_path / "repo" / "results" / "gpu") == [
+        ".offload-check-records",
+        f"{name}/seed/summary.txt",
+    ]
     assert "(no run directory in runs.tgz" in proc.stdout
 
 
@@ -452,7 +483,7 @@ def test_keep_takes_what_runs_sh_leaves(dry_all: dict[str, Any], tmp_path: Path)
     """runs.sh's own archives (DRY: no run directory, no GPU): summary and output kept."""
     proc = keep(dry_all["out"], root=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    (name,) = (p.name for p in (tmp_path / "results" / "gpu").iterdir())
+    (name,) = loans(tmp_path / "results" / "gpu")
     assert re.fullmatch(r"\d{8}-(no-gpu|nvidia-.+)", name)
     for step in STEPS:
         kept_step = tmp_path / "results" / "gpu" / name / step
