@@ -36,7 +36,22 @@ got=$(sha256sum /tmp/payload.tar | cut -d' ' -f1)
 [ "$want" = "$got" ] || die "payload sha mismatch with ${#parts[@]} parts: $got, want $want (a part is missing? the machine was given back between calls?)"
 mkdir -p /tmp/pl /tmp/site
 tar -xf /tmp/payload.tar -C /tmp/pl && rm -f /tmp/payload.tar
-tar -xzf /tmp/pl/vllm.tgz -C /tmp/site
+# The vLLM tree: xz (build-payload.sh's default) with the image's xz, else Python's lzma;
+# or gzip (COMPRESS=gz there).
+if [ -f /tmp/pl/vllm.txz ]; then
+    if command -v xz > /dev/null; then
+        tar -xJf /tmp/pl/vllm.txz -C /tmp/site || die "unpacking vllm.txz failed"
+    else
+        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+            /tmp/pl/vllm.txz /tmp/site || die "unpacking vllm.txz (Python's lzma) failed"
+    fi
+    rm -f /tmp/pl/vllm.txz
+elif [ -f /tmp/pl/vllm.tgz ]; then
+    tar -xzf /tmp/pl/vllm.tgz -C /tmp/site || die "unpacking vllm.tgz failed"
+    rm -f /tmp/pl/vllm.tgz
+else
+    die "the payload holds no vLLM tree (vllm.txz or vllm.tgz)"
+fi
 # Bytecode now, on 16 cores: without it the first launch spends ~20 s compiling vLLM.
 (python3 -m compileall -q -j 16 /tmp/site/vllm > /dev/null 2>&1) &
 compiling=$!
