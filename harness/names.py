@@ -109,6 +109,9 @@ ENV_LOCK = "OFFLOAD_CHECK_LOCK"  # the machine-wide server lock's path ("none": 
 ENV_LOCK_WAIT = "OFFLOAD_CHECK_LOCK_WAIT"  # "0": a launch fails (exit 3) if the lock is held
 ENV_CACHE = "OFFLOAD_CHECK_CACHE"  # models, per-build vLLM caches
 ENV_DEVICE = "OFFLOAD_CHECK_DEVICE"  # override the probed device (planning for GPUs)
+# "1": the harness's vLLM platform plugin answers the CPU platform (a CUDA wheel on a host
+# without the NVIDIA driver, for builds that ignore VLLM_TARGET_DEVICE: harness.engine.cuda_wheel)
+ENV_CPU_STAND_IN = "OFFLOAD_CHECK_CPU_STAND_IN"
 ENV_CORES = "OFFLOAD_CHECK_CORES"  # the cores this process's servers run on (a --jobs lane)
 
 # --- log line prefixes the engine side prints and the harness reads ------------------------

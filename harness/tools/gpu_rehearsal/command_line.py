@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.errors import BadInput, HarnessError
+from harness.names import PATCH_NONE
 from harness.tools.gpu_rehearsal.launch import PlannedLaunch, Rehearsal, RehearsalError, mismatches
 from harness.tools.gpu_rehearsal.nightly_release import (
     SCOUT_COMMAND,
@@ -122,13 +123,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HarnessError as err:
         print(f"error: {err}", file=sys.stderr)
         return int(err.exit_code)
-    here = [x for x in launches if is_this_interpreter(x.python)]
-    there = [x for x in launches if not is_this_interpreter(x.python)]
+    # A patched launch goes to a worker even on this interpreter: the patch would change
+    # this process's vLLM for every launch after it.
+    here = [x for x in launches if is_this_interpreter(x.python) and x.patch == PATCH_NONE]
+    there = [x for x in launches if x not in here]
     results: list[tuple[PlannedLaunch, Rehearsal | RehearsalError]] = []
     for launch in here:
         try:
             results.append((launch, rehearse(launch)))
         except RehearsalError as err:
             results.append((launch, err))
-    results += list(zip(there, rehearse_elsewhere(there), strict=True)) if there else []
+    try:
+        results += list(zip(there, rehearse_elsewhere(there), strict=True)) if there else []
+    except HarnessError as err:  # a build that cannot rehearse at all: one line
+        _print_results(results)
+        print(f"error: {err}", file=sys.stderr)
+        return int(err.exit_code)
     return 1 if _print_results(results) else 0

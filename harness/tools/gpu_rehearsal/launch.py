@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.errors import BadInput, RuntimeFailure
-from harness.names import TIERING_SPEC_NAME
+from harness.names import ENV_PATCH, PATCH_NONE, TIERING_SPEC_NAME
 
 STAGES = ("parse", "engine-args", "engine-config", "offload")
 
@@ -53,6 +53,11 @@ class PlannedLaunch:
     @property
     def tensor_parallel(self) -> int:
         return int(self.intended.get("tensor_parallel_size") or 1)
+
+    @property
+    def patch(self) -> str:
+        """The engine patch the server's plugin would apply (``none``: none)."""
+        return self.env.get(ENV_PATCH) or PATCH_NONE
 
     @property
     def server_args(self) -> list[str]:

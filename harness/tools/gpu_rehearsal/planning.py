@@ -139,7 +139,7 @@ def plan_command(args: Sequence[str], root: Path) -> list[PlannedLaunch]:
     import typer.main
 
     from harness.cli import app as cli
-    from harness.cli import options
+    from harness.cli import launch_checks, options
 
     group = typer.main.get_command(cli.app)
     name, *rest = list(args)
@@ -161,16 +161,19 @@ def plan_command(args: Sequence[str], root: Path) -> list[PlannedLaunch]:
         if params.get("url"):
             return []
         config = params.get("config")
+        # As the CLI hands them over: --python becomes an ad-hoc variant (the GPU loan's
+        # runs name the image's interpreter so).
+        launch = launch_checks.launch_options(
+            params.get("variant"),
+            params.get("python"),
+            params.get("patch"),
+            rel(config) if config else None,
+            params.get("tp"),
+            params.get("fault"),
+            params.get("engine_arg") or None,
+        )
         return [
-            plan_roundtrip_launch(
-                scenario(params.get("scenario"), "roundtrip-cpu.toml"),
-                tp=params.get("tp"),
-                variant=params.get("variant"),
-                patch=params.get("patch"),
-                config=str(rel(config)) if config else None,
-                fault=params.get("fault"),
-                extra_args=params.get("engine_arg") or None,
-            )
+            plan_roundtrip_launch(scenario(params.get("scenario"), "roundtrip-cpu.toml"), **launch)
         ]
     if name == "crash-repro":
         connector = params.get("connector")

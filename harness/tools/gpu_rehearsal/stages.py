@@ -256,9 +256,11 @@ def offload_side(
     groups = []
     for g in scheduler.config.kv_group_configs:
         window = g.sliding_window_size_in_chunks
+        # The group's spec from the KV-cache config (0.26's group configs do not carry it).
+        kv_spec = kv_cache_config.kv_cache_groups[g.group_idx].kv_cache_spec
         # #51150's function, asked directly: the scheduler must have used its answer.
         try:
-            asked = window_in_chunks(g.kv_cache_spec, int(g.tokens_per_chunk))
+            asked = window_in_chunks(kv_spec, int(g.tokens_per_chunk))
         except Exception as err:
             raise RehearsalError(label, "offload", one_line(err)) from None
         if asked != window:
@@ -270,7 +272,7 @@ def offload_side(
             )
         groups.append(
             {
-                "spec": type(g.kv_cache_spec).__name__,
+                "spec": type(kv_spec).__name__,
                 "layers": len(kv_cache_config.kv_cache_groups[g.group_idx].layer_names),
                 "sliding_window_size_in_chunks": window,
             }
@@ -279,7 +281,9 @@ def offload_side(
         connector_class=type(connector).__name__,
         spec_class=type(spec).__name__,
         manager_class=type(manager).__name__,
-        num_chunks=int(spec.num_chunks),
+        # The tier's chunk count: ``num_chunks`` from 0.27, ``num_blocks`` (the same
+        # count, per offload chunk) up to 0.26.
+        num_chunks=int(getattr(spec, "num_chunks", None) or spec.num_blocks),
         kv_bytes_per_chunk=int(spec.kv_bytes_per_chunk),
         worker_kv_bytes_per_block=int(offloading.worker_kv_bytes_per_block),
         world_size=int(offloading.parallel.world_size),

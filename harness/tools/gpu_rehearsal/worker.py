@@ -20,7 +20,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from harness.engine import patches
 from harness.errors import HarnessError, RuntimeFailure
+from harness.names import PATCH_NONE
 from harness.server import model_builder
 from harness.tools.gpu_rehearsal import launch as launch_types
 from harness.tools.gpu_rehearsal.homes import HOMES, api_server_parser_home, home, vllm_version
@@ -66,15 +68,22 @@ def rehearse_elsewhere(
 
     Each gets ``stages`` (default: up to ``engine-config``, the stock build's share: its
     offloading crashes on chunked local attention by design, #51150), run by the vLLM
-    build it would really be launched with. An interpreter that cannot rehearse at all
-    (no vLLM, a function :data:`HOMES` does not know) raises :class:`RehearsalAPIError`.
+    build it would really be launched with; a launch with an engine patch gets every
+    stage, with the patch applied (what it patches is the offloading). An interpreter that
+    cannot rehearse at all (no vLLM, a function :data:`HOMES` does not know) raises
+    :class:`RehearsalAPIError`.
     """
     out: dict[int, Rehearsal | RehearsalError] = {}
-    by_python: dict[str, list[int]] = {}
+    groups: dict[tuple[str, bool], list[int]] = {}
     for i, launch in enumerate(launches):
-        by_python.setdefault(launch.python, []).append(i)
-    for python, indices in by_python.items():
-        results, _ = rehearse_on(python, [launches[i] for i in indices], stages, timeout_s)
+        groups.setdefault((launch.python, launch.patch != PATCH_NONE), []).append(i)
+    for (python, patched), indices in groups.items():
+        results, _ = rehearse_on(
+            python,
+            [launches[i] for i in indices],
+            launch_types.STAGES if patched else stages,
+            timeout_s,
+        )
         out.update(zip(indices, results, strict=True))
     return [out[i] for i in range(len(launches))]
 
@@ -85,9 +94,36 @@ def rehearse_on(
     stages: Sequence[str] = launch_types.STAGES,
     timeout_s: float = WORKER_TIMEOUT_S,
 ) -> tuple[list[Rehearsal | RehearsalError], dict[str, Any]]:
-    """Every launch through ``python``'s vLLM in one worker process (vLLM imported once),
-    whichever interpreter the launch names; also what that build is (:func:`build_facts`)."""
+    """Every launch through ``python``'s vLLM, whichever interpreter the launch names, in
+    one worker process per engine patch the launches name (vLLM imported once in each: a
+    patch changes vLLM's modules in the process that applies it, as the server's plugin
+    does); also what that build is (:func:`build_facts`, from the unpatched worker where
+    there is one)."""
+    by_patch: dict[str, list[int]] = {}
+    for i, launch in enumerate(launches):
+        by_patch.setdefault(launch.patch, []).append(i)
+    out: dict[int, Rehearsal | RehearsalError] = {}
+    build: dict[str, Any] = {}
+    for patch in sorted(by_patch, key=lambda p: p != PATCH_NONE):
+        indices = by_patch[patch]
+        results, facts = _rehearse_batch(
+            python, [launches[i] for i in indices], stages, timeout_s, patch
+        )
+        out.update(zip(indices, results, strict=True))
+        build = build or facts
+    return [out[i] for i in range(len(launches))], build
+
+
+def _rehearse_batch(
+    python: str,
+    launches: Sequence[PlannedLaunch],
+    stages: Sequence[str],
+    timeout_s: float,
+    patch: str,
+) -> tuple[list[Rehearsal | RehearsalError], dict[str, Any]]:
+    """One worker process: ``launches`` through ``python``'s vLLM with ``patch`` applied."""
     request = {
+        "patch": patch,
         "stages": list(stages),
         "launches": [
             {
@@ -163,6 +199,7 @@ def run_worker(stream: TextIO) -> dict[str, Any]:
     stages = tuple(request.get("stages") or ("parse", "engine-args", "engine-config"))
     try:
         prepare_platform()
+        patched = apply_patch(str(request.get("patch") or PATCH_NONE))
         parser = make_parser()
     except HarnessError as err:
         return {"fatal": str(err)}
@@ -193,7 +230,7 @@ def run_worker(stream: TextIO) -> dict[str, Any]:
                     "engine": _plain(res.engine),
                     "offload": dataclasses.asdict(res.offload) if res.offload else None,
                     "stopped": res.stopped,
-                    "platform": res.platform,
+                    "platform": res.platform + patched,
                 }
             )
         except RehearsalError as err:
@@ -203,6 +240,19 @@ def run_worker(stream: TextIO) -> dict[str, Any]:
         except HarnessError as err:
             return {"fatal": str(err)}
     return {"answers": answers, "build": build_facts()}
+
+
+def apply_patch(patch: str) -> str:
+    """The launch's engine patch applied in this worker as the server's plugin would
+    (``harness.engine.patches``), once the platform is chosen; what it did, for the
+    answer's platform note ("" without one). A patch this build has no target for is the
+    rehearsal's failure, as a server would run unpatched."""
+    if patch == PATCH_NONE:
+        return ""
+    report = patches.apply(patch)
+    if report.status == "not-found":
+        raise RehearsalAPIError(f"patch {patch}: {report.detail}")
+    return f"; patch {patch} {report.status}" + (f" ({report.detail})" if report.detail else "")
 
 
 def build_facts() -> dict[str, Any]:

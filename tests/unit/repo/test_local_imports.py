@@ -170,6 +170,7 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("harness/tools/gpu_rehearsal/nightly_release.py", "harness.server.build_envs"): WORKER,
     ("harness/tools/gpu_rehearsal/nightly_release.py", "harness.server.release_envs"): WORKER,
     ("harness/tools/gpu_rehearsal/planning.py", "harness.cli.app"): WORKER,
+    ("harness/tools/gpu_rehearsal/planning.py", "harness.cli.launch_checks"): WORKER,
     ("harness/tools/gpu_rehearsal/planning.py", "harness.cli.options"): WORKER,
     ("harness/tools/gpu_rehearsal/planning.py", "harness.commands.crash_repro"): WORKER,
     ("harness/tools/gpu_rehearsal/planning.py", "harness.commands.roundtrip"): WORKER,

