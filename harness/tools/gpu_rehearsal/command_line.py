@@ -82,7 +82,8 @@ USAGE = """usage: python -m harness.tools.gpu_rehearsal [offload-check command .
        python -m harness.tools.gpu_rehearsal --nightly-release [--record] [--release VERSION]
 
 Rehearse an offload-check command's GPU launches here with the CUDA build's own vLLM
-(default: the nightly round trip), or every nightly launch and the seeded rejections on
+(roundtrip, crash-repro or stress; default: the nightly round trip; --python VENV and
+--patch as the CLI takes them), or every nightly launch and the seeded rejections on
 the release the GPU nightly installs (--release: another release of it, e.g. the release
 watch's newer one; --record: write the rehearsal record, the pin's only)."""
 
