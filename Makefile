@@ -17,6 +17,7 @@
 #   make bench-setup     fresh setup, pip vs uv: seconds and disk (scratch copies)
 #   make gpu-payload     CUDA vLLM (VLLM=0.26.0) staged in parts for a lent GPU machine,
 #                        and the device calls to make (docs/runners.md, "GPU loan")
+#   make gpu-rehearse    the loan's runs rehearsed here on that vLLM's own code (no GPU)
 #   make lint            ruff check, ruff format --check, mypy
 #   make test-floors     the unit tier and every --help on the oldest releases
 #                        pyproject.toml allows (uv's lowest-direct; rebuilds .venv)
@@ -146,7 +147,7 @@ endif
 endif
 
 .PHONY: help setup crash-repro roundtrip matrix stress pressure oracle bugs nightly test test-nightly test-weekly test-unit test-engine \
-	bench bench-setup test-floors gpu-payload \
+	bench bench-setup test-floors gpu-payload gpu-rehearse \
 	lint clean
 help:
 	@sed -n '2,/^$$/p' Makefile
@@ -299,6 +300,14 @@ bench-setup:
 VLLM ?= 0.26.0
 gpu-payload:
 	VLLM=$(VLLM) scripts/gpu/build-payload.sh
+
+# The GPU loan's runs (scripts/gpu/runs.sh all) rehearsed here on the loan's vLLM: its
+# CUDA wheel's own parser, engine config and offloading scheduler side, on its CPU platform
+# (the environment made on first use: about 10 GB, CUDA torch from PyPI).
+gpu-rehearse: setup
+	$(VENV)/bin/python -c 'from harness.tools.gpu_rehearsal.nightly_release import nightly_env_python as e; e(create=True, release="$(VLLM)")'
+	REHEARSE=$(VENV)/bin/python PYTHON=$$($(VENV)/bin/python -c 'from harness.tools.gpu_rehearsal.nightly_release import nightly_env_python as e; print(e(release="$(VLLM)"))') \
+		OUT=$${OUT:-/tmp/gpu-rehearse} bash scripts/gpu/runs.sh all
 
 lint: setup
 	$(VENV)/bin/ruff check harness tests scripts

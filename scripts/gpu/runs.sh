@@ -30,6 +30,10 @@
 #   RUNS_WORK     scratch for run directories (default /tmp/gpu-runs)
 #   STEP_TIMEOUT  seconds per step (default: seed 210, crash 300, long 270, stress 300:
 #                 setup, seed and crash fit one 600 s call)
+#   REHEARSE=PY   rehearse instead (no GPU): each step's command line through
+#                 `PY -m harness.tools.gpu_rehearsal` (PY: an interpreter with the harness,
+#                 e.g. .venv/bin/python), against PYTHON's vLLM (the loan's 0.26.0 here:
+#                 make gpu-rehearse); parse, engine config and offloading's scheduler side
 #   DRY=1         plan only: every command with --dry-run and OFFLOAD_CHECK_DEVICE=cuda
 #                 (unless set), so the CLI checks every argument and scenario here
 set -euo pipefail
@@ -64,6 +68,11 @@ command -v timeout > /dev/null || die "missing tool: timeout (coreutils)"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-$ROOT/results/gpu-runs}
 RUNS_WORK=${RUNS_WORK:-/tmp/gpu-runs}
+[ -z "${DRY:-}" ] || [ -z "${REHEARSE:-}" ] || die "DRY and REHEARSE: one or the other"
+if [ -n "${REHEARSE:-}" ]; then
+    "$REHEARSE" -c 'import harness.tools.gpu_rehearsal' 2> /dev/null \
+        || die "REHEARSE=$REHEARSE cannot import harness.tools.gpu_rehearsal"
+fi
 DRY_ARGS=()
 if [ -n "${DRY:-}" ]; then
     DRY_ARGS=(--dry-run)
@@ -87,8 +96,12 @@ set_args() {
 # What ran where: the GPU and driver, the versions, and each run directory's verdict.
 summarize() {
     local name=$1 rc=$2 wall=$3 work=$4
-    echo "step $name: exit $rc, $wall s wall${DRY:+ (DRY: --dry-run, device ${OFFLOAD_CHECK_DEVICE:-})}"
-    echo "command: offload-check ${ARGS[*]} --results-dir $work/runs --label gpu-$name${DRY:+ --dry-run}"
+    echo "step $name: exit $rc, $wall s wall${DRY:+ (DRY: --dry-run, device ${OFFLOAD_CHECK_DEVICE:-})}${REHEARSE:+ (REHEARSE: rehearsed by $REHEARSE, no run)}"
+    if [ -n "${REHEARSE:-}" ]; then
+        echo "command: $REHEARSE -m harness.tools.gpu_rehearsal ${ARGS[*]}"
+    else
+        echo "command: offload-check ${ARGS[*]} --results-dir $work/runs --label gpu-$name${DRY:+ --dry-run}"
+    fi
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ) host: ${HOSTNAME:-?}"
     if command -v nvidia-smi > /dev/null; then
         nvidia-smi --query-gpu=name,driver_version --format=csv 2>&1 || true
@@ -138,9 +151,14 @@ for name in "${todo[@]}"; do
     echo ">> $name: offload-check ${ARGS[*]} (at most $limit s)"
     start=$SECONDS
     rc=0
-    timeout -k 30 "$limit" "$PY" -m harness "${ARGS[@]}" --results-dir "$work/runs" \
-        --label "gpu-$name" ${DRY_ARGS[@]+"${DRY_ARGS[@]}"} 2>&1 | tee "$work/output.txt" \
-        || rc=${PIPESTATUS[0]}
+    if [ -n "${REHEARSE:-}" ]; then
+        timeout -k 30 "$limit" "$REHEARSE" -m harness.tools.gpu_rehearsal "${ARGS[@]}" 2>&1 \
+            | tee "$work/output.txt" || rc=${PIPESTATUS[0]}
+    else
+        timeout -k 30 "$limit" "$PY" -m harness "${ARGS[@]}" --results-dir "$work/runs" \
+            --label "gpu-$name" ${DRY_ARGS[@]+"${DRY_ARGS[@]}"} 2>&1 | tee "$work/output.txt" \
+            || rc=${PIPESTATUS[0]}
+    fi
     wall=$((SECONDS - start))
     summarize "$name" "$rc" "$wall" "$work" > "$work/summary.txt" 2>&1
     cp "$work/summary.txt" "$OUT/$name/summary.txt"

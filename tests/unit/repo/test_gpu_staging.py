@@ -40,6 +40,7 @@ MARGIN = 4 * MIB
 PAYLOAD_0_26_0 = 202_762_240  # make gpu-payload COMPRESS=gz, measured 2026-12-06
 PAYLOAD_0_26_0_XZ = 166_021_120  # the default (xz), the same day
 STEPS = ["seed", "crash", "long", "stress"]
+LOAN_VLLM = "0.26.0"  # scripts/gpu/deps-vllm-0.26.0.txt: the newest pinning the image's torch
 
 
 def run(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -119,6 +120,47 @@ def test_runs_refuses_an_unknown_step(tmp_path: Path) -> None:
         "runs.sh: unknown step warmup (seed crash long stress or all)"
     ]
     assert not any(tmp_path.iterdir())  # refused before any step ran
+
+
+def test_runs_takes_dry_or_rehearse_not_both(tmp_path: Path) -> None:
+    env = clean_env(DRY="1", REHEARSE=sys.executable, PYTHON=sys.executable, OUT=str(tmp_path))
+    proc = run(["bash", str(RUNS), "seed"], env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["runs.sh: DRY and REHEARSE: one or the other"]
+
+
+def loan_vllm() -> str:
+    """The loan's vLLM (0.26.0, the CUDA wheel) where ``make gpu-rehearse`` made it."""
+    from harness.errors import HarnessError
+    from harness.tools.gpu_rehearsal.nightly_release import nightly_env_python
+
+    try:
+        return nightly_env_python(release=LOAN_VLLM)
+    except HarnessError as err:
+        pytest.skip(f"{err}; `make gpu-rehearse` makes it")
+
+
+def test_every_step_rehearses_on_the_loans_vllm(tmp_path: Path) -> None:
+    """``REHEARSE``: each step's command line through vLLM 0.26.0's own parser, engine
+    config and offloading scheduler side (its CPU platform standing in), the patch applied
+    where the step asks for it: what a loan would launch, refused here if 0.26.0 would."""
+    env = clean_env(
+        REHEARSE=sys.executable, PYTHON=loan_vllm(), OUT=str(tmp_path / "out"),
+        RUNS_WORK=str(tmp_path / "work"),
+    )  # fmt: skip
+    proc = run(["bash", str(RUNS), "all"], env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"steps: seed=0\(\d+s\) crash=0\(\d+s\) long=0\(\d+s\) stress=0\(\d+s\)", last
+    )
+    verdicts = [ln for ln in proc.stdout.splitlines() if re.match(r"(ok|REJECTED|MISMATCH) ", ln)]
+    # seed 1, crash 4 (stock and +fix, connector on and off), long 1, stress 2
+    assert len(verdicts) == 8 and all(v.startswith("ok ") for v in verdicts), verdicts
+    patched = [v for v in verdicts if "patch chunked-local-fix applied" in v]
+    through = [v for v in patched if "passed parse, engine-args, engine-config, offload;" in v]
+    # seed, long, stress's server and the crash matrix's +fix row with the connector on
+    assert len(through) == 4 and all("vLLM 0.26.0 on CpuPlatform" in v for v in through)
 
 
 # --- build-payload.sh --plan ---------------------------------------------------------
