@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.commands.roundtrip import RoundtripPlan
-from harness.commands.roundtrip.files import CHECKS, PHASE_TABLE, SPEED_TABLE
+from harness.commands.roundtrip.files import CHECKS, PHASE_TABLE, SPEED_TABLE, percent, rate
 from harness.ui import dry_run, terminal
 from harness.ui.dry_run import heading, host_state, say
 from harness.ui.terminal import mb
@@ -186,19 +186,11 @@ def speed_table(rows: Sequence[dict[str, Any]]) -> Table:
             str(r["direction"]),
             mb(r["bytes"]),
             f"{float(r['seconds']):.3f}",
-            _rate(r.get("gbps")),
-            _rate(r.get("copy_gbps")),
-            "-" if _blank(r.get("ratio")) else f"{float(r['ratio']):.1%}",
+            rate(r.get("gbps")),
+            rate(r.get("copy_gbps")),
+            percent(r.get("ratio")),
         )
     return table
-
-
-def _blank(value: Any) -> bool:
-    return value is None or value == "" or value != value  # NaN from CSV
-
-
-def _rate(gbps: Any) -> str:
-    return "-" if _blank(gbps) else f"{float(gbps):.3g} GB/s"
 
 
 PLAN = dry_run.register("roundtrip_plan", roundtrip_plan, roundtrip_plan_record)

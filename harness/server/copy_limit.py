@@ -10,7 +10,7 @@ beside each other on every runner.
 from __future__ import annotations
 
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +34,13 @@ class CopyLimit:
     load_seconds: float  # tier -> engine
     torch: str
 
-    def gbps(self, direction: str) -> float:
-        seconds = self.store_seconds if direction == "store" else self.load_seconds
-        return self.bytes / seconds / 1e9 if seconds > 0 else float("inf")
+    def seconds(self, direction: str) -> float:
+        """The best copy's seconds in ``direction`` ("store" or "load")."""
+        return self.store_seconds if direction == "store" else self.load_seconds
 
-    def record(self) -> dict[str, Any]:
-        return asdict(self)
+    def gbps(self, direction: str) -> float:
+        seconds = self.seconds(direction)
+        return self.bytes / seconds / 1e9 if seconds > 0 else float("inf")
 
 
 def copy_bytes(moved: int) -> int:

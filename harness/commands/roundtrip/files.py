@@ -132,18 +132,13 @@ def _phase_row(r: Row) -> list[str]:
 
 
 def _speed_row(r: Row) -> list[str]:
-    def gbps(column: str) -> str:
-        value = ci.col(r, column)
-        return f"{float(value):.3g}" if value else "-"
-
-    ratio = ci.col(r, "ratio")
     return [
         ci.col(r, "phase"),
         ci.col(r, "direction"),
         ci.num(ci.col(r, "bytes")),
-        gbps("gbps"),
-        gbps("copy_gbps"),
-        f"{float(ratio):.1%}" if ratio else "-",
+        rate(ci.col(r, "gbps"), unit=""),  # the columns' headers say GB/s
+        rate(ci.col(r, "copy_gbps"), unit=""),
+        percent(ci.col(r, "ratio")),
     ]
 
 
@@ -256,13 +251,24 @@ def reference_section(result: Any) -> list[str]:
     return [f"## Against {source}", "", table(["figure", "reference", "this run", ""], rows), ""]
 
 
-def rate(gbps: float | None) -> str:
-    """A rate as the tables show it (``-``: none exported)."""
-    return "-" if gbps is None else f"{gbps:.3g} GB/s"
+def _blank(value: Any) -> bool:
+    """No figure: None, or what a CSV gives for one ("", NaN)."""
+    return value is None or value == "" or value != value
+
+
+def rate(gbps: Any, unit: str = " GB/s") -> str:
+    """An offload rate as every table shows it (``-``: none exported)."""
+    return "-" if _blank(gbps) else f"{float(gbps):.3g}{unit}"
+
+
+def percent(ratio: Any) -> str:
+    """vLLM's rate over the bulk copy's, as every table shows it (``-``: no rate)."""
+    return "-" if _blank(ratio) else f"{float(ratio):.1%}"
 
 
 def speed_section(rows: list[SpeedRow] | None) -> list[str]:
-    """report.md's offload speed: vLLM's rate beside the bulk copy, a row per direction."""
+    """report.md's offload speed: vLLM's rate beside the bulk copy, a row per phase and
+    direction that moved bytes."""
     if not rows:
         return []
     body = [
@@ -274,7 +280,7 @@ def speed_section(rows: list[SpeedRow] | None) -> list[str]:
             rate(r.gbps),
             f"{r.copy_bytes:,}",
             rate(r.copy_gbps),
-            "-" if r.ratio is None else f"{r.ratio:.1%}",
+            percent(r.ratio),
         ]
         for r in rows
     ]

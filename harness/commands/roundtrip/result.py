@@ -87,8 +87,9 @@ class RoundtripResult:
     # The CPU tier's usage gauge once the replay settled (``metrics.tier_usage``): None
     # where the server does not export it.
     tier_usage_after: float | None = None
-    # vLLM's offload rate beside one bulk copy of the same bytes, a row per direction
-    # (``roundtrip.speed``): None where it was not measured (a note says why).
+    # vLLM's offload rate beside one bulk copy of the same bytes, a row per phase and
+    # direction that moved bytes (``roundtrip.speed``): None where it was not measured
+    # (a note says why).
     offload_speed: list[SpeedRow] | None = None
 
     @property

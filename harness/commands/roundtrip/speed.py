@@ -58,10 +58,10 @@ def yardstick_bytes(rows: list[Moved]) -> int:
     return copy_limit.copy_bytes(cold[0] if cold else max((m.bytes for m in rows), default=0))
 
 
-def speed_rows(result: RoundtripResult, limit: CopyLimit, tensor_parallel: int) -> list[SpeedRow]:
-    """A row for each phase and direction that moved bytes."""
+def speed_rows(moves: list[Moved], limit: CopyLimit, tensor_parallel: int) -> list[SpeedRow]:
+    """A row for each phase and direction that moved bytes (``moved``)."""
     rows = []
-    for m in moved(result):
+    for m in moves:
         gbps = m.bytes / m.seconds / 1e9 if m.seconds > 0 else None
         copy_gbps = limit.gbps(m.direction)
         rows.append(
@@ -72,9 +72,7 @@ def speed_rows(result: RoundtripResult, limit: CopyLimit, tensor_parallel: int) 
                 seconds=round(m.seconds, 6),
                 gbps=None if gbps is None else round(gbps, 4),
                 copy_bytes=limit.bytes,
-                copy_seconds=round(
-                    limit.store_seconds if m.direction == "store" else limit.load_seconds, 6
-                ),
+                copy_seconds=round(limit.seconds(m.direction), 6),
                 copy_gbps=round(copy_gbps, 4),
                 ratio=None if gbps is None else round(gbps / copy_gbps, 5),
                 tensor_parallel=tensor_parallel,
@@ -104,7 +102,7 @@ def measure_speed(result: RoundtripResult, status: Callable[[str], None]) -> Non
     except HarnessError as err:
         result.note(f"offload speed: {err}")
         return
-    result.offload_speed = speed_rows(result, limit, plan.tensor_parallel)
+    result.offload_speed = speed_rows(rows, limit, plan.tensor_parallel)
     for row in result.offload_speed:
         if row.gbps is None:
             result.note(

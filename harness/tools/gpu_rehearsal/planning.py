@@ -190,37 +190,27 @@ def plan_command(args: Sequence[str], root: Path) -> list[PlannedLaunch]:
         local = root / "scenarios" / default
         return local if local.is_file() else options.DEFAULT_SCENARIOS / default
 
+    def launch_of() -> Any:
+        """The launch options as the CLI hands them to ``plan_roundtrip`` (``roundtrip``
+        and ``stress`` alike): --python becomes an ad-hoc variant (the GPU loan's runs
+        name the image's interpreter so)."""
+        config = params.get("config")
+        return launch_checks.launch_options(
+            params.get("variant"),
+            params.get("python"),
+            params.get("patch"),
+            rel(config) if config else None,
+            params.get("tp"),
+            params.get("fault"),
+            params.get("engine_arg") or None,
+        )
+
+    if name in ("roundtrip", "stress") and params.get("url"):
+        return []
     if name == "roundtrip":
-        if params.get("url"):
-            return []
-        config = params.get("config")
-        # As the CLI hands them over: --python becomes an ad-hoc variant (the GPU loan's
-        # runs name the image's interpreter so).
-        launch = launch_checks.launch_options(
-            params.get("variant"),
-            params.get("python"),
-            params.get("patch"),
-            rel(config) if config else None,
-            params.get("tp"),
-            params.get("fault"),
-            params.get("engine_arg") or None,
-        )
-        return [
-            plan_roundtrip_launch(scenario(params.get("scenario"), "roundtrip-cpu.toml"), **launch)
-        ]
+        where = scenario(params.get("scenario"), "roundtrip-cpu.toml")
+        return [plan_roundtrip_launch(where, **launch_of())]
     if name == "stress":
-        if params.get("url"):
-            return []
-        config = params.get("config")
-        launch = launch_checks.launch_options(
-            params.get("variant"),
-            params.get("python"),
-            params.get("patch"),
-            rel(config) if config else None,
-            params.get("tp"),
-            params.get("fault"),
-            params.get("engine_arg") or None,
-        )
         profile = params.get("profile")
         return plan_stress_launches(
             scenario(params.get("scenario"), "stress.toml"),
@@ -229,7 +219,7 @@ def plan_command(args: Sequence[str], root: Path) -> list[PlannedLaunch]:
             duration_s=params.get("duration"),
             concurrency=params.get("concurrency"),
             seed=params.get("seed"),
-            **launch,
+            **launch_of(),
         )
     if name == "crash-repro":
         connector = params.get("connector")

@@ -85,7 +85,7 @@ def test_rates_per_phase_set_the_copy_beside_them():
         ("filler", Snapshot(stored_bytes=100 * MiB, store_seconds=0.25)),
         ("replay", Snapshot(loaded_bytes=50 * MiB, load_seconds=0.5)),
     )
-    rows = speed.speed_rows(result, LIMIT, tensor_parallel=4)
+    rows = speed.speed_rows(speed.moved(result), LIMIT, tensor_parallel=4)
     assert [(r.phase, r.direction) for r in rows] == [
         ("cold", "store"),
         ("filler", "store"),
@@ -102,7 +102,7 @@ def test_rates_per_phase_set_the_copy_beside_them():
 
 def test_a_phase_without_time_has_no_rate():
     result = result_with(("cold", Snapshot(stored_bytes=MiB)))
-    (row,) = speed.speed_rows(result, LIMIT, 1)
+    (row,) = speed.speed_rows(speed.moved(result), LIMIT, 1)
     assert row.direction == "store" and row.gbps is None and row.ratio is None
 
 
